@@ -1,0 +1,90 @@
+// Command tidemark captures changes from PostgreSQL and backfills tables while the changes keep
+// flowing. Run `tidemark help` for its commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/term"
+)
+
+// command is one subcommand: it parses its own flags and runs.
+type command struct {
+	name  string
+	short string
+	run   func(ctx context.Context, args []string, env *env) error
+}
+
+// env is what a command may use of the process: its streams and logger.
+type env struct {
+	stdout io.Writer
+	stderr io.Writer
+	log    zerolog.Logger
+}
+
+var commands = []command{
+	{"demo", "run the embedded demo: a throwaway PostgreSQL, a few changes, the change stream printed", runDemo},
+	{"stream", "print the decoded change stream of a replication slot as JSON lines", runStream},
+}
+
+// errUsage marks a usage error: exit code 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, log: newLogger(os.Stderr)}))
+}
+
+func run(ctx context.Context, args []string, e *env) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(e.stdout)
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], e)
+		switch {
+		case err == nil, errors.Is(err, context.Canceled):
+			return 0
+		case errors.Is(err, errUsage):
+			if err != errUsage {
+				fmt.Fprintf(e.stderr, "tidemark %s: %s\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+			}
+			return 2
+		default:
+			fmt.Fprintf(e.stderr, "tidemark %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(e.stderr, "tidemark: unknown command %q\n", args[0])
+	usage(e.stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "Tidemark captures every change from PostgreSQL and backfills tables while changes keep flowing.")
+	fmt.Fprintln(w, "\nUsage: tidemark <command> [flags]\n\nCommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.short)
+	}
+	fmt.Fprintln(w, "\nRun `tidemark <command> -h` for a command's flags. Documentation: docs/cli.md")
+}
+
+// newLogger logs for people on a terminal and as JSON lines otherwise.
+func newLogger(w *os.File) zerolog.Logger {
+	if term.IsTerminal(int(w.Fd())) {
+		return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05"}).With().Timestamp().Logger().Level(zerolog.InfoLevel)
+	}
+	return zerolog.New(w).With().Timestamp().Logger().Level(zerolog.InfoLevel)
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+var server *e2e.Server
+
+func TestMain(m *testing.M) { os.Exit(e2e.Main(m, &server)) }
+
+// syncBuffer is a bytes.Buffer that a test may read while a command writes to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func testEnv(t *testing.T) (*env, *syncBuffer, *syncBuffer) {
+	var out, errOut syncBuffer
+	return &env{stdout: &out, stderr: &errOut, log: zerolog.New(zerolog.NewTestWriter(t))}, &out, &errOut
+}
+
+func lines(t *testing.T, out *syncBuffer) []map[string]any {
+	t.Helper()
+	var ls []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), "line %q", l)
+		ls = append(ls, m)
+	}
+	return ls
+}
+
+// TestDemo: the embedded demo starts its own PostgreSQL, makes its changes and prints each of
+// them as JSON lines, then cleans up.
+func TestDemo(t *testing.T) {
+	if server == nil || server.Kind() != e2e.Local {
+		t.Skip("the demo starts a local cluster of its own")
+	}
+	e, out, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"demo"}, e), errOut.String())
+	var ops []string
+	commits := 0
+	for _, l := range lines(t, out) {
+		switch l["type"] {
+		case "change":
+			ops = append(ops, l["table"].(string)+":"+l["op"].(string))
+		case "truncate":
+			ops = append(ops, "truncate")
+		case "commit":
+			commits++
+		}
+	}
+	require.Equal(t, len(demoChanges), commits)
+	require.Equal(t, []string{"customers:insert", "customers:insert", "customers:update", "orders:insert", "orders:insert",
+		"customers:update", "orders:update", "orders:delete", "truncate"}, ops)
+}
+
+// TestStreamSource: `tidemark stream --source` streams a real database and acknowledges what it
+// printed.
+func TestStreamSource(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	db.Exec(`INSERT INTO t VALUES (1, 'a')`)
+	db.Exec(`UPDATE t SET id = 2 WHERE id = 1`)
+	end := db.CurrentLSN()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, out, errOut := testEnv(t)
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"stream", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication}, e)
+	}()
+	e2e.WaitFor(t, 30*time.Second, "two transactions printed", func() bool {
+		return strings.Count(out.String(), `"type":"commit"`) == 2
+	})
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
+	confirmed, _ := db.SlotLSNs(db.Slot)
+	require.GreaterOrEqual(t, confirmed, end, "the printed transactions are confirmed to the slot on exit")
+	ls := lines(t, out)
+	var changes []map[string]any
+	for _, l := range ls {
+		if l["type"] == "change" {
+			changes = append(changes, l)
+		}
+	}
+	require.Len(t, changes, 2)
+	require.Equal(t, map[string]any{"id": "1", "v": "a"}, changes[0]["after"])
+	require.Equal(t, map[string]any{"id": "1", "v": nil}, changes[1]["before"], "a key update shows the old key")
+	require.Equal(t, map[string]any{"id": "2", "v": "a"}, changes[1]["after"])
+	require.NotContains(t, errOut.String(), "password=")
+}
+
+// TestUsage: bad flags exit with 2 and say what is wrong.
+func TestUsage(t *testing.T) {
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"stream"}, e))
+	require.Contains(t, errOut.String(), "--source is required")
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"nope"}, e))
+	require.Contains(t, errOut.String(), `unknown command "nope"`)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"stream", "--source", "x", "--from", "zz"}, e))
+	require.Contains(t, errOut.String(), `--from "zz" is not an LSN`)
+}

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// newFlags makes a flag set that reports errors to the command's stderr.
+func newFlags(name, synopsis string, e *env) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "Usage: tidemark %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errUsage
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	return nil
+}
+
+func runStream(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("stream", "stream --source DSN --slot NAME --publication NAME [flags]", e)
+	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
+	slot := fs.String("slot", "tidemark", "logical replication slot (pgoutput)")
+	pub := fs.String("publication", "tidemark", "publication to stream")
+	createSlot := fs.Bool("create-slot", false, "create the slot when it does not exist")
+	from := fs.String("from", "0/0", "LSN to start from; the server starts at the later of this and the slot's confirmed position")
+	noAck := fs.Bool("no-ack", false, "never confirm positions to the slot: peek without letting it advance")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *source == "" {
+		fs.Usage()
+		return fmt.Errorf("%w: --source is required (or run `tidemark demo`)", errUsage)
+	}
+	start, err := pglogrepl.ParseLSN(*from)
+	if err != nil {
+		return fmt.Errorf("%w: --from %q is not an LSN like 0/16B3748", errUsage, *from)
+	}
+	cfg := replicator.Config{DSN: *source, Slot: *slot, Publication: *pub, CreateSlot: *createSlot}
+	out := bufio.NewWriter(e.stdout)
+	return streamJSON(ctx, cfg, start, out, !*noAck, e.log, nil)
+}
+
+// streamJSON streams the slot as JSON lines to out until ctx ends or stop returns true after a
+// commit. With ack, each transaction is acknowledged once its lines are flushed.
+func streamJSON(ctx context.Context, cfg replicator.Config, from pglogrepl.LSN, out *bufio.Writer, ack bool, log zerolog.Logger, stop func(commits int) bool) error {
+	st, err := replicator.Open(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer st.Close(context.WithoutCancel(ctx))
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	enc := json.NewEncoder(out)
+	commits := 0
+	errDone := errors.New("done")
+	err = st.Run(ctx, from, func(ctx context.Context, ev replicator.Event) error {
+		if line := eventJSON(ev); line != nil {
+			if err := enc.Encode(line); err != nil {
+				return fmt.Errorf("write output: %w", err)
+			}
+		}
+		if c, ok := ev.(*replicator.Commit); ok {
+			if err := out.Flush(); err != nil {
+				return fmt.Errorf("write output: %w", err)
+			}
+			if ack {
+				st.Ack(c.EndLSN)
+			}
+			commits++
+			if stop != nil && stop(commits) {
+				cancel(errDone)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errDone) {
+		return nil
+	}
+	return err
+}
+
+// eventJSON is the JSON line of one stream event; nil for events not printed.
+func eventJSON(ev replicator.Event) any {
+	type line struct {
+		Type      string            `json:"type"`
+		LSN       string            `json:"lsn,omitempty"`
+		EndLSN    string            `json:"end_lsn,omitempty"`
+		XID       uint32            `json:"xid,omitempty"`
+		Time      string            `json:"time,omitempty"`
+		Op        string            `json:"op,omitempty"`
+		Schema    string            `json:"schema,omitempty"`
+		Table     string            `json:"table,omitempty"`
+		Key       []string          `json:"key,omitempty"`
+		After     map[string]any    `json:"after,omitempty"`
+		Before    map[string]any    `json:"before,omitempty"`
+		Unchanged []string          `json:"unchanged,omitempty"`
+		Tables    []string          `json:"tables,omitempty"`
+		Prefix    string            `json:"prefix,omitempty"`
+		Content   string            `json:"content,omitempty"`
+		Columns   map[string]string `json:"columns,omitempty"`
+	}
+	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	switch ev := ev.(type) {
+	case *replicator.Begin:
+		return line{Type: "begin", LSN: ev.FinalLSN.String(), XID: ev.XID, Time: ts(ev.Time)}
+	case *replicator.Commit:
+		return line{Type: "commit", LSN: ev.LSN.String(), EndLSN: ev.EndLSN.String(), XID: ev.XID, Time: ts(ev.Time)}
+	case *replicator.Change:
+		l := line{Type: "change", Op: ev.Op.String(), LSN: ev.LSN.String(), XID: ev.XID, Schema: ev.Rel.Schema, Table: ev.Rel.Table}
+		for _, i := range ev.Rel.KeyColumns() {
+			l.Key = append(l.Key, ev.Rel.Columns[i].Name)
+		}
+		l.After, l.Unchanged = rowJSON(ev.Rel, ev.New)
+		l.Before, _ = rowJSON(ev.Rel, ev.Old)
+		return l
+	case *replicator.Truncate:
+		l := line{Type: "truncate", LSN: ev.LSN.String(), XID: ev.XID}
+		for _, r := range ev.Rels {
+			l.Tables = append(l.Tables, r.Schema+"."+r.Table)
+		}
+		return l
+	case *replicator.Message:
+		return line{Type: "message", LSN: ev.LSN.String(), XID: ev.XID, Prefix: ev.Prefix, Content: string(ev.Content)}
+	case *replicator.Relation:
+		l := line{Type: "relation", Schema: ev.Schema, Table: ev.Table, Columns: map[string]string{}}
+		for _, c := range ev.Columns {
+			l.Columns[c.Name] = fmt.Sprintf("oid %d", c.TypeOID)
+		}
+		return l
+	}
+	return nil
+}
+
+// rowJSON maps a tuple to column name → text value (or null), and lists the unchanged TOASTed
+// columns, which have no value in the tuple. (Typed JSON values come with the engine.)
+func rowJSON(rel *replicator.Relation, t replicator.Tuple) (map[string]any, []string) {
+	if t == nil {
+		return nil, nil
+	}
+	row := make(map[string]any, len(t))
+	var unchanged []string
+	for i, v := range t {
+		name := rel.Columns[i].Name
+		switch v.Kind {
+		case replicator.Null:
+			row[name] = nil
+		case replicator.Unchanged:
+			unchanged = append(unchanged, name)
+		default:
+			row[name] = string(v.Data)
+		}
+	}
+	return row, unchanged
+}
+
+// demoChanges are the changes the embedded demo makes, one transaction each.
+var demoChanges = []string{
+	`INSERT INTO customers (id, name, email) VALUES (1, 'Ada', 'ada@example.com'), (2, 'Grace', 'grace@example.com')`,
+	`UPDATE customers SET email = 'ada@lovelace.dev' WHERE id = 1`,
+	`BEGIN; INSERT INTO orders (id, customer_id, total) VALUES (10, 1, 19.99), (11, 2, 5.00); UPDATE customers SET name = 'Grace Hopper' WHERE id = 2; COMMIT`,
+	`UPDATE orders SET id = 12 WHERE id = 11`,
+	`DELETE FROM orders WHERE id = 10`,
+	`TRUNCATE orders`,
+}
+
+func runDemo(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("demo", "demo", e)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})
+	if err != nil {
+		if !e2e.DockerAvailable(ctx) {
+			return fmt.Errorf("start a throwaway PostgreSQL: %w", err)
+		}
+		e.log.Info().Err(err).Msg("no local PostgreSQL binaries; starting a container")
+		if srv, err = e2e.StartContainer(ctx, e2e.Options{Log: e.log}); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		if err := srv.Stop(context.WithoutCancel(ctx)); err != nil {
+			e.log.Warn().Err(err).Msg("stop the throwaway PostgreSQL")
+		}
+	}()
+	if err := srv.CreateDatabase(ctx, "tidemark_demo"); err != nil {
+		return err
+	}
+	dsn := srv.DSN("tidemark_demo")
+	if err := execAll(ctx, dsn,
+		`CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text)`,
+		`CREATE TABLE orders (id int PRIMARY KEY, customer_id int, total numeric(10,2))`,
+		`CREATE PUBLICATION demo FOR TABLE customers, orders`,
+		// The slot must exist before the changes are made, or the stream would not see them.
+		`SELECT pg_create_logical_replication_slot('demo', 'pgoutput')`,
+	); err != nil {
+		return err
+	}
+	cfg := replicator.Config{DSN: dsn, Slot: "demo", Publication: "demo", StatusInterval: time.Second}
+	errs := make(chan error, 1)
+	go func() { errs <- execAll(ctx, dsn, demoChanges...) }()
+	out := bufio.NewWriter(e.stdout)
+	err = streamJSON(ctx, cfg, 0, out, true, e.log, func(commits int) bool { return commits == len(demoChanges) })
+	if werr := <-errs; err == nil {
+		err = werr
+	}
+	return err
+}
+
+// execAll runs statements in order on one connection.
+func execAll(ctx context.Context, dsn string, stmts ...string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return fmt.Errorf("run %q: %w", s, err)
+		}
+	}
+	return nil
+}

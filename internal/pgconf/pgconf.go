@@ -1,0 +1,51 @@
+// Package pgconf holds the connection facts every Tidemark connection shares: the session settings
+// pinned on each connection, and the redaction of connection strings for messages.
+//
+// # Why the settings are pinned
+//
+// PostgreSQL's text output of several types depends on session settings: timestamptz on TimeZone,
+// date and timestamp on DateStyle, interval on IntervalStyle, float4/float8 on extra_float_digits,
+// bytea on bytea_output, money on lc_monetary. The replication connection (pgoutput sends values in
+// text form, produced by the walsender with its own session settings) and the query connections
+// (chunk SELECTs) must produce the same text for the same stored value, or a key read by the
+// backfill would not equal the same key seen in the stream (invariant I9 of the algorithm
+// reference), and a value would have two JSON forms. So every connection sets them in its startup
+// packet, before any query runs, whatever the server's or the role's defaults say.
+package pgconf
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Settings are the session settings pinned on every connection Tidemark opens.
+var Settings = map[string]string{
+	"TimeZone":           "UTC",
+	"DateStyle":          "ISO, MDY",
+	"IntervalStyle":      "iso_8601",
+	"extra_float_digits": "3",
+	"bytea_output":       "hex",
+	"lc_monetary":        "C",
+	"client_encoding":    "UTF8",
+}
+
+// Pin sets Settings on cfg, overriding what the connection string asked for, and names the
+// application so that pg_stat_activity shows who is connected.
+func Pin(cfg *pgconn.Config, application string) {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	for k, v := range Settings {
+		cfg.RuntimeParams[k] = v
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok && application != "" {
+		cfg.RuntimeParams["application_name"] = application
+	}
+}
+
+// Describe names the server, database and user of cfg for messages and logs. It never includes the
+// password or any other part of the connection string.
+func Describe(cfg *pgconn.Config) string {
+	return fmt.Sprintf("database %q on %s:%d as user %q", cfg.Database, cfg.Host, cfg.Port, cfg.User)
+}

@@ -1,0 +1,77 @@
+package replicator
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Config configures a Stream. The zero value of every optional field is documented with it.
+type Config struct {
+	// DSN is the source database's connection string, as a URL or key=value pairs. Required. The
+	// replication connection adds replication=database; the password never appears in errors.
+	DSN string
+	// Slot is the logical replication slot, using the pgoutput plugin. Required; 1 to 63 of
+	// [a-z0-9_], as PostgreSQL requires.
+	Slot string
+	// Publication is the publication to stream. Required.
+	Publication string
+	// CreateSlot creates Slot when it does not exist. Zero: a missing slot is ErrSlotMissing.
+	CreateSlot bool
+	// CreatePublication creates Publication, FOR TABLE PublicationTables, when it does not exist.
+	// Zero: a missing publication is ErrPublicationMissing.
+	CreatePublication bool
+	// PublicationTables are the tables of a publication created by CreatePublication, each as
+	// {schema, table}.
+	PublicationTables []pgx.Identifier
+	// StatusInterval is the time between standby status updates. Zero means 10s. Keep it well
+	// below the server's wal_sender_timeout (60s by default).
+	StatusInterval time.Duration
+	// ReceiveTimeout is the longest silence from the server before Run gives up with ErrTimeout;
+	// every status update asks the server for a reply, so a live server is never silent for
+	// long. Zero means 60s.
+	ReceiveTimeout time.Duration
+	// ApplicationName names the connections in pg_stat_activity unless the DSN names them. Zero
+	// means "tidemark".
+	ApplicationName string
+}
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DSN == "" {
+		errs = append(errs, errors.New("source connection string is empty"))
+	}
+	if !slotName.MatchString(c.Slot) {
+		errs = append(errs, fmt.Errorf("replication slot name %q is invalid: use 1 to 63 lower-case letters, digits and underscores", c.Slot))
+	}
+	if c.Publication == "" {
+		errs = append(errs, errors.New("publication name is empty"))
+	}
+	if c.StatusInterval < 0 || c.ReceiveTimeout < 0 {
+		errs = append(errs, errors.New("status interval and receive timeout must not be negative"))
+	}
+	for _, t := range c.PublicationTables {
+		if len(t) != 2 || t[0] == "" || t[1] == "" {
+			errs = append(errs, fmt.Errorf("publication table %q must be {schema, table}", []string(t)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) ensureDefaults() {
+	if c.StatusInterval == 0 {
+		c.StatusInterval = 10 * time.Second
+	}
+	if c.ReceiveTimeout == 0 {
+		c.ReceiveTimeout = 60 * time.Second
+	}
+	if c.ApplicationName == "" {
+		c.ApplicationName = "tidemark"
+	}
+}

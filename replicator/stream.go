@@ -1,0 +1,427 @@
+package replicator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
+)
+
+// SystemInfo is what IDENTIFY_SYSTEM and the server report about the source.
+type SystemInfo struct {
+	SystemID      string        // cluster system identifier; changes on restore from a logical dump or a new initdb
+	Timeline      int32         // timeline; changes on failover and point-in-time recovery
+	XLogPos       pglogrepl.LSN // the server's flushed WAL position when the stream was opened
+	Database      string        // database of the replication connection
+	ServerVersion int           // server_version_num, e.g. 150004
+}
+
+// SlotInfo is the replication slot as the stream found it when it was opened.
+type SlotInfo struct {
+	Name           string        // slot name
+	Created        bool          // Open created the slot
+	ConfirmedFlush pglogrepl.LSN // confirmed_flush_lsn: the stream never starts before it
+	Restart        pglogrepl.LSN // restart_lsn: oldest WAL the slot retains
+}
+
+// Stream is one replication session on a logical slot.
+type Stream struct {
+	cfg     Config
+	log     zerolog.Logger
+	conn    *pgconn.PgConn // the replication connection; owned by the goroutine running Run
+	user    string
+	sys     SystemInfo
+	slot    SlotInfo
+	acked   atomic.Uint64 // highest acknowledged LSN: the only flush position ever sent
+	started atomic.Bool
+
+	// Owned by the goroutine running Run.
+	nextStatus time.Time // when the next standby status update is due
+	lastRecv   time.Time // when the server last sent anything
+}
+
+// Open connects to the source, checks (and, as configured, creates) the slot and the publication,
+// and identifies the system. It reports every problem with the fix a DBA should apply. Open
+// starts nothing; Run streams.
+func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.ensureDefaults()
+	log = log.With().Str("component", "replicator").Str("slot", cfg.Slot).Logger()
+
+	qcfg, err := pgx.ParseConfig(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("parse source connection string: %w", err)
+	}
+	pgconf.Pin(&qcfg.Config, cfg.ApplicationName)
+	rcfg := qcfg.Config.Copy()
+	rcfg.RuntimeParams["replication"] = "database"
+
+	s := &Stream{cfg: cfg, log: log, user: qcfg.User}
+	if err := s.preflight(ctx, qcfg); err != nil {
+		return nil, err
+	}
+
+	s.conn, err = pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return nil, connectError("source "+pgconf.Describe(rcfg)+" for replication", qcfg.User, err)
+	}
+	id, err := pglogrepl.IdentifySystem(ctx, s.conn)
+	if err != nil {
+		_ = s.conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("identify system: %w", err)
+	}
+	s.sys.SystemID, s.sys.Timeline, s.sys.XLogPos, s.sys.Database = id.SystemID, id.Timeline, id.XLogPos, id.DBName
+	return s, nil
+}
+
+// preflight checks the server, the slot and the publication over an ordinary connection, where
+// values can be bound parameters, and creates what it is allowed to create.
+func (s *Stream) preflight(ctx context.Context, qcfg *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, qcfg)
+	if err != nil {
+		return connectError("source "+pgconf.Describe(&qcfg.Config), qcfg.User, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	var walLevel, db string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('wal_level'), current_database()`).
+		Scan(&s.sys.ServerVersion, &walLevel, &db); err != nil {
+		return fmt.Errorf("read server settings: %w", err)
+	}
+	var errs []error
+	if s.sys.ServerVersion < 130000 {
+		errs = append(errs, fmt.Errorf("%w: PostgreSQL %d; Tidemark needs PostgreSQL 13 or later", ErrServerVersion, s.sys.ServerVersion))
+	}
+	if walLevel != "logical" {
+		errs = append(errs, fmt.Errorf("%w: wal_level is %q; logical replication needs wal_level = logical: "+
+			"run ALTER SYSTEM SET wal_level = logical; and restart the server "+
+			"(Amazon RDS and Aurora: set rds.logical_replication = 1 in the parameter group and reboot; "+
+			"Google Cloud SQL: set the flag cloudsql.logical_decoding = on)", ErrWalLevel, walLevel))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := s.checkSlot(ctx, conn, db); err != nil {
+		return err
+	}
+	return s.checkPublication(ctx, conn, db)
+}
+
+func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error {
+	name := s.cfg.Slot
+	var plugin, typ, slotDB, walStatus, confirmed, restart string
+	var active bool
+	var pid int32
+	err := conn.QueryRow(ctx, `
+		SELECT coalesce(plugin, ''), slot_type, coalesce(database, ''), active, coalesce(active_pid, 0),
+		       coalesce(wal_status, ''), coalesce(confirmed_flush_lsn, '0/0')::text, coalesce(restart_lsn, '0/0')::text
+		FROM pg_replication_slots WHERE slot_name = $1`, name).
+		Scan(&plugin, &typ, &slotDB, &active, &pid, &walStatus, &confirmed, &restart)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if !s.cfg.CreateSlot {
+			return fmt.Errorf("%w: replication slot %q does not exist in database %q; create it with: "+
+				"SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", ErrSlotMissing, name, db, name)
+		}
+		// Creation waits for the transactions running now to end; it exports no snapshot.
+		if err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&confirmed); err != nil {
+			return fmt.Errorf("create replication slot %q: %w", name, err)
+		}
+		restart = confirmed
+		s.slot.Created = true
+		s.log.Info().Str("lsn", confirmed).Msg("replication slot created")
+	} else if err != nil {
+		return fmt.Errorf("read replication slot %q: %w", name, err)
+	} else {
+		switch {
+		case typ != "logical":
+			return fmt.Errorf("%w: replication slot %q is a %s slot; use a logical slot with the pgoutput plugin (another slot name)", ErrSlotMismatch, name, typ)
+		case plugin != "pgoutput":
+			return fmt.Errorf("%w: replication slot %q uses the plugin %q; Tidemark needs pgoutput: use another slot name", ErrSlotMismatch, name, plugin)
+		case slotDB != db:
+			return fmt.Errorf("%w: replication slot %q belongs to database %q, not %q; slots are per database: use another slot name", ErrSlotMismatch, name, slotDB, db)
+		case walStatus == "lost":
+			return fmt.Errorf("%w: replication slot %q lost WAL it needed (wal_status = lost, see max_slot_wal_keep_size); "+
+				"changes were missed: drop it with SELECT pg_drop_replication_slot('%s'); and start over with a full backfill", ErrSlotLost, name, name)
+		case active:
+			return fmt.Errorf("%w: replication slot %q is used by server process %d; stop the other consumer "+
+				"(or end a leftover session with SELECT pg_terminate_backend(%d);)", ErrSlotInUse, name, pid, pid)
+		}
+	}
+	s.slot.Name = name
+	var perr error
+	if s.slot.ConfirmedFlush, perr = pglogrepl.ParseLSN(confirmed); perr != nil {
+		return fmt.Errorf("parse confirmed_flush_lsn %q of slot %q: %w", confirmed, name, perr)
+	}
+	if s.slot.Restart, perr = pglogrepl.ParseLSN(restart); perr != nil {
+		return fmt.Errorf("parse restart_lsn %q of slot %q: %w", restart, name, perr)
+	}
+	return nil
+}
+
+func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string) error {
+	name := s.cfg.Publication
+	var ins, upd, del, trunc bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1`, name).
+		Scan(&ins, &upd, &del, &trunc)
+	if errors.Is(err, pgx.ErrNoRows) {
+		tables := "<schema>.<table>, ..."
+		if len(s.cfg.PublicationTables) > 0 {
+			var names []string
+			for _, t := range s.cfg.PublicationTables {
+				names = append(names, t.Sanitize())
+			}
+			tables = strings.Join(names, ", ")
+		}
+		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", quoteIdent(name), tables)
+		if !s.cfg.CreatePublication {
+			return fmt.Errorf("%w: publication %q does not exist in database %q; create it with: %s;", ErrPublicationMissing, name, db, create)
+		}
+		if len(s.cfg.PublicationTables) == 0 {
+			create = "CREATE PUBLICATION " + quoteIdent(name)
+		}
+		if _, err := conn.Exec(ctx, create); err != nil {
+			return fmt.Errorf("create publication %q: %w", name, err)
+		}
+		s.log.Info().Str("publication", name).Int("tables", len(s.cfg.PublicationTables)).Msg("publication created")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read publication %q: %w", name, err)
+	}
+	var missing []string
+	for i, ok := range []bool{ins, upd, del} {
+		if !ok {
+			missing = append(missing, []string{"insert", "update", "delete"}[i])
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: publication %q does not publish %s, so those changes would be lost; fix it with: "+
+			"ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');",
+			ErrPublication, name, strings.Join(missing, ", "), quoteIdent(name))
+	}
+	if !trunc {
+		s.log.Warn().Str("publication", name).Msg("publication does not publish truncate: a TRUNCATE will not reach the output")
+	}
+	return nil
+}
+
+// System reports what the server said about itself when the stream was opened.
+func (s *Stream) System() SystemInfo { return s.sys }
+
+// Slot reports the slot as Open found or created it.
+func (s *Stream) Slot() SlotInfo { return s.slot }
+
+// Ack records that everything up to lsn is durable downstream. The next standby status update
+// confirms it to the server as the flush position, which lets the server discard older WAL. Ack
+// never moves the position backwards and is safe to call from any goroutine.
+func (s *Stream) Ack(lsn pglogrepl.LSN) {
+	for {
+		cur := s.acked.Load()
+		if uint64(lsn) <= cur || s.acked.CompareAndSwap(cur, uint64(lsn)) {
+			return
+		}
+	}
+}
+
+// Acked returns the highest acknowledged LSN.
+func (s *Stream) Acked() pglogrepl.LSN { return pglogrepl.LSN(s.acked.Load()) }
+
+// Run starts replication at from (the server starts at the later of from and the slot's
+// confirmed flush LSN) and calls fn for every event, in stream order, on the calling goroutine.
+// It sends standby status updates every StatusInterval and whenever the server asks. Run returns
+// when ctx is done (with context.Cause(ctx)), when fn returns an error, or when the connection
+// fails. A Stream runs once: after Run returns, Close it and Open another.
+func (s *Stream) Run(ctx context.Context, from pglogrepl.LSN, fn func(context.Context, Event) error) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("replication stream already ran; open a new one")
+	}
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize())}
+	if s.sys.ServerVersion >= 140000 {
+		args = append(args, "messages 'true'")
+	}
+	s.log.Info().Stringer("lsn", from).Str("publication", s.cfg.Publication).Msg("start replication")
+	if err := pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, from, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		return fmt.Errorf("start replication on slot %q at %s: %w", s.cfg.Slot, from, err)
+	}
+
+	// The loop blocks in reads with a deadline (the next status update); cancellation moves the
+	// deadline into the past, so a blocked read returns at once. The loop checks ctx after
+	// setting each deadline, so a cancellation is never overwritten unnoticed.
+	nc := s.conn.Conn()
+	watchDone := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() {
+		defer close(watchDone)
+		_ = nc.SetDeadline(time.Unix(1, 0))
+	})
+	defer func() {
+		if !stopWatch() {
+			<-watchDone
+		}
+	}()
+
+	dec := newDecoder()
+	now := time.Now()
+	s.nextStatus, s.lastRecv = now.Add(s.cfg.StatusInterval), now
+	for {
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(true); err != nil {
+				return s.fail(ctx, err)
+			}
+		}
+		deadline := s.nextStatus
+		if d := s.lastRecv.Add(s.cfg.ReceiveTimeout); d.Before(deadline) {
+			deadline = d
+		}
+		if err := nc.SetReadDeadline(deadline); err != nil {
+			return s.fail(ctx, fmt.Errorf("set read deadline: %w", err))
+		}
+		if ctx.Err() != nil {
+			return s.shutdown(ctx)
+		}
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			var ne net.Error
+			if pgconn.Timeout(err) || (errors.As(err, &ne) && ne.Timeout()) {
+				if ctx.Err() != nil {
+					return s.shutdown(ctx)
+				}
+				if silent := time.Since(s.lastRecv); silent >= s.cfg.ReceiveTimeout {
+					return fmt.Errorf("%w: no message from the server in %s", ErrTimeout, silent.Round(time.Second))
+				}
+				continue
+			}
+			return s.fail(ctx, fmt.Errorf("receive replication message: %w", err))
+		}
+		s.lastRecv = time.Now()
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handle(ctx, dec, m.Data, fn); err != nil {
+				return s.fail(ctx, err)
+			}
+		case *pgproto3.ErrorResponse:
+			return s.fail(ctx, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m)))
+		case *pgproto3.CopyDone:
+			return s.fail(ctx, errors.New("the server ended the replication stream"))
+		}
+	}
+}
+
+func (s *Stream) handle(ctx context.Context, dec *decoder, data []byte, fn func(context.Context, Event) error) error {
+	if len(data) == 0 {
+		return fmt.Errorf("%w: empty CopyData", ErrProtocol)
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
+		}
+		if ka.ReplyRequested {
+			if err := s.sendStatus(false); err != nil {
+				return err
+			}
+		}
+		if dec.inTxn {
+			return nil
+		}
+		return fn(ctx, &Keepalive{WALEnd: ka.ServerWALEnd, Time: ka.ServerTime})
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
+		}
+		wal := xld.WALData
+		if len(wal) > 0 && strings.IndexByte("IUDM", wal[0]) >= 0 {
+			// Tuples and message contents point into the message; the receive buffer is reused.
+			wal = append([]byte(nil), wal...)
+		}
+		ev, err := dec.decode(xld.WALStart, wal)
+		if err != nil {
+			return fmt.Errorf("decode message at %s: %w", xld.WALStart, err)
+		}
+		if s.log.GetLevel() <= zerolog.TraceLevel {
+			s.log.Trace().Stringer("lsn", xld.WALStart).Type("event", ev).Msg("event")
+		}
+		return fn(ctx, ev)
+	default:
+		return fmt.Errorf("%w: unexpected CopyData type %q", ErrProtocol, data[0])
+	}
+}
+
+// Keepalive sends a standby status update if one is due. Call it only from inside fn, on the
+// goroutine running Run, when fn waits for a slow consumer: without status updates the server
+// ends the connection after wal_sender_timeout.
+func (s *Stream) Keepalive() error {
+	if time.Now().Before(s.nextStatus) {
+		return nil
+	}
+	return s.sendStatus(true)
+}
+
+// sendStatus sends a standby status update whose write, flush and apply positions are all the
+// acknowledged LSN. pglogrepl replaces a zero flush position with the write position; with all
+// three equal, a zero acknowledgement stays zero, which the server ignores.
+func (s *Stream) sendStatus(replyRequested bool) error {
+	acked := pglogrepl.LSN(s.acked.Load())
+	nc := s.conn.Conn()
+	_ = nc.SetWriteDeadline(time.Now().Add(s.cfg.ReceiveTimeout))
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: acked, WALFlushPosition: acked, WALApplyPosition: acked,
+		ClientTime: time.Now(), ReplyRequested: replyRequested,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update: %w", err)
+	}
+	s.nextStatus = time.Now().Add(s.cfg.StatusInterval)
+	s.log.Debug().Stringer("lsn", acked).Msg("standby status sent")
+	return nil
+}
+
+// shutdown ends the stream cleanly: a last status update with the acknowledged position, then
+// CopyDone, with a bounded wait for the server's answer.
+func (s *Stream) shutdown(ctx context.Context) error {
+	nc := s.conn.Conn()
+	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := s.sendStatus(false); err != nil {
+		s.log.Warn().Err(err).Msg("final status update not sent")
+	} else if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), s.conn); err != nil {
+		s.log.Debug().Err(err).Msg("copy done not confirmed")
+	}
+	s.log.Info().Stringer("lsn", s.Acked()).Msg("replication stopped")
+	return context.Cause(ctx)
+}
+
+// fail returns err, unless the failure was caused by ctx ending, which is then the cause reported.
+func (s *Stream) fail(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
+// Close closes the replication connection. Call it after Run has returned, or instead of Run.
+func (s *Stream) Close(ctx context.Context) error {
+	if s.conn == nil {
+		return nil
+	}
+	return s.conn.Close(ctx)
+}
+
+// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings is on in every
+// supported server).
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
