@@ -1,0 +1,273 @@
+package chunker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Config configures a Reader.
+type Config struct {
+	// StatementTimeout bounds each chunk's statements. Zero: 30s.
+	StatementTimeout time.Duration
+	// LockTimeout bounds the wait for the table's ACCESS SHARE lock, so that a chunk queued behind
+	// an ALTER TABLE gives up instead of making the application's queries queue behind both.
+	// Zero: 2s.
+	LockTimeout time.Duration
+}
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	if c.StatementTimeout < 0 || c.LockTimeout < 0 {
+		return errors.New("chunk timeouts must not be negative")
+	}
+	return nil
+}
+
+func (c *Config) ensureDefaults() {
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = 30 * time.Second
+	}
+	if c.LockTimeout == 0 {
+		c.LockTimeout = 2 * time.Second
+	}
+}
+
+// Row is one row of a chunk: a text value per column of the Table, nil for NULL.
+type Row [][]byte
+
+// Snapshot is the MVCC snapshot a chunk was read in (pg_current_snapshot()): transactions with
+// ids below Xmin are visible, from Xmax on invisible, and those in Xip were running.
+type Snapshot struct {
+	Xmin uint64
+	Xmax uint64
+	Xip  []uint64
+}
+
+// Chunk is one keyset page of a table, read in one short REPEATABLE READ transaction.
+type Chunk struct {
+	Table    *Table   // the table as the chunk read it
+	After    []string // exclusive lower bound (key text values); nil from the start
+	Rows     []Row    // the rows, in key order
+	Last     []string // key of the last row; nil when there are no rows
+	Done     bool     // fewer rows than the limit: nothing remains up to the upper bound
+	Snapshot Snapshot // the chunk's snapshot
+	Bytes    int      // total size of the values
+}
+
+// Reader reads chunks on a query connection it does not own.
+type Reader struct {
+	conn *pgx.Conn
+	cfg  Config
+}
+
+// NewReader returns a Reader on conn.
+func NewReader(conn *pgx.Conn, cfg Config) (*Reader, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.ensureDefaults()
+	return &Reader{conn: conn, cfg: cfg}, nil
+}
+
+// MaxKey returns the table's last key in key order (text values), or nil when it is empty. A
+// backfill captures it once at its start and never reads past it, so rows inserted later, which
+// the stream carries, cannot stretch the backfill.
+func (r *Reader) MaxKey(ctx context.Context, t *Table) ([]string, error) {
+	var key []string
+	err := r.inTx(ctx, t, false, func(ctx context.Context) error {
+		rr := r.conn.PgConn().ExecParams(ctx, MaxKeySQL(t), nil, nil, nil, nil)
+		for rr.NextRow() {
+			for _, v := range rr.Values() {
+				key = append(key, string(v))
+			}
+		}
+		_, err := rr.Close()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read last key of %s: %w", t, err)
+	}
+	return key, nil
+}
+
+// Next reads the chunk of t after the exclusive bound after (nil: from the start) up to the
+// inclusive bound upper (nil: no bound), with at most limit rows. The transaction also captures
+// its snapshot and checks that the table still has the columns t describes; if not, it returns
+// ErrSchemaChanged and the caller discovers the table again.
+func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limit int) (*Chunk, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("chunk limit %d: must be positive", limit)
+	}
+	var args [][]byte
+	for _, k := range [][]string{after, upper} {
+		if k == nil {
+			continue
+		}
+		if len(k) != len(t.Key) {
+			return nil, fmt.Errorf("chunk bound %q of %s: the key has %d columns", k, t, len(t.Key))
+		}
+		for _, v := range k {
+			args = append(args, []byte(v))
+		}
+	}
+	c := &Chunk{Table: t, After: after}
+	err := r.inTx(ctx, t, true, func(ctx context.Context) error {
+		snap, err := r.snapshot(ctx, t)
+		if err != nil {
+			return err
+		}
+		c.Snapshot = snap
+		return r.readRows(ctx, ChunkSQL(t, after != nil, upper != nil, limit), args, c)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read chunk of %s after %v: %w", t, after, err)
+	}
+	c.Done = len(c.Rows) < limit
+	return c, nil
+}
+
+// Keys reads the rows of t with the given keys (text values), in key order: a key-list chunk.
+func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, error) {
+	var args [][]byte
+	for _, k := range keys {
+		if len(k) != len(t.Key) {
+			return nil, fmt.Errorf("key %q of %s: the key has %d columns", k, t, len(t.Key))
+		}
+		for _, v := range k {
+			args = append(args, []byte(v))
+		}
+	}
+	c := &Chunk{Table: t, Done: true}
+	err := r.inTx(ctx, t, true, func(ctx context.Context) error {
+		snap, err := r.snapshot(ctx, t)
+		if err != nil {
+			return err
+		}
+		c.Snapshot = snap
+		return r.readRows(ctx, KeysSQL(t, len(keys)), args, c)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %d keys of %s: %w", len(keys), t, err)
+	}
+	return c, nil
+}
+
+// inTx runs fn in a short REPEATABLE READ READ ONLY transaction with the statement and lock
+// timeouts; with check, it first compares the table's published columns with t.
+func (r *Reader) inTx(ctx context.Context, t *Table, check bool, fn func(context.Context) error) (err error) {
+	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d",
+		r.cfg.StatementTimeout.Milliseconds(), r.cfg.LockTimeout.Milliseconds())
+	if _, err := r.conn.PgConn().Exec(ctx, begin).ReadAll(); err != nil {
+		return err
+	}
+	defer func() {
+		end := "COMMIT"
+		if err != nil {
+			end = "ROLLBACK"
+		}
+		if _, cerr := r.conn.PgConn().Exec(context.WithoutCancel(ctx), end).ReadAll(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	return fn(ctx)
+}
+
+// snapshot captures the transaction's snapshot (it is taken by this first query) and checks the
+// table's columns in the same round trip.
+func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
+	q := fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid, ',' ORDER BY attnum)
+		FROM pg_attribute WHERE attrelid = %d AND attnum > 0 AND NOT attisdropped AND attgenerated = '')`, t.OID)
+	results, err := r.conn.PgConn().Exec(ctx, q).ReadAll()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 {
+		return Snapshot{}, errors.New("snapshot query returned no row")
+	}
+	row := results[0].Rows[0]
+	if row[1] == nil {
+		return Snapshot{}, fmt.Errorf("%w: %s no longer exists", ErrSchemaChanged, t)
+	}
+	var want []string
+	for _, c := range t.Columns {
+		want = append(want, fmt.Sprintf("%s:%d", c.Name, c.TypeOID))
+	}
+	var got []string
+	for _, col := range strings.Split(string(row[1]), ",") {
+		if name, _, _ := strings.Cut(col, ":"); t.published(name) {
+			got = append(got, col)
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		return Snapshot{}, fmt.Errorf("%w: %s now has columns %v, not %v", ErrSchemaChanged, t, got, want)
+	}
+	return ParseSnapshot(string(row[0]))
+}
+
+// readRows runs a chunk query and keeps its rows: each row's values are copied into one
+// allocation, since the connection's buffer is reused.
+func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, c *Chunk) error {
+	rr := r.conn.PgConn().ExecParams(ctx, sql, args, nil, nil, nil)
+	for rr.NextRow() {
+		vals := rr.Values()
+		size := 0
+		for _, v := range vals {
+			size += len(v)
+		}
+		buf := make([]byte, 0, size)
+		row := make(Row, len(vals))
+		for i, v := range vals {
+			if v == nil {
+				continue
+			}
+			start := len(buf)
+			buf = append(buf, v...)
+			row[i] = buf[start:len(buf):len(buf)]
+		}
+		c.Rows = append(c.Rows, row)
+		c.Bytes += size
+	}
+	if _, err := rr.Close(); err != nil {
+		return err
+	}
+	if n := len(c.Rows); n > 0 {
+		last := c.Rows[n-1]
+		c.Last = make([]string, len(c.Table.Key))
+		for i, k := range c.Table.Key {
+			c.Last[i] = string(last[k])
+		}
+	}
+	return nil
+}
+
+// ParseSnapshot parses the text form of a pg_snapshot, "xmin:xmax:xip1,xip2,...".
+func ParseSnapshot(s string) (Snapshot, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return Snapshot{}, fmt.Errorf("snapshot %q: want xmin:xmax:xip", s)
+	}
+	var snap Snapshot
+	var err error
+	if snap.Xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if snap.Xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return Snapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+			}
+			snap.Xip = append(snap.Xip, v)
+		}
+	}
+	return snap, nil
+}

@@ -1,0 +1,243 @@
+package chunker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Column is one column a chunk reads.
+type Column struct {
+	Name    string // column name
+	TypeOID uint32 // data type OID (a domain's own OID)
+	BaseOID uint32 // the base type of a domain; TypeOID otherwise
+	TypeMod int32  // type modifier, -1 when none
+}
+
+// Table is a table as discovered for the backfill: the columns a chunk reads (those pgoutput
+// sends: not generated, within the publication's column list) and the key that identifies a row
+// in both the chunk and the change stream.
+type Table struct {
+	Schema          string   // namespace
+	Name            string   // table name
+	OID             uint32   // pg_class OID
+	Columns         []Column // columns in attribute order
+	Key             []int    // indexes into Columns of the key columns, in key order
+	KeySource       string   // "primary key", "replica identity index" or "key override"
+	ReplicaIdentity byte     // relreplident: 'd', 'f', 'i' or 'n'
+	PubColumns      []string // the publication's column list; nil when it publishes every column
+}
+
+// Ident returns the quoted, schema-qualified name.
+func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// String returns schema.name, unquoted, for messages.
+func (t *Table) String() string { return t.Schema + "." + t.Name }
+
+// KeyNames returns the names of the key columns, in key order.
+func (t *Table) KeyNames() []string {
+	names := make([]string, len(t.Key))
+	for i, k := range t.Key {
+		names[i] = t.Columns[k].Name
+	}
+	return names
+}
+
+// ColumnNames returns the names of the columns, in order.
+func (t *Table) ColumnNames() []string {
+	names := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		names[i] = c.Name
+	}
+	return names
+}
+
+// Errors callers branch on.
+var (
+	ErrNoTable       = errors.New("table not found")
+	ErrNoKey         = errors.New("table has no usable key")
+	ErrNotPublished  = errors.New("table is not in the publication")
+	ErrSchemaChanged = errors.New("table definition changed")
+)
+
+// Discover reads the definition of schema.name and chooses its key: the columns of its replica
+// identity (the primary key under REPLICA IDENTITY DEFAULT or FULL, the chosen index under USING
+// INDEX), because those are the columns the change stream carries for updates and deletes; or
+// the override columns, which must be NOT NULL, unique and carried by the replica identity. A
+// table without such a key is refused with what to do. The table must be in publication.
+func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override []string, publication string) (*Table, error) {
+	t := &Table{Schema: schema, Name: name}
+	var kind byte
+	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.OID, &t.ReplicaIdentity, &kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %s does not exist (check the schema and table name and this role's privileges)", ErrNoTable, t)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up table %s: %w", t, err)
+	}
+	if kind != 'r' && kind != 'p' {
+		return nil, fmt.Errorf("%w: %s is not a table (relkind %q)", ErrNoTable, t, kind)
+	}
+
+	// Columns, and the publication's column list (PostgreSQL 15+) when it has one.
+	var published bool
+	var pubCols []string
+	var version int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return nil, fmt.Errorf("read server version: %w", err)
+	}
+	pubQuery := `SELECT true, NULL::text[] FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	if version >= 150000 {
+		pubQuery = `SELECT true, attnames FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	}
+	err = conn.QueryRow(ctx, pubQuery, publication, schema, name).Scan(&published, &pubCols)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
+	}
+	t.PubColumns = pubCols
+	if !published {
+		return nil, fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
+			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())
+	}
+
+	rows, err := conn.Query(ctx, `
+		SELECT a.attname, a.atttypid, CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END, a.atttypmod,
+		       a.attnotnull, coalesce(co.collisdeterministic, true)
+		FROM pg_attribute a
+		JOIN pg_type ty ON ty.oid = a.atttypid
+		LEFT JOIN pg_collation co ON co.oid = a.attcollation
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+		ORDER BY a.attnum`, t.OID)
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t, err)
+	}
+	notNull := map[string]bool{}
+	deterministic := map[string]bool{}
+	for rows.Next() {
+		var c Column
+		var nn, det bool
+		if err := rows.Scan(&c.Name, &c.TypeOID, &c.BaseOID, &c.TypeMod, &nn, &det); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read columns of %s: %w", t, err)
+		}
+		if !t.published(c.Name) {
+			continue
+		}
+		notNull[c.Name], deterministic[c.Name] = nn, det
+		t.Columns = append(t.Columns, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t, err)
+	}
+
+	// The replica identity's columns.
+	var identity []string
+	switch t.ReplicaIdentity {
+	case 'd', 'f':
+		identity, err = indexColumns(ctx, conn, t.OID, "i.indisprimary")
+		t.KeySource = "primary key"
+	case 'i':
+		identity, err = indexColumns(ctx, conn, t.OID, "i.indisreplident")
+		t.KeySource = "replica identity index"
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read key of %s: %w", t, err)
+	}
+
+	keyCols := identity
+	if len(override) > 0 {
+		if err := checkOverride(ctx, conn, t, override, identity, notNull); err != nil {
+			return nil, err
+		}
+		keyCols, t.KeySource = override, "key override"
+	}
+	switch {
+	case t.ReplicaIdentity == 'n':
+		return nil, fmt.Errorf("%w: %s has REPLICA IDENTITY NOTHING, so updates and deletes carry no key; run ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key) or REPLICA IDENTITY FULL",
+			ErrNoKey, t, t.Ident())
+	case len(keyCols) == 0 && t.ReplicaIdentity == 'f':
+		return nil, fmt.Errorf("%w: %s has no primary key; give a key override (NOT NULL columns with a unique index), or add a primary key", ErrNoKey, t)
+	case len(keyCols) == 0:
+		return nil, fmt.Errorf("%w: %s has no primary key, so updates and deletes carry no key (and fail while the table is in a publication that publishes them); add a primary key, or run ALTER TABLE %s REPLICA IDENTITY FULL; and give a key override",
+			ErrNoKey, t, t.Ident())
+	}
+	for _, k := range keyCols {
+		i := slices.IndexFunc(t.Columns, func(c Column) bool { return c.Name == k })
+		if i < 0 {
+			return nil, fmt.Errorf("%w: key column %q of %s is not among its published columns (a publication column list must include the key)", ErrNoKey, k, t)
+		}
+		if !deterministic[k] {
+			return nil, fmt.Errorf("%w: key column %q of %s uses a nondeterministic collation, under which different strings are equal; Tidemark cannot match such keys exactly", ErrNoKey, k, t)
+		}
+		t.Key = append(t.Key, i)
+	}
+	return t, nil
+}
+
+// indexColumns returns the columns of the table's index chosen by cond, in index order.
+func indexColumns(ctx context.Context, conn *pgx.Conn, oid uint32, cond string) ([]string, error) {
+	rows, err := conn.Query(ctx, `
+		SELECT a.attname FROM pg_index i
+		CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = $1 AND `+cond+` ORDER BY k.ord`, oid)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// checkOverride accepts a key override only if it identifies rows and the change stream carries
+// it for every update and delete.
+func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, identity []string, notNull map[string]bool) error {
+	var problems []string
+	for _, c := range override {
+		if _, ok := notNull[c]; !ok {
+			problems = append(problems, fmt.Sprintf("column %q does not exist or is not published", c))
+		} else if !notNull[c] {
+			problems = append(problems, fmt.Sprintf("column %q is nullable (declare it NOT NULL)", c))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: key override (%s) of %s: %s", ErrNoKey, strings.Join(override, ", "), t, strings.Join(problems, "; "))
+	}
+	// Unique: some unique index's columns are all in the override.
+	var unique bool
+	err := conn.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL
+		  AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		                  WHERE NOT a.attname = ANY($2)))`, t.OID, override).Scan(&unique)
+	if err != nil {
+		return fmt.Errorf("check key override of %s: %w", t, err)
+	}
+	if !unique {
+		return fmt.Errorf("%w: key override (%s) of %s is not unique: no unique index covers only these columns", ErrNoKey, strings.Join(override, ", "), t)
+	}
+	// Carried: REPLICA IDENTITY FULL sends whole old rows; otherwise only the identity's columns.
+	if t.ReplicaIdentity != 'f' && !sameSet(override, identity) {
+		return fmt.Errorf("%w: key override (%s) of %s differs from its replica identity (%s), so deletes and key changes would not carry it; run ALTER TABLE %s REPLICA IDENTITY FULL;",
+			ErrNoKey, strings.Join(override, ", "), t, strings.Join(identity, ", "), t.Ident())
+	}
+	return nil
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *Table) published(col string) bool {
+	return t.PubColumns == nil || slices.Contains(t.PubColumns, col)
+}

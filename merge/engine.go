@@ -1,0 +1,467 @@
+package merge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/watermark"
+)
+
+// Sink receives the engine's output, in order, from one goroutine.
+type Sink interface {
+	// Emit hands over the next events. It must not keep the slice after it returns; it may keep
+	// the events.
+	Emit(ctx context.Context, events []Event) error
+	// Checkpoint marks a consistent point: every event emitted so far is covered by pos, none
+	// after it will be. When Config.AckCheckpoints is set, the sink must have made those events
+	// and pos durable before it returns nil: the slot is then acknowledged up to pos.LSN.
+	Checkpoint(ctx context.Context, pos *Position) error
+}
+
+// TableConfig names a captured table.
+type TableConfig struct {
+	Schema     string   // namespace
+	Name       string   // table name
+	Key        []string // key override; nil: the replica identity's columns (see chunker.Discover)
+	NoBackfill bool     // capture changes only; existing rows are not read
+}
+
+// Hooks are called at the points of the chunk protocol and of the output, with the chunk id or
+// the position; tests use them to run SQL between a chunk's steps and to inject crashes. Each
+// is optional. Hooks run on the engine's goroutines and must not block for long.
+type Hooks struct {
+	BeforeLow       func(ctx context.Context, chunk int64) // the worker: before the low watermark is written
+	AfterLow        func(ctx context.Context, chunk int64) // after the low watermark committed, before the SELECT
+	AfterSelect     func(ctx context.Context, chunk int64) // after the chunk was read and handed over, before the high watermark
+	AfterHigh       func(ctx context.Context, chunk int64) // after the high watermark committed
+	AfterEmit       func(ctx context.Context, n int)       // the merge loop: after n events went to the sink
+	AfterCheckpoint func(ctx context.Context, pos *Position)
+}
+
+// Faults break the engine on purpose, for the chaos harness to prove it notices. Never set them
+// otherwise.
+type Faults struct {
+	NoVisibilityGuard bool // emit chunks the visibility guard would reject
+	NoEviction        bool // never drop chunk rows changed inside their window
+}
+
+// Config configures an Engine. The zero value of every optional field is documented with it.
+type Config struct {
+	Source replicator.Config // the source, its slot and publication
+	Tables []TableConfig     // the captured tables; at least one
+	// SignalTable is the watermark table as {schema, table}. Zero: watermark.DefaultTable.
+	SignalTable pgx.Identifier
+	// WatermarkTimeout bounds a watermark write, including a wait for a synchronous standby.
+	// Zero: 10s.
+	WatermarkTimeout time.Duration
+	Chunker          chunker.Config
+	// ChunkSize is the most rows a chunk reads. Zero: 10000.
+	ChunkSize int
+	// MaxChunkBytes bounds the bytes a chunk holds: the chunk size shrinks when chunks exceed
+	// it. It bounds the engine's buffered rows, since one chunk is in flight. Zero: 64 MiB.
+	MaxChunkBytes int
+	// CheckpointInterval is the longest time between checkpoints while changes flow; there is
+	// also one after every chunk. Zero: 1s.
+	CheckpointInterval time.Duration
+	// AckCheckpoints acknowledges each checkpoint's LSN to the slot once Sink.Checkpoint returns;
+	// otherwise only the resume position given to Run is acknowledged (Airbyte: the platform
+	// persists a state after Run returns).
+	AckCheckpoints bool
+	// StopWhenCaughtUp ends Run once every backfill is done and the stream has caught up with
+	// the WAL position of that moment. Zero: Run streams until its context ends.
+	StopWhenCaughtUp bool
+	Hooks            Hooks
+	Faults           Faults
+}
+
+// Errors callers branch on.
+var (
+	// ErrSystemChanged: the position belongs to another cluster (a restore, a failover to a
+	// server that is not a copy, another database).
+	ErrSystemChanged = errors.New("the source is not the cluster the position was taken on")
+	// ErrPositionBehindSlot: the slot was confirmed past the position, so changes between the
+	// two are gone from the slot.
+	ErrPositionBehindSlot = errors.New("the position is behind the replication slot")
+	// ErrNoTables: nothing to capture.
+	ErrNoTables = errors.New("no tables configured")
+)
+
+// PositionBehindSlotError details ErrPositionBehindSlot.
+type PositionBehindSlotError struct {
+	Slot           string
+	Position       string // the position's LSN
+	ConfirmedFlush string // the slot's confirmed_flush_lsn
+}
+
+func (e *PositionBehindSlotError) Error() string {
+	return fmt.Sprintf("%v: slot %q is confirmed up to %s but the position to resume from is %s; the changes between them cannot be streamed again: start over with a full backfill (no position)",
+		ErrPositionBehindSlot, e.Slot, e.ConfirmedFlush, e.Position)
+}
+
+func (e *PositionBehindSlotError) Unwrap() error { return ErrPositionBehindSlot }
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	errs := []error{c.Source.Validate(), c.Chunker.Validate()}
+	if len(c.Tables) == 0 {
+		errs = append(errs, ErrNoTables)
+	}
+	for _, t := range c.Tables {
+		if t.Schema == "" || t.Name == "" {
+			errs = append(errs, fmt.Errorf("table %q.%q: schema and name are required", t.Schema, t.Name))
+		}
+	}
+	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 {
+		errs = append(errs, errors.New("chunk size, chunk bytes and checkpoint interval must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) ensureDefaults() {
+	if c.ChunkSize == 0 {
+		c.ChunkSize = 10000
+	}
+	if c.MaxChunkBytes == 0 {
+		c.MaxChunkBytes = 64 << 20
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = time.Second
+	}
+	if len(c.SignalTable) == 0 {
+		c.SignalTable = watermark.DefaultTable
+	}
+}
+
+// Engine captures the configured tables: it backfills them chunk by chunk while it streams
+// their changes, and hands one ordered stream of Events and Positions to a Sink.
+type Engine struct {
+	cfg  Config
+	sink Sink
+	log  zerolog.Logger
+}
+
+// New returns an Engine. It connects to nothing until Run.
+func New(cfg Config, sink Sink, log zerolog.Logger) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.ensureDefaults()
+	return &Engine{cfg: cfg, sink: sink, log: log.With().Str("component", "merge").Logger()}, nil
+}
+
+// errFinished ends the engine's goroutines when the merge loop is done.
+var errFinished = errors.New("finished")
+
+// Run captures from position from (nil: a first run, which backfills every table) until ctx
+// ends, or, with StopWhenCaughtUp, until the backfills are done and the stream caught up. When
+// ctx ends, Run finishes the transaction in progress if it can, takes a last checkpoint, and
+// returns context.Cause(ctx).
+func (e *Engine) Run(ctx context.Context, from *Position) error {
+	qcfg, err := pgx.ParseConfig(e.cfg.Source.DSN)
+	if err != nil {
+		return fmt.Errorf("parse source connection string: %w", err)
+	}
+	pgconf.Pin(&qcfg.Config, "tidemark")
+	conn, err := pgx.ConnectConfig(ctx, qcfg)
+	if err != nil {
+		return fmt.Errorf("connect to source %s: %w", pgconf.Describe(&qcfg.Config), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	// The publication must exist before the signal table joins it; the replicator checks it
+	// (and creates it when allowed) in Open.
+	stream, err := replicator.Open(ctx, e.cfg.Source, e.log)
+	if err != nil {
+		return err
+	}
+	defer stream.Close(context.WithoutCancel(ctx))
+
+	wcfg := watermark.Config{Table: e.cfg.SignalTable, Slot: e.cfg.Source.Slot, Publication: e.cfg.Source.Publication, Timeout: e.cfg.WatermarkTimeout}
+	if err := watermark.Ensure(ctx, conn, wcfg, e.log); err != nil {
+		return err
+	}
+	writer, err := watermark.New(wcfg)
+	if err != nil {
+		return err
+	}
+	tables := map[string]*chunker.Table{}
+	var errs []error
+	for _, tc := range e.cfg.Tables {
+		t, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		tables[t.String()] = t
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	pos, err := e.resume(from, stream, tables)
+	if err != nil {
+		return err
+	}
+	reader, err := chunker.NewReader(conn, e.cfg.Chunker)
+	if err != nil {
+		return err
+	}
+
+	core := newCore(writer.Config(), pos, tables)
+	core.noGuard, core.noEviction = e.cfg.Faults.NoVisibilityGuard, e.cfg.Faults.NoEviction
+	// The engine's goroutines run until the merge loop is done, not until ctx ends: when ctx
+	// ends, the stream must still deliver the rest of the transaction in progress.
+	runCtx, cancelRun := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelRun(nil)
+	g, gctx := errgroup.WithContext(runCtx)
+	in := make(chan any, 1024)
+	verdicts := make(chan verdict, 8)
+	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, log: e.log.With().Str("component", "chunker").Logger()}
+	for name, t := range tables {
+		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *pos.Tables[name]})
+	}
+	w.order(e.cfg.Tables)
+	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, stream: stream}
+
+	g.Go(func() error {
+		return stream.Run(gctx, pos.LSN, func(ctx context.Context, ev replicator.Event) error {
+			return sendEvent(ctx, in, ev, stream)
+		})
+	})
+	g.Go(func() error { return w.run(ctx, gctx) })
+	g.Go(func() error {
+		err := m.run(ctx, gctx)
+		if err == nil {
+			cancelRun(errFinished)
+		}
+		return err
+	})
+	err = g.Wait()
+	if errors.Is(err, errFinished) || errors.Is(context.Cause(runCtx), errFinished) && (err == nil || errors.Is(err, context.Canceled)) {
+		err = nil
+	}
+	if err == nil && ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
+// resume checks the position against the source and the slot, and reconciles its tables with
+// the configured ones. The resume LSN is acknowledged: it is durable downstream.
+func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[string]*chunker.Table) (*Position, error) {
+	sys, slot := stream.System(), stream.Slot()
+	var pos *Position
+	if from == nil {
+		pos = &Position{Version: PositionVersion, LSN: slot.ConfirmedFlush, Tables: map[string]*TableProgress{}}
+	} else {
+		if from.SystemID != "" && from.SystemID != sys.SystemID {
+			return nil, fmt.Errorf("%w: the position was taken on system %s, the source is system %s; start over with a full backfill (no position)",
+				ErrSystemChanged, from.SystemID, sys.SystemID)
+		}
+		if from.LSN < slot.ConfirmedFlush {
+			return nil, &PositionBehindSlotError{Slot: slot.Name, Position: from.LSN.String(), ConfirmedFlush: slot.ConfirmedFlush.String()}
+		}
+		pos = from.Clone()
+		stream.Ack(from.LSN)
+	}
+	pos.Version, pos.SystemID, pos.Slot = PositionVersion, sys.SystemID, slot.Name
+	for name := range pos.Tables {
+		if tables[name] == nil {
+			delete(pos.Tables, name) // no longer captured
+		}
+	}
+	noBackfill := map[string]bool{}
+	for _, tc := range e.cfg.Tables {
+		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
+	}
+	for name, t := range tables {
+		key := t.KeyNames()
+		p := pos.Tables[name]
+		if p != nil && !equalStrings(p.Key, key) {
+			e.log.Warn().Str("table", name).Strs("was", p.Key).Strs("now", key).Msg("key changed since the position was taken: the backfill starts over")
+			p = nil
+		}
+		if p == nil {
+			p = &TableProgress{Key: key, Done: noBackfill[name]}
+			pos.Tables[name] = p
+		}
+	}
+	return pos, nil
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// sendEvent queues a stream event for the merge loop. While the queue is full (a slow sink), it
+// keeps the replication connection alive with status updates, on the replicator's goroutine.
+func sendEvent(ctx context.Context, in chan<- any, ev replicator.Event, stream *replicator.Stream) error {
+	select {
+	case in <- ev:
+		return nil
+	default:
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case in <- ev:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-t.C:
+			if err := stream.Keepalive(); err != nil {
+				return err
+			}
+			t.Reset(time.Second)
+		}
+	}
+}
+
+// mergeLoop feeds the core and hands its output to the sink. It owns no connection.
+type mergeLoop struct {
+	e        *Engine
+	core     *core
+	in       <-chan any
+	verdicts chan<- verdict
+	stream   *replicator.Stream
+
+	lastCheckpoint time.Time
+	checkpointed   *Position // the last position given to the sink
+	chunkDone      bool      // a chunk completed since the last checkpoint
+}
+
+// run processes inputs until ctx ends (then until a transaction boundary, and a last checkpoint)
+// or, with StopWhenCaughtUp, until the fence after the backfills has been seen.
+func (m *mergeLoop) run(ctx, gctx context.Context) error {
+	e := m.e
+	ticker := time.NewTicker(e.cfg.CheckpointInterval)
+	defer ticker.Stop()
+	stop := ctx.Done()
+	var drainUntil <-chan time.Time
+	m.lastCheckpoint = time.Now()
+	for {
+		select {
+		case v := <-m.in:
+			if err := m.core.step(v); err != nil {
+				return err
+			}
+			// Take what else is queued, up to a batch, before handing output to the sink.
+			for n := 0; n < 256 && len(m.core.out) < 4096; n++ {
+				if m.core.consistent() && (len(m.core.verdicts) > 0 || m.checkpointDue()) {
+					break
+				}
+				var v any
+				select {
+				case v = <-m.in:
+				default:
+				}
+				if v == nil {
+					break
+				}
+				if err := m.core.step(v); err != nil {
+					return err
+				}
+			}
+		case <-ticker.C:
+		case <-stop:
+			stop = nil
+			e.log.Info().Msg("stopping at the next transaction boundary")
+			drainUntil = time.After(5 * time.Second)
+		case <-drainUntil:
+			e.log.Warn().Msg("stopping inside a transaction: the last checkpoint stands")
+			return m.flush(gctx)
+		case <-gctx.Done():
+			return context.Cause(gctx)
+		}
+		if err := m.flush(gctx); err != nil {
+			return err
+		}
+		if !m.core.consistent() {
+			continue
+		}
+		finished := stop == nil || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0
+		if finished || m.checkpointDue() {
+			if err := m.checkpoint(gctx); err != nil {
+				return err
+			}
+		}
+		if finished {
+			if stop != nil {
+				e.log.Info().Msg("backfills done and stream caught up")
+			}
+			return nil
+		}
+	}
+}
+
+func (m *mergeLoop) checkpointDue() bool {
+	return m.chunkDone || time.Since(m.lastCheckpoint) >= m.e.cfg.CheckpointInterval && m.core.pos.LSN != m.lastLSN()
+}
+
+func (m *mergeLoop) lastLSN() pglogrepl.LSN {
+	if m.checkpointed == nil {
+		return 0
+	}
+	return m.checkpointed.LSN
+}
+
+// flush hands the core's events to the sink and its verdicts to the worker.
+func (m *mergeLoop) flush(ctx context.Context) error {
+	if n := len(m.core.out); n > 0 {
+		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
+			return fmt.Errorf("emit %d events: %w", n, err)
+		}
+		clear(m.core.out)
+		m.core.out = m.core.out[:0]
+		if h := m.e.cfg.Hooks.AfterEmit; h != nil {
+			h(ctx, n)
+		}
+	}
+	for _, v := range m.core.verdicts {
+		if v.completed {
+			m.chunkDone = true
+		}
+		select {
+		case m.verdicts <- v:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	m.core.verdicts = m.core.verdicts[:0]
+	return nil
+}
+
+// checkpoint gives the sink the current position, at a transaction boundary, and acknowledges
+// it to the slot when the sink made it durable.
+func (m *mergeLoop) checkpoint(ctx context.Context) error {
+	pos := m.core.pos.Clone()
+	if err := m.e.sink.Checkpoint(ctx, pos); err != nil {
+		return fmt.Errorf("checkpoint at %s: %w", pos.LSN, err)
+	}
+	m.checkpointed, m.lastCheckpoint, m.chunkDone = pos, time.Now(), false
+	if h := m.e.cfg.Hooks.AfterCheckpoint; h != nil {
+		h(ctx, pos)
+	}
+	if m.e.cfg.AckCheckpoints {
+		m.stream.Ack(pos.LSN)
+	}
+	return nil
+}

@@ -1,0 +1,149 @@
+package merge
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// Op is what an Event does to its row.
+type Op byte
+
+// The event kinds.
+const (
+	Insert   Op = 'c' // a new row from the change stream
+	Update   Op = 'u' // a changed row from the change stream
+	Delete   Op = 'd' // a deleted row: only the key columns are set (all columns under REPLICA IDENTITY FULL)
+	Snapshot Op = 'r' // a row read by the backfill, as of its chunk's high watermark
+	Truncate Op = 't' // every row of the table is gone
+)
+
+func (o Op) String() string {
+	switch o {
+	case Insert:
+		return "insert"
+	case Update:
+		return "update"
+	case Delete:
+		return "delete"
+	case Snapshot:
+		return "snapshot"
+	case Truncate:
+		return "truncate"
+	}
+	return "unknown"
+}
+
+// Columns describes the values of Events: a table's columns, with its key. Events of one table
+// share a Columns until the table's definition changes; a Columns is immutable.
+type Columns struct {
+	Schema   string   // namespace
+	Table    string   // table name
+	Names    []string // column names
+	Types    []uint32 // data type OIDs
+	TypeMods []int32  // type modifiers
+	Key      []int    // indexes of the key columns, in key order
+}
+
+// Event is the only type a sink sees: one row change, one backfilled row, or a truncate, in
+// output order.
+type Event struct {
+	Op      Op
+	Columns *Columns           // what Vals holds
+	Vals    []replicator.Value // one per column; nil for Truncate. Unchanged marks a TOASTed value the server did not send
+	Key     []byte             // the row's canonical key (FoundationDB tuple); nil for Truncate
+	LSN     pglogrepl.LSN      // commit LSN of the source transaction; for Snapshot rows, of their chunk's high watermark
+	Seq     int                // order among the events of one LSN: (LSN, Seq) increases along the output
+	XID     uint32             // source transaction; 0 for Snapshot rows
+	Time    time.Time          // commit time of the source transaction or of the high watermark
+}
+
+// Value returns the text of column name, and whether the event has it (not NULL, not unchanged).
+func (e *Event) Value(name string) (string, bool) {
+	for i, n := range e.Columns.Names {
+		if n == name && i < len(e.Vals) && (e.Vals[i].Kind == replicator.Text || e.Vals[i].Kind == replicator.Binary) {
+			return string(e.Vals[i].Data), true
+		}
+	}
+	return "", false
+}
+
+// PositionVersion is the version of the Position format this package writes and reads.
+const PositionVersion = 1
+
+// Position is the only persisted state: where to resume the stream and how far each table's
+// backfill got, as of one consistent point of the output (a transaction boundary). Every event
+// before it is reflected by it, none after it; a chunk counts in Tables iff its high watermark
+// precedes LSN. It encodes to JSON (and is the Airbyte connector's state).
+type Position struct {
+	Version  int                       `json:"version"`
+	LSN      pglogrepl.LSN             `json:"-"`
+	SystemID string                    `json:"system_id,omitempty"` // the source cluster: a restored or different cluster has another
+	Slot     string                    `json:"slot,omitempty"`      // the slot the position belongs to
+	Tables   map[string]*TableProgress `json:"tables"`              // by "schema.table"
+}
+
+// TableProgress is one table's backfill progress.
+type TableProgress struct {
+	Done   bool     `json:"done"`              // the backfill finished; only the stream carries the table now
+	Cursor []string `json:"cursor,omitempty"`  // key of the last row of the last completed chunk (text values); nil before the first
+	MaxKey []string `json:"max_key,omitempty"` // the backfill's upper bound, captured at its start; nil before the first chunk
+	Key    []string `json:"key"`               // the key columns the cursor is in
+	Rows   int64    `json:"rows"`              // rows emitted by the backfill
+	Chunks int64    `json:"chunks"`            // chunks completed
+}
+
+type positionJSON struct {
+	Position
+	LSN string `json:"lsn"`
+}
+
+// MarshalJSON encodes p with its LSN in PostgreSQL's text form.
+func (p Position) MarshalJSON() ([]byte, error) {
+	type plain Position
+	return json.Marshal(struct {
+		plain
+		LSN string `json:"lsn"`
+	}{plain(p), p.LSN.String()})
+}
+
+// UnmarshalJSON decodes and checks a Position.
+func (p *Position) UnmarshalJSON(b []byte) error {
+	type plain Position
+	var v struct {
+		plain
+		LSN string `json:"lsn"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	if v.Version != PositionVersion {
+		return fmt.Errorf("position version %d: this Tidemark reads version %d", v.Version, PositionVersion)
+	}
+	lsn, err := pglogrepl.ParseLSN(v.LSN)
+	if err != nil {
+		return fmt.Errorf("position lsn %q: %w", v.LSN, err)
+	}
+	*p = Position(v.plain)
+	p.LSN = lsn
+	if p.Tables == nil {
+		p.Tables = map[string]*TableProgress{}
+	}
+	return nil
+}
+
+// Clone returns a deep copy of p.
+func (p *Position) Clone() *Position {
+	c := *p
+	c.Tables = make(map[string]*TableProgress, len(p.Tables))
+	for k, t := range maps.All(p.Tables) {
+		tc := *t
+		c.Tables[k] = &tc
+	}
+	return &c
+}

@@ -1,0 +1,111 @@
+package merge
+
+import (
+	"github.com/jackc/pglogrepl"
+
+	"github.com/tidemark/tidemark/chunker"
+)
+
+// guard is the visibility guard (algorithm reference §1.6). PostgreSQL streams a transaction once
+// its commit record is flushed, but makes it visible to new snapshots only afterwards (after a
+// synchronous standby acknowledged it, for one). So a transaction can come before a chunk's low
+// watermark in the stream and still be invisible to the chunk's SELECT: the chunk would hold a
+// row older than an event already emitted, and emit it after that event. The guard remembers
+// the xid and commit LSN of recent transactions; a chunk is rejected when one that committed
+// before its low watermark is not visible to its snapshot (its xid is in the snapshot's running
+// set, or at or above its xmax).
+//
+// Xids from the stream have 32 bits; they are compared with the snapshot's low 32 bits modulo
+// 2^32, which is exact while the xids compared are less than 2^31 apart (PostgreSQL's wraparound
+// protection keeps live xids closer than that).
+type guard struct {
+	commits []xidCommit // in commit order
+	max     int         // cap on commits; past it the oldest go and the guard becomes conservative
+
+	overflow   bool   // commits were dropped by the cap
+	droppedMax uint32 // the newest xid dropped by the cap
+	latestXmin uint32 // xmin of the newest snapshot handed over
+	haveXmin   bool
+	lastPrune  int
+}
+
+type xidCommit struct {
+	xid uint32
+	lsn pglogrepl.LSN
+}
+
+// precedes reports a < b modulo 2^32.
+func precedes(a, b uint32) bool { return int32(a-b) < 0 }
+
+func (g *guard) commit(xid uint32, lsn pglogrepl.LSN) {
+	g.commits = append(g.commits, xidCommit{xid, lsn})
+	if len(g.commits) > g.max {
+		n := len(g.commits) / 2
+		for _, c := range g.commits[:n] {
+			if !g.overflow || precedes(g.droppedMax, c.xid) {
+				g.droppedMax = c.xid
+			}
+			g.overflow = true
+		}
+		g.commits = append(g.commits[:0], g.commits[n:]...)
+	}
+}
+
+// snapshot notes a snapshot that was handed over: snapshots taken later have an xmin at least as
+// high, so commits below it can be forgotten once no pending snapshot needs them.
+func (g *guard) snapshot(s chunker.Snapshot) {
+	x := uint32(s.Xmin)
+	if !g.haveXmin || precedes(g.latestXmin, x) {
+		g.latestXmin, g.haveXmin = x, true
+	}
+}
+
+// violated reports whether a transaction that committed before lowLSN is invisible to s.
+func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
+	xmin, xmax := uint32(s.Xmin), uint32(s.Xmax)
+	if g.overflow && !precedes(g.droppedMax, xmin) {
+		return true // a dropped commit could have been invisible: reject to be safe
+	}
+	running := make(map[uint32]struct{}, len(s.Xip))
+	for _, x := range s.Xip {
+		running[uint32(x)] = struct{}{}
+	}
+	for _, c := range g.commits {
+		if c.lsn >= lowLSN {
+			break // commit order: the rest committed after the low watermark
+		}
+		if precedes(c.xid, xmin) {
+			continue
+		}
+		if _, ok := running[c.xid]; ok || !precedes(c.xid, xmax) {
+			return true
+		}
+	}
+	return false
+}
+
+// prune forgets commits no snapshot still to be checked can need: those below the xmin of every
+// pending snapshot and of the newest snapshot (later ones have higher xmins). It runs when the
+// list has doubled since the last prune, so its cost is amortized.
+func (g *guard) prune(pending []uint32) {
+	if !g.haveXmin || len(g.commits) < 2*g.lastPrune+1024 {
+		return
+	}
+	threshold := g.latestXmin
+	for _, x := range pending {
+		if precedes(x, threshold) {
+			threshold = x
+		}
+	}
+	kept := g.commits[:0]
+	for _, c := range g.commits {
+		if !precedes(c.xid, threshold) {
+			kept = append(kept, c)
+		}
+	}
+	g.commits = kept
+	g.lastPrune = len(kept)
+	if g.overflow && precedes(g.droppedMax, threshold) {
+		g.overflow = false
+	}
+}

@@ -1,0 +1,275 @@
+package merge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/watermark"
+)
+
+// workTable is a table as the chunk worker sees it.
+type workTable struct {
+	name     string
+	table    *chunker.Table
+	override []string
+	progress TableProgress // as of the last verdict
+}
+
+// worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
+// over, high watermark, verdict. It is the only user of the query connection.
+type worker struct {
+	cfg      *Config
+	conn     *pgx.Conn
+	reader   *chunker.Reader
+	writer   *watermark.Writer
+	in       chan<- any
+	verdicts <-chan verdict
+	log      zerolog.Logger
+	tables   []*workTable
+
+	nextID int64
+	limit  int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
+	fails  int // consecutive abandoned chunks
+}
+
+// order sorts the tables as configured, and notes their key overrides.
+func (w *worker) order(cfg []TableConfig) {
+	idx := map[string]int{}
+	for i, tc := range cfg {
+		idx[tc.Schema+"."+tc.Name] = i
+	}
+	slices.SortFunc(w.tables, func(a, b *workTable) int { return idx[a.name] - idx[b.name] })
+	for _, t := range w.tables {
+		t.override = cfg[idx[t.name]].Key
+	}
+}
+
+// run backfills every table that is not done, then, with StopWhenCaughtUp, writes the fence the
+// merge loop stops at. It stops issuing chunks when stop ends.
+func (w *worker) run(stop, ctx context.Context) error {
+	w.limit = w.cfg.ChunkSize
+	for _, t := range w.tables {
+		if !t.progress.Done {
+			w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Msg("backfill started")
+		}
+		for !t.progress.Done {
+			if stop.Err() != nil {
+				return nil
+			}
+			if err := w.chunk(ctx, t); err != nil {
+				return err
+			}
+		}
+	}
+	if !w.cfg.StopWhenCaughtUp || stop.Err() != nil {
+		return nil
+	}
+	w.nextID++
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = w.writer.Write(ctx, w.conn, watermark.Mark{ID: w.nextID, Kind: watermark.Fence}); err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		w.log.Warn().Err(err).Msg("fence not written; retrying")
+		sleep(ctx, time.Duration(attempt+1)*time.Second)
+	}
+	return err
+}
+
+func (w *worker) send(ctx context.Context, v any) error {
+	select {
+	case w.in <- v:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (w *worker) wait(ctx context.Context, id int64) (verdict, error) {
+	select {
+	case v := <-w.verdicts:
+		if v.id != id {
+			return verdict{}, fmt.Errorf("verdict for chunk %d while chunk %d is in flight", v.id, id)
+		}
+		return v, nil
+	case <-ctx.Done():
+		return verdict{}, context.Cause(ctx)
+	}
+}
+
+func (w *worker) hook(ctx context.Context, h func(context.Context, int64), id int64) {
+	if h != nil {
+		h(ctx, id)
+	}
+}
+
+// chunk runs one chunk of t to its verdict.
+func (w *worker) chunk(ctx context.Context, t *workTable) error {
+	if t.progress.MaxKey == nil {
+		maxKey, err := w.reader.MaxKey(ctx, t.table)
+		if err != nil {
+			return w.retry(ctx, t, err)
+		}
+		if maxKey == nil {
+			w.log.Info().Str("table", t.name).Msg("table is empty: backfill done")
+			t.progress.Done = true
+			return w.send(ctx, emptyTable{table: t.name})
+		}
+		t.progress.MaxKey = maxKey
+	}
+	w.nextID++
+	id := w.nextID
+	if err := w.send(ctx, register{id: id, table: t.name}); err != nil {
+		return err
+	}
+	w.hook(ctx, w.cfg.Hooks.BeforeLow, id)
+	if err := w.writer.Write(ctx, w.conn, watermark.Mark{ID: id, Kind: watermark.Low}); err != nil {
+		return w.withdraw(ctx, t, id, err)
+	}
+	w.hook(ctx, w.cfg.Hooks.AfterLow, id)
+	c, err := w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
+	if err != nil {
+		return w.withdraw(ctx, t, id, err)
+	}
+	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey}); err != nil {
+		return err
+	}
+	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)
+	// An error writing the high watermark does not say whether it committed: write it again
+	// with the same id; the merge loop acts on the first one it sees.
+	for attempt := 0; ; attempt++ {
+		if err = w.writer.Write(ctx, w.conn, watermark.Mark{ID: id, Kind: watermark.High}); err == nil {
+			break
+		}
+		if ctx.Err() != nil || attempt == 2 {
+			return w.withdraw(ctx, t, id, err)
+		}
+		w.log.Warn().Err(err).Int64("chunk", id).Msg("high watermark not written; retrying")
+		sleep(ctx, 100*time.Millisecond)
+	}
+	// If the stream passes this position without showing the high watermark, the watermark is
+	// not coming (the signal table left the publication): the window is stale.
+	var after string
+	if err := w.conn.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&after); err == nil {
+		if lsn, err := pglogrepl.ParseLSN(after); err == nil {
+			if err := w.send(ctx, highWritten{id: id, after: lsn}); err != nil {
+				return err
+			}
+		}
+	}
+	w.hook(ctx, w.cfg.Hooks.AfterHigh, id)
+	v, err := w.wait(ctx, id)
+	if err != nil {
+		return err
+	}
+	return w.verdict(ctx, t, c, v)
+}
+
+// verdict applies the merge loop's verdict on a chunk.
+func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v verdict) error {
+	if v.completed {
+		w.fails = 0
+		t.progress = v.progress
+		switch {
+		case c.Bytes > w.cfg.MaxChunkBytes:
+			w.limit = max(1, int(int64(w.limit)*int64(w.cfg.MaxChunkBytes)/int64(c.Bytes)))
+		case w.limit < w.cfg.ChunkSize:
+			w.limit = min(w.cfg.ChunkSize, 2*w.limit)
+		}
+		w.log.Debug().Str("table", t.name).Int64("chunk", v.id).Int("rows", len(c.Rows)).Int("emitted", v.emitted).
+			Int("bytes", c.Bytes).Strs("cursor", t.progress.Cursor).Msg("chunk done")
+		if t.progress.Done {
+			w.log.Info().Str("table", t.name).Int64("rows", t.progress.Rows).Int64("chunks", t.progress.Chunks).Msg("backfill done")
+		}
+		return nil
+	}
+	t.progress = v.progress
+	if v.rediscover {
+		if err := w.rediscover(ctx, t); err != nil {
+			return err
+		}
+	}
+	if errors.Is(v.reason, errStale) && w.fails >= 2 {
+		return fmt.Errorf("chunk %d of %s: %w; check that the signal table %s is in publication %q",
+			v.id, t.name, v.reason, w.cfg.SignalTable.Sanitize(), w.cfg.Source.Publication)
+	}
+	return w.retry(ctx, t, v.reason)
+}
+
+// withdraw abandons chunk id after a failure of its own, and waits for its verdict: the high
+// watermark may still have committed, and then the chunk completed after all.
+func (w *worker) withdraw(ctx context.Context, t *workTable, id int64, cause error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if err := w.send(ctx, abandon{id: id, reason: cause}); err != nil {
+		return err
+	}
+	v, err := w.wait(ctx, id)
+	if err != nil {
+		return err
+	}
+	if v.completed {
+		t.progress = v.progress
+		return nil
+	}
+	if errors.Is(cause, chunker.ErrSchemaChanged) {
+		if err := w.rediscover(ctx, t); err != nil {
+			return err
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(cause, &pgErr) && pgErr.Code == "57014" { // statement timeout: smaller chunks
+		w.limit = max(1, w.limit/2)
+	}
+	return w.retry(ctx, t, cause)
+}
+
+// retry backs off after a failed chunk, and gives up after too many in a row.
+func (w *worker) retry(ctx context.Context, t *workTable, cause error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	w.fails++
+	if w.fails > 20 && !errors.Is(cause, errVisibility) {
+		return fmt.Errorf("backfill of %s: %d chunks in a row failed, the last with: %w", t.name, w.fails, cause)
+	}
+	w.log.Warn().Str("table", t.name).Int("attempt", w.fails).Err(cause).Msg("chunk abandoned; retrying")
+	sleep(ctx, min(time.Duration(25<<min(w.fails, 7))*time.Millisecond, 2*time.Second))
+	return nil
+}
+
+// rediscover reads t's definition again after it changed.
+func (w *worker) rediscover(ctx context.Context, t *workTable) error {
+	nt, err := chunker.Discover(ctx, w.conn, t.table.Schema, t.table.Name, t.override, w.cfg.Source.Publication)
+	if err != nil {
+		return fmt.Errorf("discover %s again after its definition changed: %w", t.name, err)
+	}
+	if !slices.Equal(nt.KeyNames(), t.table.KeyNames()) {
+		return fmt.Errorf("the key of %s changed from %v to %v during its backfill; start its capture over", t.name, t.table.KeyNames(), nt.KeyNames())
+	}
+	w.log.Info().Str("table", t.name).Strs("columns", nt.ColumnNames()).Msg("table definition changed: chunks read the new columns")
+	t.table = nt
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,254 @@
+package watermark
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+)
+
+// DefaultTable is the signal table used when Config.Table is zero.
+var DefaultTable = pgx.Identifier{"public", "tidemark_signal"}
+
+// CreateTable is the signal table's definition; %s is the quoted table name. It holds one row
+// per replication slot, updated in place by every mark, so it never grows.
+const CreateTable = `CREATE TABLE IF NOT EXISTS %s (
+    slot       text PRIMARY KEY,
+    run        text NOT NULL,
+    chunk      bigint NOT NULL,
+    kind       text NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// upsert writes one mark. Bound parameters: slot, run, chunk, kind.
+const upsert = `INSERT INTO %s (slot, run, chunk, kind, written_at) VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (slot) DO UPDATE SET run = EXCLUDED.run, chunk = EXCLUDED.chunk, kind = EXCLUDED.kind, written_at = EXCLUDED.written_at`
+
+// Kind is the kind of a mark.
+type Kind byte
+
+// The mark kinds.
+const (
+	Low   Kind = 'L' // opens a chunk's window
+	High  Kind = 'H' // closes it
+	Fence Kind = 'F' // a commit position to stream up to, written when the stream must catch up
+)
+
+func (k Kind) String() string { return string(rune(k)) }
+
+// Mark identifies one watermark: the chunk (or fence) it belongs to and its kind. Marks of
+// other slots or other runs are never decoded as a Mark.
+type Mark struct {
+	ID   int64 // chunk or fence id, unique within the run
+	Kind Kind
+}
+
+// Config configures a Writer and the recognition of its marks.
+type Config struct {
+	// Table is the signal table as {schema, table}. Zero: DefaultTable.
+	Table pgx.Identifier
+	// Slot namespaces the marks: marks written for other slots are ignored. Required.
+	Slot string
+	// Run namespaces the marks of one process start: marks of earlier runs are ignored. Zero: a
+	// random id.
+	Run string
+	// Publication is the publication the signal table must belong to. Required by Ensure.
+	Publication string
+	// Timeout is the statement timeout of a mark write. It also bounds a wait for a synchronous
+	// standby: when it fires during COMMIT, the mark is committed locally and the write returns.
+	// Zero: 10s.
+	Timeout time.Duration
+}
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Table) != 0 && len(c.Table) != 2 {
+		errs = append(errs, fmt.Errorf("signal table %q must be {schema, table}", []string(c.Table)))
+	}
+	if c.Slot == "" {
+		errs = append(errs, errors.New("watermark slot is empty"))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, errors.New("watermark timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// EnsureDefaults fills the zero fields with their documented defaults.
+func (c *Config) EnsureDefaults() {
+	if len(c.Table) == 0 {
+		c.Table = DefaultTable
+	}
+	if c.Run == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.Run = hex.EncodeToString(b[:])
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+}
+
+// ErrSetup reports a signal table that is missing, misshapen, not in the publication or not
+// writable, with the SQL a DBA should run.
+var ErrSetup = errors.New("signal table is not ready")
+
+// Ensure creates the signal table when it is missing and adds it to the publication when it is
+// not in it. When the role may not do either, the error prints the exact SQL a DBA should run.
+func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
+	cfg.EnsureDefaults()
+	name := cfg.Table.Sanitize()
+	create := fmt.Sprintf(CreateTable, name)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("look up signal table %s: %w", name, err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, create); err != nil {
+			if isPrivilege(err) {
+				return fmt.Errorf("%w: %s does not exist and this role may not create it (%w); a DBA should run:\n  %s;\n  GRANT SELECT, INSERT, UPDATE ON %s TO %s;",
+					ErrSetup, name, err, create, name, quoteIdent(conn.Config().User))
+			}
+			return fmt.Errorf("create signal table %s: %w", name, err)
+		}
+		log.Info().Str("table", name).Msg("signal table created")
+	}
+	// A table of that name that is not ours would make every mark write fail later.
+	var cols int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
+		AND attname IN ('slot', 'run', 'chunk', 'kind', 'written_at')`, name).Scan(&cols); err != nil {
+		return fmt.Errorf("read signal table %s: %w", name, err)
+	}
+	if cols != 5 {
+		return fmt.Errorf("%w: %s exists but is not a Tidemark signal table (it lacks the columns slot, run, chunk, kind, written_at); choose another signal table name", ErrSetup, name)
+	}
+	var writable bool
+	if err := conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'INSERT, UPDATE')`, name).Scan(&writable); err != nil {
+		return fmt.Errorf("check privileges on signal table %s: %w", name, err)
+	}
+	if !writable {
+		return fmt.Errorf("%w: this role may not write to %s; a DBA should run:\n  GRANT SELECT, INSERT, UPDATE ON %s TO %s;",
+			ErrSetup, name, name, quoteIdent(conn.Config().User))
+	}
+
+	var inPub, pubExists bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
+		cfg.Publication, cfg.Table[0], cfg.Table[1]).Scan(&pubExists, &inPub)
+	if err != nil {
+		return fmt.Errorf("check publication %q for signal table: %w", cfg.Publication, err)
+	}
+	if !pubExists {
+		return fmt.Errorf("%w: publication %q does not exist; create it with: CREATE PUBLICATION %s FOR TABLE %s, <your tables>;",
+			ErrSetup, cfg.Publication, quoteIdent(cfg.Publication), name)
+	}
+	if inPub {
+		return nil
+	}
+	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quoteIdent(cfg.Publication), name)
+	if _, err := conn.Exec(ctx, alter); err != nil {
+		if isPrivilege(err) {
+			return fmt.Errorf("%w: %s is not in publication %q and this role may not add it (%w); a DBA should run:\n  %s;",
+				ErrSetup, name, cfg.Publication, err, alter)
+		}
+		return fmt.Errorf("add signal table to publication %q: %w", cfg.Publication, err)
+	}
+	log.Info().Str("table", name).Str("publication", cfg.Publication).Msg("signal table added to the publication")
+	return nil
+}
+
+func isPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+// Writer writes marks on a query connection it does not own.
+type Writer struct {
+	cfg Config
+	sql string
+}
+
+// New returns a Writer. It writes nothing until Write.
+func New(cfg Config) (*Writer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.EnsureDefaults()
+	return &Writer{cfg: cfg, sql: fmt.Sprintf(upsert, cfg.Table.Sanitize())}, nil
+}
+
+// Config returns the writer's configuration with its defaults, including its run id.
+func (w *Writer) Config() Config { return w.cfg }
+
+// Write commits mark m in a transaction of its own, on conn, in one round trip. The transaction
+// runs with synchronous_commit = on: the walsender only sends WAL that is flushed, so on a
+// server running with synchronous_commit off a mark would take up to wal_writer_delay (and
+// more) to come back through the stream. An error does not say whether the mark committed; the
+// stream decides, and a repeated mark is ignored.
+func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = on")
+	b.Queue("SET LOCAL statement_timeout = " + strconv.FormatInt(w.cfg.Timeout.Milliseconds(), 10))
+	b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		// Leave no transaction open on the connection for the next statement.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		return fmt.Errorf("write %v mark %d: %w", m.Kind, m.ID, err)
+	}
+	return nil
+}
+
+// IsTable reports whether schema.table is the signal table.
+func (c Config) IsTable(schema, table string) bool {
+	t := c.Table
+	if len(t) == 0 {
+		t = DefaultTable
+	}
+	return len(t) == 2 && t[0] == schema && t[1] == table
+}
+
+// Decode recognizes a mark in a row of the signal table, given its column names and text values
+// (nil for NULL or an unsent value). It reports false for rows of other slots or other runs, and
+// for rows that are not marks.
+func (c Config) Decode(cols []string, vals [][]byte) (Mark, bool) {
+	var slot, run, chunk, kind []byte
+	for i, name := range cols {
+		if i >= len(vals) {
+			break
+		}
+		switch name {
+		case "slot":
+			slot = vals[i]
+		case "run":
+			run = vals[i]
+		case "chunk":
+			chunk = vals[i]
+		case "kind":
+			kind = vals[i]
+		}
+	}
+	if string(slot) != c.Slot || string(run) != c.Run || len(kind) != 1 {
+		return Mark{}, false
+	}
+	id, err := strconv.ParseInt(string(chunk), 10, 64)
+	if err != nil {
+		return Mark{}, false
+	}
+	switch k := Kind(kind[0]); k {
+	case Low, High, Fence:
+		return Mark{ID: id, Kind: k}, true
+	}
+	return Mark{}, false
+}
