@@ -172,6 +172,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		return fmt.Errorf("parse source connection string: %w", err)
 	}
 	pgconf.Pin(&qcfg.Config, "tidemark")
+	pgconf.CancelOnContext(&qcfg.Config)
 	conn, err := pgx.ConnectConfig(ctx, qcfg)
 	if err != nil {
 		return fmt.Errorf("connect to source %s: %w", pgconf.Describe(&qcfg.Config), err)

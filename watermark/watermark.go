@@ -61,9 +61,11 @@ type Config struct {
 	Run string
 	// Publication is the publication the signal table must belong to. Required by Ensure.
 	Publication string
-	// Timeout is the statement timeout of a mark write. It also bounds a wait for a synchronous
-	// standby: when it fires during COMMIT, the mark is committed locally and the write returns.
-	// Zero: 10s.
+	// Timeout bounds a mark write. When it expires the write is cancelled; a cancel that arrives
+	// while COMMIT waits for a synchronous standby ends the wait with the mark committed locally
+	// (a statement timeout cannot: PostgreSQL disables it before committing), so the write
+	// returns. The connection must answer cancelled contexts with a cancel request (see
+	// internal/pgconf.CancelOnContext). Zero: 10s.
 	Timeout time.Duration
 }
 
@@ -193,13 +195,16 @@ func (w *Writer) Config() Config { return w.cfg }
 // Write commits mark m in a transaction of its own, on conn, in one round trip. The transaction
 // runs with synchronous_commit = on: the walsender only sends WAL that is flushed, so on a
 // server running with synchronous_commit off a mark would take up to wal_writer_delay (and
-// more) to come back through the stream. An error does not say whether the mark committed; the
-// stream decides, and a repeated mark is ignored.
+// more) to come back through the stream. With a synchronous standby, on also makes the mark
+// wait for it like the application's commits, so the mark rarely becomes visible before
+// commits that preceded it (the merge's visibility guard catches the rest). An error does not
+// say whether the mark committed; the stream decides, and a repeated mark is ignored.
 func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue("SET LOCAL synchronous_commit = on")
-	b.Queue("SET LOCAL statement_timeout = " + strconv.FormatInt(w.cfg.Timeout.Milliseconds(), 10))
 	b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {

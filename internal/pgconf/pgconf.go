@@ -15,8 +15,10 @@ package pgconf
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
 // Settings are the session settings pinned on every connection Tidemark opens.
@@ -41,6 +43,17 @@ func Pin(cfg *pgconn.Config, application string) {
 	}
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok && application != "" {
 		cfg.RuntimeParams["application_name"] = application
+	}
+}
+
+// CancelOnContext makes a query connection answer a cancelled context by sending PostgreSQL a
+// cancel request, and keep the connection, instead of closing it (pgx's default). It matters for
+// a commit waiting for a synchronous standby: no statement timeout applies there, but a cancel
+// ends the wait (the commit stands, with a warning), so a context deadline bounds the wait.
+// DeadlineDelay is how long the server has to answer before the connection is closed anyway.
+func CancelOnContext(cfg *pgconn.Config) {
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 10 * time.Second}
 	}
 }
 
