@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// jsonlSink writes events as JSON lines to a file and keeps a checkpoint file beside it. A
+// checkpoint holds the engine's position and the output's length at that position; on resume
+// the output is cut back to that length, so the file holds every change exactly once up to its
+// checkpoint, whatever point a crash came at.
+type jsonlSink struct {
+	out        *os.File // nil when writing to a stream (stdout)
+	w          *bufio.Writer
+	checkpoint string // path of the checkpoint file; "" for none
+	offset     int64  // bytes written to out
+	buf        []byte
+	onCheck    func(*merge.Position) // called after each durable checkpoint
+}
+
+// checkpointFile is the checkpoint file's content.
+type checkpointFile struct {
+	Version  int             `json:"version"`
+	Position *merge.Position `json:"position"` // nil: no position yet (a first run)
+	Offset   int64           `json:"offset"`   // output length at Position
+	Output   string          `json:"output"`   // the output file's name
+	Time     time.Time       `json:"time"`
+}
+
+// openJSONL opens (or resumes) output path with its checkpoint file, and returns the position
+// to resume from (nil for a first run).
+func openJSONL(path, checkpoint string) (*jsonlSink, *merge.Position, error) {
+	if path == "-" {
+		s := &jsonlSink{w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint}
+		pos, _, err := readCheckpoint(checkpoint)
+		return s, pos, err
+	}
+	if checkpoint == "" {
+		checkpoint = path + ".checkpoint"
+	}
+	pos, offset, err := readCheckpoint(checkpoint)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open output: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("open output: %w", err)
+	}
+	exists := true
+	if _, err := os.Stat(checkpoint); errors.Is(err, os.ErrNotExist) {
+		exists = false
+	}
+	if !exists && fi.Size() > 0 {
+		f.Close()
+		return nil, nil, fmt.Errorf("output %s is not empty and has no checkpoint file %s: it is not a Tidemark output to resume; remove it or choose another file", path, checkpoint)
+	}
+	if fi.Size() < offset {
+		f.Close()
+		return nil, nil, fmt.Errorf("output %s has %d bytes but its checkpoint says %d: the file was cut; start over with a new output file", path, fi.Size(), offset)
+	}
+	// Whatever was written after the checkpoint is replayed by the engine: cut it.
+	if err := f.Truncate(offset); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("cut output back to its checkpoint: %w", err)
+	}
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("seek output: %w", err)
+	}
+	s := &jsonlSink{out: f, w: bufio.NewWriterSize(f, 1<<16), checkpoint: checkpoint, offset: offset}
+	if !exists {
+		// A first checkpoint before any output: from now on the output always has one.
+		if err := s.writeCheckpoint(nil); err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+	}
+	return s, pos, nil
+}
+
+func readCheckpoint(path string) (*merge.Position, int64, error) {
+	if path == "" {
+		return nil, 0, nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("read checkpoint: %w", err)
+	}
+	var cp checkpointFile
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return nil, 0, fmt.Errorf("checkpoint %s is damaged (%w); start over with a new output file", path, err)
+	}
+	return cp.Position, cp.Offset, nil
+}
+
+// Emit writes one JSON line per event.
+func (s *jsonlSink) Emit(_ context.Context, evs []merge.Event) error {
+	for i := range evs {
+		s.buf = appendEventJSON(s.buf[:0], &evs[i])
+		n, err := s.w.Write(s.buf)
+		s.offset += int64(n)
+		if err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+	}
+	return nil
+}
+
+// Checkpoint makes the output durable, then the checkpoint file (written to a temporary file,
+// synced, and renamed over the old one).
+func (s *jsonlSink) Checkpoint(_ context.Context, pos *merge.Position) error {
+	if err := s.w.Flush(); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	if s.out != nil {
+		if err := s.out.Sync(); err != nil {
+			return fmt.Errorf("sync output: %w", err)
+		}
+	}
+	if err := s.writeCheckpoint(pos); err != nil {
+		return err
+	}
+	if s.onCheck != nil {
+		s.onCheck(pos)
+	}
+	return nil
+}
+
+func (s *jsonlSink) writeCheckpoint(pos *merge.Position) error {
+	if s.checkpoint == "" {
+		return nil
+	}
+	name := ""
+	if s.out != nil {
+		name = filepath.Base(s.out.Name())
+	}
+	b, err := json.MarshalIndent(checkpointFile{Version: 1, Position: pos, Offset: s.offset, Output: name, Time: time.Now().UTC()}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeAtomic(s.checkpoint, b)
+}
+
+// writeAtomic replaces path with b: a crash leaves either the old or the new content.
+func writeAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("replace %s: %w", path, err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// Close flushes and closes the output.
+func (s *jsonlSink) Close() error {
+	err := s.w.Flush()
+	if s.out != nil {
+		if cerr := s.out.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// appendEventJSON appends the JSON line of one event:
+//
+//	{"op":"insert","table":"public.t","key":{"id":"1"},"after":{"id":"1","v":"x"},"lsn":"0/16B3748","seq":0,"xid":731,"time":"..."}
+//
+// Values are PostgreSQL's text forms (null for NULL); columns whose TOASTed value the server did
+// not send are left out of "after" and listed in "unchanged".
+func appendEventJSON(b []byte, ev *merge.Event) []byte {
+	cols := ev.Columns
+	b = append(b, `{"op":`...)
+	b = appendString(b, ev.Op.String())
+	b = append(b, `,"table":`...)
+	b = appendString(b, cols.Schema+"."+cols.Table)
+	if ev.Op != merge.Truncate {
+		b = append(b, `,"key":{`...)
+		for i, k := range cols.Key {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, cols.Names[k])
+			b = append(b, ':')
+			b = appendValue(b, ev.Vals[k])
+		}
+		b = append(b, '}')
+	}
+	if ev.Op != merge.Delete && ev.Op != merge.Truncate {
+		b = append(b, `,"after":{`...)
+		first := true
+		var unchanged []string
+		for i, v := range ev.Vals {
+			if v.Kind == replicator.Unchanged {
+				unchanged = append(unchanged, cols.Names[i])
+				continue
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = appendString(b, cols.Names[i])
+			b = append(b, ':')
+			b = appendValue(b, v)
+		}
+		b = append(b, '}')
+		if len(unchanged) > 0 {
+			b = append(b, `,"unchanged":[`...)
+			for i, c := range unchanged {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = appendString(b, c)
+			}
+			b = append(b, ']')
+		}
+	}
+	b = append(b, `,"lsn":"`...)
+	b = append(b, ev.LSN.String()...)
+	b = append(b, `","seq":`...)
+	b = fmt.Appendf(b, "%d", ev.Seq)
+	if ev.XID != 0 {
+		b = fmt.Appendf(b, `,"xid":%d`, ev.XID)
+	}
+	if !ev.Time.IsZero() {
+		b = append(b, `,"time":"`...)
+		b = ev.Time.UTC().AppendFormat(b, time.RFC3339Nano)
+		b = append(b, '"')
+	}
+	return append(b, '}', '\n')
+}
+
+func appendValue(b []byte, v replicator.Value) []byte {
+	if v.Kind != replicator.Text && v.Kind != replicator.Binary {
+		return append(b, "null"...)
+	}
+	return appendStringBytes(b, v.Data)
+}
+
+func appendString(b []byte, s string) []byte {
+	out, _ := json.Marshal(s)
+	return append(b, out...)
+}
+
+func appendStringBytes(b []byte, s []byte) []byte {
+	out, _ := json.Marshal(string(s))
+	return append(b, out...)
+}

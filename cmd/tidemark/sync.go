@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+func runSync(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("sync", "sync --source DSN --tables SCHEMA.TABLE[,...] --to FILE|- [flags]", e)
+	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
+	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
+	to := fs.String("to", "", "target: a JSON lines file, or - for standard output")
+	checkpoint := fs.String("checkpoint", "", "checkpoint file; default TARGET.checkpoint (none for -)")
+	slot := fs.String("slot", "tidemark", "logical replication slot (pgoutput); created when missing")
+	pub := fs.String("publication", "tidemark", "publication; created for --tables when missing")
+	chunkSize := fs.Int("chunk-size", 10000, "rows per backfill chunk")
+	stopCaughtUp := fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
+	noBackfill := fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var problems []string
+	if *source == "" {
+		problems = append(problems, "--source is required")
+	}
+	if *to == "" {
+		problems = append(problems, "--to is required")
+	}
+	tcs, err := parseTables(*tables)
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	if len(problems) > 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
+	}
+	for i := range tcs {
+		tcs[i].NoBackfill = *noBackfill
+	}
+
+	sink, from, err := openJSONL(*to, *checkpoint)
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	var pubTables []pgx.Identifier
+	for _, t := range tcs {
+		pubTables = append(pubTables, pgx.Identifier{t.Schema, t.Name})
+	}
+	cfg := merge.Config{
+		Source: replicator.Config{DSN: *source, Slot: *slot, Publication: *pub, CreateSlot: true,
+			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
+		Tables:           tcs,
+		ChunkSize:        *chunkSize,
+		AckCheckpoints:   true,
+		StopWhenCaughtUp: *stopCaughtUp,
+	}
+	if *crashAt != "" {
+		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+	}
+	eng, err := merge.New(cfg, sink, e.log)
+	if err != nil {
+		return err
+	}
+	return eng.Run(ctx, from)
+}
+
+// parseTables parses "schema.table,schema.table".
+func parseTables(s string) ([]merge.TableConfig, error) {
+	if s == "" {
+		return nil, fmt.Errorf("--tables is required")
+	}
+	var out []merge.TableConfig
+	for _, t := range strings.Split(s, ",") {
+		schema, name, ok := strings.Cut(strings.TrimSpace(t), ".")
+		if !ok || schema == "" || name == "" {
+			return nil, fmt.Errorf("table %q: write it as schema.table", t)
+		}
+		out = append(out, merge.TableConfig{Schema: schema, Name: name})
+	}
+	return out, nil
+}
+
+// crashHooks kills the process with SIGKILL the Nth time the engine reaches point: a real crash,
+// for the tests of recovery. It is not for production use.
+func crashHooks(h *merge.Hooks, spec string) error {
+	point, nStr, ok := strings.Cut(spec, ":")
+	n, err := strconv.Atoi(nStr)
+	if !ok || err != nil || n < 1 {
+		return fmt.Errorf("--crash-at %q: write POINT:N", spec)
+	}
+	var count atomic.Int64
+	crash := func() {
+		if count.Add(1) == int64(n) {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+	chunk := func(context.Context, int64) { crash() }
+	switch point {
+	case "before-low":
+		h.BeforeLow = chunk
+	case "after-low":
+		h.AfterLow = chunk
+	case "after-select":
+		h.AfterSelect = chunk
+	case "after-high":
+		h.AfterHigh = chunk
+	case "after-emit":
+		h.AfterEmit = func(context.Context, int) { crash() }
+	case "after-checkpoint":
+		h.AfterCheckpoint = func(context.Context, *merge.Position) { crash() }
+	default:
+		return fmt.Errorf("--crash-at: unknown point %q", point)
+	}
+	return nil
+}

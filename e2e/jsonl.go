@@ -1,0 +1,81 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// jsonLine is one line of `tidemark sync --to FILE` output.
+type jsonLine struct {
+	Op        string                     `json:"op"`
+	Table     string                     `json:"table"`
+	Key       map[string]json.RawMessage `json:"key"`
+	After     map[string]json.RawMessage `json:"after"`
+	Unchanged []string                   `json:"unchanged"`
+	LSN       string                     `json:"lsn"`
+	Seq       int                        `json:"seq"`
+}
+
+// ParseJSONL reads `tidemark sync` JSON lines output into records. keys gives the key columns of
+// each table (schema.table), in key order.
+func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
+	var out []Record
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for n := 1; sc.Scan(); n++ {
+		var l jsonLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		lsn, err := pglogrepl.ParseLSN(l.LSN)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: lsn: %w", n, err)
+		}
+		rec := Record{Table: l.Table, Op: l.Op, LSN: uint64(lsn), Seq: l.Seq}
+		if l.Op != "truncate" {
+			kc, ok := keys[l.Table]
+			if !ok {
+				return nil, fmt.Errorf("line %d: no key columns given for table %s", n, l.Table)
+			}
+			var kv []string
+			for _, k := range kc {
+				v, err := text(l.Key[k])
+				if err != nil || v == nil {
+					return nil, fmt.Errorf("line %d: key column %s: %v", n, k, err)
+				}
+				kv = append(kv, *v)
+			}
+			rec.Key = strings.Join(kv, KeySep)
+		}
+		if l.After != nil {
+			rec.Values = map[string]*string{}
+			for c, raw := range l.After {
+				v, err := text(raw)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: column %s: %w", n, c, err)
+				}
+				rec.Values[c] = v
+			}
+		}
+		out = append(out, rec)
+	}
+	return out, sc.Err()
+}
+
+// text decodes a JSON value of the output into the text form of the value; nil for null.
+func text(raw json.RawMessage) (*string, error) {
+	if raw == nil || string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return &s, nil
+	}
+	t := string(raw) // numbers, booleans, objects and arrays: their JSON text
+	return &t, nil
+}
