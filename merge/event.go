@@ -98,11 +98,6 @@ type TableProgress struct {
 	Chunks int64    `json:"chunks"`            // chunks completed
 }
 
-type positionJSON struct {
-	Position
-	LSN string `json:"lsn"`
-}
-
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.
 func (p Position) MarshalJSON() ([]byte, error) {
 	type plain Position

@@ -1,0 +1,121 @@
+package chunker
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker/tuple"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+func table(keys ...int) *Table {
+	t := &Table{Schema: "public", Name: "Order Items", Columns: []Column{
+		{Name: "tenant", TypeOID: 2950, BaseOID: 2950}, {Name: "id", TypeOID: 20, BaseOID: 20}, {Name: `we"ird`, TypeOID: 25, BaseOID: 25},
+	}}
+	t.Key = keys
+	return t
+}
+
+// TestSQLGolden: the chunk queries of a single and a composite key, with quoted identifiers and
+// bound parameters.
+func TestSQLGolden(t *testing.T) {
+	var b strings.Builder
+	for _, tc := range []struct {
+		name string
+		t    *Table
+	}{{"single key", table(1)}, {"composite key", table(0, 1)}} {
+		fmt.Fprintf(&b, "# %s\n", tc.name)
+		for _, q := range []struct {
+			name         string
+			after, upper bool
+		}{{"first chunk", false, true}, {"next chunk", true, true}, {"unbounded", false, false}, {"after only", true, false}} {
+			fmt.Fprintf(&b, "%s:\n%s\n", q.name, ChunkSQL(tc.t, q.after, q.upper, 1000))
+		}
+		fmt.Fprintf(&b, "max key:\n%s\n", MaxKeySQL(tc.t))
+		fmt.Fprintf(&b, "three keys:\n%s\n\n", KeysSQL(tc.t, 3))
+	}
+	path := filepath.Join("testdata", "sql.golden")
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./chunker -run TestSQLGolden -update")
+	require.Equal(t, string(want), b.String())
+}
+
+func TestCanonicalNumeric(t *testing.T) {
+	for in, want := range map[string]string{
+		"1": "1", "1.0": "1", "1.10": "1.1", "-0.00": "0", "0.000": "0", "100": "100", "100.0100": "100.01",
+		"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity", "-12.50": "-12.5", "0.5": "0.5",
+	} {
+		require.Equal(t, want, string(canonicalNumeric([]byte(in))), in)
+	}
+}
+
+// TestKeyEquality: stored keys equal under the key type's = operator encode to the same bytes;
+// different ones to different bytes.
+func TestKeyEquality(t *testing.T) {
+	key := func(oid uint32, v string) string {
+		tb := &Table{Name: "t", Columns: []Column{{Name: "k", TypeOID: oid, BaseOID: oid}}, Key: []int{0}}
+		b, err := tb.AppendKey(nil, [][]byte{[]byte(v)})
+		require.NoError(t, err)
+		return string(b)
+	}
+	for _, tc := range []struct {
+		oid      uint32
+		a, b     string
+		wantSame bool
+	}{
+		{oidNumeric, "1.0", "1.00", true},
+		{oidNumeric, "1.0", "1.01", false},
+		{oidFloat8, "-0", "0", true},
+		{oidFloat8, "NaN", "NaN", true},
+		{oidFloat8, "0.1", "0.10000000000000001", true},
+		{oidFloat8, "Infinity", "1e308", false},
+		{oidInt8, "007", "7", true},
+		{oidUUID, "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", true},
+		{oidBytea, `\x00ff`, `\x00FF`, true},
+		{oidText, "a", "A", false},
+		{oidText, "é", "e\u0301", false},
+		{oidBool, "t", "f", false},
+	} {
+		require.Equal(t, tc.wantSame, key(tc.oid, tc.a) == key(tc.oid, tc.b), "%d: %q vs %q", tc.oid, tc.a, tc.b)
+	}
+}
+
+const oidText = 25
+
+// TestKeyEncoding: keys are FoundationDB tuples of typed elements.
+func TestKeyEncoding(t *testing.T) {
+	tb := table(0, 1, 2)
+	b, err := tb.AppendKey(nil, [][]byte{[]byte("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"), []byte("-5"), []byte("x\x00y")})
+	require.NoError(t, err)
+	got, err := tuple.Unpack(b)
+	require.NoError(t, err)
+	require.Equal(t, tuple.Tuple{tuple.UUID{0xa0, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38, 0x0a, 0x11}, int64(-5), "x\x00y"}, got)
+	_, err = tb.AppendKey(nil, [][]byte{[]byte("nope"), []byte("1"), []byte("x")})
+	require.ErrorContains(t, err, `key column "tenant"`)
+	_, err = tb.AppendKey(nil, [][]byte{[]byte("1")})
+	require.ErrorContains(t, err, "has 3 columns, got 1 values")
+}
+
+func TestParseSnapshot(t *testing.T) {
+	s, err := ParseSnapshot("724:730:725,727")
+	require.NoError(t, err)
+	require.Equal(t, Snapshot{Xmin: 724, Xmax: 730, Xip: []uint64{725, 727}}, s)
+	s, err = ParseSnapshot("5:5:")
+	require.NoError(t, err)
+	require.Equal(t, Snapshot{Xmin: 5, Xmax: 5}, s)
+	for _, bad := range []string{"", "1:2", "a:2:", "1:b:", "1:2:x"} {
+		_, err := ParseSnapshot(bad)
+		require.Error(t, err, bad)
+	}
+}

@@ -1,0 +1,258 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/watermark"
+)
+
+// TestDiscoverKeys: the key is the replica identity's; tables without a usable key are refused
+// with what to do; an override must be NOT NULL, unique and carried by the replica identity.
+func TestDiscoverKeys(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE pk (a int, b text, c int NOT NULL, PRIMARY KEY (b, a))`)
+	db.Exec(`CREATE TABLE idx (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)`)
+	db.Exec(`ALTER TABLE idx REPLICA IDENTITY USING INDEX idx_email_key`)
+	db.Exec(`CREATE TABLE nokey (a int, b int)`)
+	db.Exec(`CREATE TABLE full_nokey (a int NOT NULL, b int)`)
+	db.Exec(`ALTER TABLE full_nokey REPLICA IDENTITY FULL`)
+	db.Exec(`CREATE UNIQUE INDEX ON full_nokey (a)`)
+	db.Exec(`CREATE TABLE nothing (id int PRIMARY KEY)`)
+	db.Exec(`ALTER TABLE nothing REPLICA IDENTITY NOTHING`)
+	db.Exec(`CREATE TABLE gen (id int PRIMARY KEY, x int, doubled int GENERATED ALWAYS AS (x * 2) STORED)`)
+	db.Exec(`CREATE TABLE ci (k text COLLATE "und-x-icu" PRIMARY KEY)`)
+	db.Exec(`CREATE COLLATION nocase (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	db.Exec(`CREATE TABLE nondet (k text COLLATE nocase PRIMARY KEY)`)
+	db.Exec(`CREATE TABLE cols (id int PRIMARY KEY, secret text, v text)`)
+	db.Exec(`CREATE TABLE unpublished (id int PRIMARY KEY)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE pk, idx, nokey, full_nokey, nothing, gen, ci, nondet, cols (id, v)`)
+	ctx := context.Background()
+	discover := func(name string, override ...string) (*chunker.Table, error) {
+		return chunker.Discover(ctx, db.Conn, "public", name, override, db.Publication)
+	}
+
+	tb, err := discover("pk")
+	require.NoError(t, err)
+	require.Equal(t, []string{"b", "a"}, tb.KeyNames(), "the primary key's order")
+	require.Equal(t, "primary key", tb.KeySource)
+
+	tb, err = discover("idx")
+	require.NoError(t, err)
+	require.Equal(t, []string{"email"}, tb.KeyNames(), "deletes carry the replica identity index, so that is the key (E34)")
+
+	_, err = discover("nokey")
+	require.ErrorIs(t, err, chunker.ErrNoKey)
+	require.ErrorContains(t, err, "add a primary key")
+
+	_, err = discover("full_nokey")
+	require.ErrorIs(t, err, chunker.ErrNoKey)
+	require.ErrorContains(t, err, "give a key override")
+	tb, err = discover("full_nokey", "a")
+	require.NoError(t, err)
+	require.Equal(t, "key override", tb.KeySource)
+	_, err = discover("full_nokey", "b")
+	require.ErrorContains(t, err, `column "b" is nullable`)
+
+	_, err = discover("nothing")
+	require.ErrorContains(t, err, "REPLICA IDENTITY NOTHING")
+
+	_, err = discover("pk", "c")
+	require.ErrorContains(t, err, "is not unique")
+	_, err = discover("idx", "id")
+	require.ErrorContains(t, err, "differs from its replica identity")
+	require.ErrorContains(t, err, "REPLICA IDENTITY FULL")
+
+	tb, err = discover("gen")
+	require.NoError(t, err)
+	require.Equal(t, []string{"id", "x"}, tb.ColumnNames(), "generated columns are not read: pgoutput does not send them")
+
+	_, err = discover("ci")
+	require.NoError(t, err)
+	_, err = discover("nondet")
+	require.ErrorContains(t, err, "nondeterministic collation")
+
+	tb, err = discover("cols")
+	require.NoError(t, err)
+	require.Equal(t, []string{"id", "v"}, tb.ColumnNames(), "the publication's column list")
+
+	_, err = discover("unpublished")
+	require.ErrorIs(t, err, chunker.ErrNotPublished)
+	require.ErrorContains(t, err, fmt.Sprintf(`ALTER PUBLICATION "%s" ADD TABLE "public"."unpublished"`, db.Publication))
+
+	_, err = discover("missing")
+	require.ErrorIs(t, err, chunker.ErrNoTable)
+}
+
+// TestKeyIdentityAcrossPaths (I9): for every row of a table keyed by many types, the key the
+// chunk read and the key of the same row's insert in the stream are the same bytes, on a
+// database whose defaults for every text-output setting differ from Tidemark's.
+func TestKeyIdentityAcrossPaths(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	for _, set := range []string{"TimeZone = 'Pacific/Chatham'", "DateStyle = 'SQL, DMY'", "IntervalStyle = 'sql_standard'",
+		"extra_float_digits = -2", "bytea_output = 'escape'", "lc_monetary = 'C.UTF-8'"} {
+		db.Exec(`ALTER DATABASE ` + db.Name + ` SET ` + set)
+	}
+	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')`)
+	db.Exec(`CREATE TABLE k (ts timestamptz, d date, i interval, f float8, n numeric, b bytea, u uuid, m mood, t text, tm time, PRIMARY KEY (ts, d, i, f, n, b, u, m, t, tm))`)
+	db.Exec(`INSERT INTO k SELECT '2024-02-29 23:59:59.999999+13:45'::timestamptz + g * interval '17 hours', DATE '0044-03-15 BC' + g,
+		make_interval(years => g, secs => g * 1.5), 0.1 * g, 1.10 * g, decode(repeat('00ff', g), 'hex'), md5(g::text)::uuid,
+		(ARRAY['sad', 'ok', 'happy'])[1 + g % 3]::mood, 'é' || g, TIME '23:59:59.123456' - g * interval '1 minute'
+		FROM generate_series(1, 50) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE k`)
+	cfg := engineConfig(db, "public.k")
+	cfg.ChunkSize = 7
+	// Re-insert every row inside the first window so each key arrives from both paths.
+	cfg.Hooks.AfterLow = onChunk(t, db, 1, `CREATE TEMP TABLE k2 AS SELECT * FROM k`, `DELETE FROM k`, `INSERT INTO k SELECT * FROM k2`)
+	keys := &keySink{byOp: map[merge.Op]map[string]bool{}}
+	eng, err := merge.New(cfg, keys, zerolog.Nop())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, eng.Run(ctx, nil))
+	require.Len(t, keys.byOp[merge.Insert], 50)
+	require.Len(t, keys.byOp[merge.Snapshot], 43, "the first chunk's 7 rows were evicted by their re-insert")
+	for k := range keys.byOp[merge.Snapshot] {
+		require.True(t, keys.byOp[merge.Insert][k], "snapshot key %x has no equal stream key", k)
+	}
+	for k := range keys.byOp[merge.Delete] {
+		require.True(t, keys.byOp[merge.Insert][k], "delete key %x has no equal insert key", k)
+	}
+}
+
+// keySink records the canonical keys of the events by kind.
+type keySink struct{ byOp map[merge.Op]map[string]bool }
+
+func (s *keySink) Emit(_ context.Context, evs []merge.Event) error {
+	for _, ev := range evs {
+		if s.byOp[ev.Op] == nil {
+			s.byOp[ev.Op] = map[string]bool{}
+		}
+		s.byOp[ev.Op][string(ev.Key)] = true
+	}
+	return nil
+}
+
+func (s *keySink) Checkpoint(context.Context, *merge.Position) error { return nil }
+
+// TestSignalTableRights: a role that may not create the signal table, or add it to the
+// publication, or write it, gets the exact SQL a DBA should run; with those grants, a
+// least-privilege role (REPLICATION and SELECT) runs the backfill.
+func TestSignalTableRights(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 20, 1)
+	role := "tm_" + db.Name[2:]
+	db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD 'pw'`, role))
+	t.Cleanup(func() {
+		db.Exec(fmt.Sprintf(`DROP OWNED BY %s`, role))
+		db.Exec(fmt.Sprintf(`DROP ROLE %s`, role))
+	})
+	db.Exec(fmt.Sprintf(`GRANT SELECT ON t TO %s`, role))
+	db.Exec(`REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	cfg := engineConfig(db, "public.t")
+	cfg.Source.DSN = server.UserDSN(db.Name, role, "pw")
+	run := func() error { return runEngine(t, cfg, newMemSink(), nil) }
+
+	err := run()
+	require.ErrorIs(t, err, watermark.ErrSetup)
+	create := fmt.Sprintf(watermark.CreateTable, `"public"."tidemark_signal"`)
+	require.ErrorContains(t, err, create)
+	require.ErrorContains(t, err, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE ON "public"."tidemark_signal" TO "%s"`, role))
+
+	db.Exec(create)
+	err = run()
+	require.ErrorContains(t, err, "may not write to")
+
+	db.Exec(fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE ON tidemark_signal TO %s`, role))
+	err = run()
+	require.ErrorContains(t, err, "is not in publication")
+	require.ErrorContains(t, err, fmt.Sprintf(`ALTER PUBLICATION "%s" ADD TABLE "public"."tidemark_signal"`, db.Publication))
+
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE tidemark_signal`)
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	verify(t, db, sink, "public.t", "id")
+	require.False(t, strings.Contains(fmt.Sprint(err), "pw"))
+}
+
+// TestResumeAfterStop: an engine stopped in the middle of a backfill (its context cancelled)
+// ends at a transaction boundary with a checkpoint; a new run from it finishes without a gap.
+func TestResumeAfterStop(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 2000, 1)
+	stop := workload(t, db, 3, 2000)
+	cfg := engineConfig(db, "public.t")
+	cfg.ChunkSize = 100
+	cfg.StopWhenCaughtUp = false
+	sink := newMemSink()
+	eng, err := merge.New(cfg, sink, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var chunks int
+	done := make(chan error, 1)
+	go func() { done <- eng.Run(ctx, nil) }()
+	e2e.WaitFor(t, time.Minute, "a few chunks", func() bool {
+		p := sink.last()
+		if p != nil {
+			chunks = int(p.Tables["public.t"].Chunks)
+		}
+		return chunks >= 5
+	})
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	mid := sink.last()
+	require.False(t, mid.Tables["public.t"].Done, "stopped mid-backfill")
+	stop()
+	cfg.StopWhenCaughtUp = true
+	cfg.Source.CreateSlot = false
+	require.NoError(t, runEngine(t, cfg, sink, mid))
+	verify(t, db, sink, "public.t", "id")
+}
+
+// TestE29OlderPositionSlotNotAdvanced: the platform lost the latest state but the slot was never
+// confirmed past the older one: replay from it redoes the chunks and converges.
+func TestE29OlderPositionSlotNotAdvanced(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 300, 1)
+	cfg := engineConfig(db, "public.t")
+	cfg.ChunkSize = 50
+	first := newMemSink()
+	var counts []int
+	cfg.Hooks.AfterCheckpoint = func(context.Context, *merge.Position) {
+		first.mu.Lock()
+		counts = append(counts, len(first.records))
+		first.mu.Unlock()
+	}
+	cfg.Hooks.AfterSelect = onChunk(t, db, 4, fmt.Sprintf(upd, "x", 20), `DELETE FROM t WHERE id = 260`)
+	require.NoError(t, runEngine(t, cfg, first, nil))
+	// Take a checkpoint from the middle of the backfill, and the output up to it.
+	var old *merge.Position
+	n := 0
+	for i, p := range first.checkpoints {
+		if p.Tables["public.t"].Chunks == 2 {
+			old, n = p, counts[i]
+			break
+		}
+	}
+	require.NotNil(t, old)
+	db.Exec(fmt.Sprintf(upd, "after", 30))
+	second := newMemSink()
+	for _, r := range first.records[:n] {
+		second.records = append(second.records, r)
+		second.oracle.Apply(r)
+	}
+	cfg.Hooks = merge.Hooks{}
+	cfg.Source.CreateSlot = false
+	require.NoError(t, runEngine(t, cfg, second, old))
+	verify(t, db, second, "public.t", "id")
+}

@@ -1,0 +1,53 @@
+// Package merge implements the DBLog reconciliation of Tidemark: it backfills tables chunk by
+// chunk while their change stream keeps flowing, and hands one ordered stream of Events and
+// checkpoint Positions to a Sink.
+//
+// # The algorithm
+//
+// For each chunk the worker registers the chunk, writes a low watermark L, reads the chunk (a
+// keyset page, in its own short snapshot), hands the rows over, and writes a high watermark H.
+// The stream is processed without pause meanwhile: every change of a table whose transaction
+// commits between L and H in stream order evicts its key (old and new) from the chunk, or, if the
+// rows have not arrived yet, is remembered and applied on arrival. At H's commit the surviving
+// rows are emitted as Snapshot events, right after H's transaction, at H's commit LSN. Stream
+// events are never filtered, delayed or dropped because of the backfill. See
+// ../shared/reference/algorithm.md (in the repository's shared folder) and the DBLog paper,
+// https://arxiv.org/abs/2010.12597.
+//
+// # Invariants this package keeps
+//
+//   - Window membership is by stream (commit) order, never by comparing change LSNs (I6).
+//   - Registration precedes L, and the rows precede H, in the one channel the merge loop reads:
+//     the worker sends each before writing the mark, and a mark can only be streamed after it
+//     commits (I7).
+//   - The visibility guard (guard.go): a chunk whose snapshot does not see a transaction that
+//     committed before L in the stream is abandoned and read again (I11). PostgreSQL streams a
+//     commit before it makes it visible.
+//   - A chunk whose table changed definition, was truncated, or whose H never appears in the
+//     stream is abandoned; only marks of this slot and run act, and each H acts once (I10, I17).
+//   - Each event has a position (LSN, Seq): the commit LSN of its transaction, or H's for
+//     snapshot rows; it increases along the output (I13). A key change is a delete of the old key
+//     and an insert of the new one. Unchanged TOASTed values are filled from the old row under
+//     REPLICA IDENTITY FULL and passed on as Unchanged otherwise, never as NULL.
+//   - Positions are taken only at transaction boundaries and contain the backfill progress as of
+//     that point: a chunk counts iff its H precedes the position. Windows and buffers are never
+//     persisted; a crash redoes the chunk in flight (I8). The slot is acknowledged only up to a
+//     position the sink made durable (AckCheckpoints) or the position Run resumed from (I12).
+//   - The backfill's upper key is captured at its start (I15); every chunk is one short
+//     transaction (I16).
+//
+// The core (core.go) is pure: no I/O, no goroutines, no clock. It is property-tested against a
+// model of PostgreSQL with visibility anomalies, failed and repeated watermarks and random
+// interleavings (core_test.go, FuzzWindow).
+//
+// # Concurrency
+//
+// Engine.Run owns three goroutines, each waited for: the replication loop (sole user of the
+// replication connection), the chunk worker (sole user of the query connection), and the merge
+// loop (which owns the core and calls the Sink). They meet in one buffered channel, private to
+// this package, read by the merge loop; the merge loop answers the worker with a verdict per
+// chunk. A slow sink fills the channel, and the replication loop keeps the server's
+// wal_sender_timeout at bay with status updates while it waits. When Run's context ends, the
+// merge loop finishes the transaction in progress (for up to 5 seconds), takes a last
+// checkpoint, and stops the others.
+package merge

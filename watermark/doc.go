@@ -1,0 +1,31 @@
+// Package watermark implements the watermarks of the DBLog algorithm: marks written to a signal
+// table in their own transactions, and their recognition in the change stream.
+//
+// # Transport
+//
+// The signal table (DefaultTable, public.tidemark_signal) holds one row per replication slot,
+// upserted by every mark, so it never grows; it must be in the publication, which Ensure
+// arranges or, without the rights, explains with the exact SQL (docs/adr/0001). Each mark
+// carries the slot, the run (a random id per process start) and the chunk id: Decode ignores
+// marks of other slots (another engine sharing the table) and of earlier runs (windows are never
+// persisted; after a restart their marks are stale).
+//
+// # Invariants
+//
+//   - A mark is committed in a transaction of its own, with synchronous_commit = on: the walsender
+//     sends only flushed WAL, so a lower setting would delay marks by up to wal_writer_delay; on
+//     a server with synchronous standbys the mark also waits for them like the application's
+//     commits do, which keeps marks from becoming visible ahead of earlier commits (the rest is
+//     the merge's visibility guard).
+//   - A write whose outcome is unknown may be repeated with the same mark: the merge acts on the
+//     first one the stream shows.
+//   - Write is bounded by Config.Timeout through a context deadline on a connection that answers
+//     cancellation with a cancel request: PostgreSQL disables the statement timeout before it
+//     commits, so only a cancel ends a wait for a synchronous standby that does not answer.
+//
+// # Concurrency
+//
+// A Writer uses a connection it does not own and is not safe for concurrent use.
+//
+// The DBLog paper: https://arxiv.org/abs/2010.12597.
+package watermark
