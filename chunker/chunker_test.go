@@ -119,3 +119,15 @@ func TestParseSnapshot(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+func TestParseInt(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "-1": -1, "42": 42, "9223372036854775807": 9223372036854775807, "-9223372036854775808": -9223372036854775808} {
+		got, ok := parseInt([]byte(in))
+		require.True(t, ok, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "-", "9223372036854775808", "-9223372036854775809", "1.0", "x", "99999999999999999999"} {
+		_, ok := parseInt([]byte(bad))
+		require.False(t, ok, bad)
+	}
+}

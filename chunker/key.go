@@ -50,9 +50,9 @@ func appendKeyValue(dst []byte, oid uint32, v []byte) ([]byte, error) {
 	}
 	switch oid {
 	case oidInt2, oidInt4, oidInt8:
-		n, err := strconv.ParseInt(string(v), 10, 64)
-		if err != nil {
-			return nil, err
+		n, ok := parseInt(v)
+		if !ok {
+			return nil, fmt.Errorf("integer %q", v)
 		}
 		return tuple.AppendInt(dst, n), nil
 	case oidOID:
@@ -113,4 +113,29 @@ func canonicalNumeric(v []byte) []byte {
 		return []byte("0")
 	}
 	return v
+}
+
+// parseInt parses a decimal int64 as PostgreSQL prints it, without allocating.
+func parseInt(b []byte) (int64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 19 {
+		return 0, false
+	}
+	var u uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		u = u*10 + uint64(c-'0')
+	}
+	switch {
+	case neg && u <= 1<<63:
+		return -int64(u - 1) - 1, true
+	case !neg && u < 1<<63:
+		return int64(u), true
+	}
+	return 0, false
 }

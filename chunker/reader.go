@@ -210,9 +210,12 @@ func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 	return ParseSnapshot(string(row[0]))
 }
 
-// readRows runs a chunk query and keeps its rows: each row's values are copied into one
-// allocation, since the connection's buffer is reused.
+// readRows runs a chunk query and keeps its rows. The connection's buffer is reused, so values
+// are copied, into slabs shared by many rows rather than an allocation per row.
 func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, c *Chunk) error {
+	const slabSize = 256 << 10
+	var slab []byte
+	var cells [][]byte
 	rr := r.conn.PgConn().ExecParams(ctx, sql, args, nil, nil, nil)
 	for rr.NextRow() {
 		vals := rr.Values()
@@ -220,15 +223,22 @@ func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, c *Chu
 		for _, v := range vals {
 			size += len(v)
 		}
-		buf := make([]byte, 0, size)
-		row := make(Row, len(vals))
+		if cap(slab)-len(slab) < size {
+			slab = make([]byte, 0, max(slabSize, size))
+		}
+		if len(cells) < len(vals) {
+			cells = make([][]byte, 256*len(vals))
+		}
+		row := Row(cells[:len(vals):len(vals)])
+		cells = cells[len(vals):]
 		for i, v := range vals {
 			if v == nil {
+				row[i] = nil
 				continue
 			}
-			start := len(buf)
-			buf = append(buf, v...)
-			row[i] = buf[start:len(buf):len(buf)]
+			start := len(slab)
+			slab = append(slab, v...)
+			row[i] = slab[start:len(slab):len(slab)]
 		}
 		c.Rows = append(c.Rows, row)
 		c.Bytes += size

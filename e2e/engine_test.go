@@ -34,7 +34,7 @@ func toRecord(ev merge.Event) e2e.Record {
 	}
 	var key []string
 	for _, k := range ev.Columns.Key {
-		key = append(key, string(ev.Vals[k].Data))
+		key = append(key, string(ev.Col(k).Data))
 	}
 	r.Key = strings.Join(key, e2e.KeySep)
 	if ev.Op == merge.Delete {
@@ -42,7 +42,7 @@ func toRecord(ev merge.Event) e2e.Record {
 	}
 	r.Values = map[string]*string{}
 	for i, name := range ev.Columns.Names {
-		switch v := ev.Vals[i]; v.Kind {
+		switch v := ev.Col(i); v.Kind {
 		case replicator.Null:
 			r.Values[name] = nil
 		case replicator.Text:

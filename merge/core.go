@@ -69,12 +69,10 @@ type window struct {
 	ts     *tableState
 	lSeen  bool
 	lLSN   pglogrepl.LSN       // commit LSN of the low watermark
-	chunk  *chunker.Chunk      // nil until handed over
-	maxKey []string            // the backfill's upper bound, with the chunk
-	keys   []string            // canonical key of each chunk row
-	alive  map[string]int      // key → row index of the rows not evicted
-	seen   map[string]struct{} // keys touched inside the window before the chunk arrived
-	dirty  error               // why the window cannot complete
+	chunk   *chunker.Chunk      // nil until handed over
+	maxKey  []string            // the backfill's upper bound, with the chunk
+	touched map[string]struct{} // keys changed inside the window, before or after the chunk arrived
+	dirty   error               // why the window cannot complete
 	stale  pglogrepl.LSN       // the high watermark committed before this position (0: not yet written)
 }
 
@@ -157,7 +155,7 @@ func (c *core) step(in any) error {
 		if ts == nil {
 			return fmt.Errorf("chunk %d of table %s, which is not captured", v.id, v.table)
 		}
-		c.windows[v.id] = &window{id: v.id, ts: ts, seen: map[string]struct{}{}}
+		c.windows[v.id] = &window{id: v.id, ts: ts, touched: map[string]struct{}{}}
 	case handover:
 		return c.handover(v)
 	case abandon:
@@ -314,23 +312,20 @@ func fillUnchanged(n, o replicator.Tuple) replicator.Tuple {
 	return out
 }
 
-// evict removes key from the chunks of ts's open windows, or remembers it for a chunk that has
-// not arrived yet.
+// evict drops key from the chunks of ts's open windows: the rows whose key a change touched
+// inside the window are not emitted at the high watermark, whether the change came before or
+// after the chunk's rows arrived.
 func (c *core) evict(ts *tableState, key []byte) {
 	if key == nil || c.noEviction {
 		return
 	}
 	for _, w := range ts.open {
-		if w.chunk == nil {
-			w.seen[string(key)] = struct{}{}
-		} else {
-			delete(w.alive, string(key))
-		}
+		w.touched[string(key)] = struct{}{}
 	}
 }
 
 func (c *core) emit(op Op, cols *Columns, vals replicator.Tuple, key []byte) {
-	c.out = append(c.out, Event{Op: op, Columns: cols, Vals: vals, Key: key, LSN: c.txLSN, Seq: c.txSeq, XID: c.txXID, Time: c.txTime})
+	c.out = append(c.out, Event{Op: op, Columns: cols, vals: vals, Key: key, LSN: c.txLSN, Seq: c.txSeq, XID: c.txXID, Time: c.txTime})
 	c.txSeq++
 }
 
@@ -358,23 +353,6 @@ func (c *core) handover(h handover) error {
 	}
 	w.ts.table = h.chunk.Table
 	w.chunk, w.maxKey = h.chunk, h.maxKey
-	w.keys = make([]string, len(h.chunk.Rows))
-	w.alive = make(map[string]int, len(h.chunk.Rows))
-	keyVals := make([][]byte, len(h.chunk.Table.Key))
-	for i, row := range h.chunk.Rows {
-		for j, k := range h.chunk.Table.Key {
-			keyVals[j] = row[k]
-		}
-		key, err := h.chunk.Table.AppendKey(nil, keyVals)
-		if err != nil {
-			return err
-		}
-		w.keys[i] = string(key)
-		if _, touched := w.seen[w.keys[i]]; !touched {
-			w.alive[w.keys[i]] = i
-		}
-	}
-	w.seen = nil
 	c.guard.snapshot(h.chunk.Snapshot)
 	return nil
 }
@@ -437,19 +415,26 @@ func (c *core) high(w *window) {
 		return
 	}
 	emitted := 0
-	for i, row := range w.chunk.Rows {
-		if idx, ok := w.alive[w.keys[i]]; !ok || idx != i {
+	t := w.chunk.Table
+	keyVals := make([][]byte, len(t.Key))
+	c.out = slices.Grow(c.out, len(w.chunk.Rows))
+	var keys []byte // the rows' keys, in one allocation
+	for _, row := range w.chunk.Rows {
+		for j, k := range t.Key {
+			keyVals[j] = row[k]
+		}
+		start := len(keys)
+		var err error
+		if keys, err = t.AppendKey(keys, keyVals); err != nil {
+			c.end(w, err, false)
+			return
+		}
+		key := keys[start:len(keys):len(keys)]
+		if _, touched := w.touched[string(key)]; touched {
 			continue
 		}
-		vals := make(replicator.Tuple, len(row))
-		for j, v := range row {
-			if v == nil {
-				vals[j] = replicator.Value{Kind: replicator.Null}
-			} else {
-				vals[j] = replicator.Value{Kind: replicator.Text, Data: v}
-			}
-		}
-		c.emit(Snapshot, cols, vals, []byte(w.keys[i]))
+		c.out = append(c.out, Event{Op: Snapshot, Columns: cols, row: row, Key: key, LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
+		c.txSeq++
 		emitted++
 	}
 	p := w.ts.progress

@@ -142,7 +142,7 @@ func (s *sim) check(ev Event) {
 		delete(s.replay, k)
 		s.deleted[k] = true
 	case Insert, Update, Snapshot:
-		ver, err := strconv.ParseInt(string(ev.Vals[1].Data), 10, 64)
+		ver, err := strconv.ParseInt(string(ev.Col(1).Data), 10, 64)
 		s.must(err)
 		if last, ok := s.maxVer[k]; ok {
 			if ver < last {

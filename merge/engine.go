@@ -173,6 +173,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	}
 	pgconf.Pin(&qcfg.Config, "tidemark")
 	pgconf.CancelOnContext(&qcfg.Config)
+	pgconf.LargeReads(&qcfg.Config)
 	conn, err := pgx.ConnectConfig(ctx, qcfg)
 	if err != nil {
 		return fmt.Errorf("connect to source %s: %w", pgconf.Describe(&qcfg.Config), err)
@@ -424,18 +425,9 @@ func (m *mergeLoop) lastLSN() pglogrepl.LSN {
 	return m.checkpointed.LSN
 }
 
-// flush hands the core's events to the sink and its verdicts to the worker.
+// flush hands the core's verdicts to the worker and its events to the sink. Verdicts go first:
+// the worker reads its next chunk while the sink takes this one's rows.
 func (m *mergeLoop) flush(ctx context.Context) error {
-	if n := len(m.core.out); n > 0 {
-		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
-			return fmt.Errorf("emit %d events: %w", n, err)
-		}
-		clear(m.core.out)
-		m.core.out = m.core.out[:0]
-		if h := m.e.cfg.Hooks.AfterEmit; h != nil {
-			h(ctx, n)
-		}
-	}
 	for _, v := range m.core.verdicts {
 		if v.completed {
 			m.chunkDone = true
@@ -447,6 +439,16 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 		}
 	}
 	m.core.verdicts = m.core.verdicts[:0]
+	if n := len(m.core.out); n > 0 {
+		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
+			return fmt.Errorf("emit %d events: %w", n, err)
+		}
+		clear(m.core.out)
+		m.core.out = m.core.out[:0]
+		if h := m.e.cfg.Hooks.AfterEmit; h != nil {
+			h(ctx, n)
+		}
+	}
 	return nil
 }
 

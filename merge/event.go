@@ -51,23 +51,46 @@ type Columns struct {
 }
 
 // Event is the only type a sink sees: one row change, one backfilled row, or a truncate, in
-// output order.
+// output order. Its values are read with Col, whichever path the row came from.
 type Event struct {
 	Op      Op
-	Columns *Columns           // what Vals holds
-	Vals    []replicator.Value // one per column; nil for Truncate. Unchanged marks a TOASTed value the server did not send
-	Key     []byte             // the row's canonical key (FoundationDB tuple); nil for Truncate
+	Columns *Columns         // what the values are
+	vals    replicator.Tuple // a change's values
+	row     [][]byte         // a snapshot row's values, as the chunk read them (nil for NULL)
+	Key     []byte           // the row's canonical key (FoundationDB tuple); nil for Truncate
 	LSN     pglogrepl.LSN      // commit LSN of the source transaction; for Snapshot rows, of their chunk's high watermark
 	Seq     int                // order among the events of one LSN: (LSN, Seq) increases along the output
 	XID     uint32             // source transaction; 0 for Snapshot rows
 	Time    time.Time          // commit time of the source transaction or of the high watermark
 }
 
+// NumCols is the number of values: len(Columns.Names), or 0 for a Truncate.
+func (e *Event) NumCols() int {
+	if e.row != nil {
+		return len(e.row)
+	}
+	return len(e.vals)
+}
+
+// Col returns value i. A Delete has only its key columns set (all columns under REPLICA
+// IDENTITY FULL); an Unchanged value is a TOASTed value the server did not send, never NULL.
+func (e *Event) Col(i int) replicator.Value {
+	if e.row != nil {
+		if v := e.row[i]; v != nil {
+			return replicator.Value{Kind: replicator.Text, Data: v}
+		}
+		return replicator.Value{Kind: replicator.Null}
+	}
+	return e.vals[i]
+}
+
 // Value returns the text of column name, and whether the event has it (not NULL, not unchanged).
 func (e *Event) Value(name string) (string, bool) {
 	for i, n := range e.Columns.Names {
-		if n == name && i < len(e.Vals) && (e.Vals[i].Kind == replicator.Text || e.Vals[i].Kind == replicator.Binary) {
-			return string(e.Vals[i].Data), true
+		if n == name && i < e.NumCols() {
+			if v := e.Col(i); v.Kind == replicator.Text || v.Kind == replicator.Binary {
+				return string(v.Data), true
+			}
 		}
 	}
 	return "", false

@@ -39,6 +39,9 @@ type worker struct {
 	nextID int64
 	limit  int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
 	fails  int // consecutive abandoned chunks
+
+	// Where the backfill's time goes, for the log line at the end of a table.
+	markTime, selectTime, waitTime time.Duration
 }
 
 // order sorts the tables as configured, and notes their key overrides.
@@ -135,20 +138,25 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.BeforeLow, id)
+	start := time.Now()
 	if err := w.writer.Write(ctx, w.conn, watermark.Mark{ID: id, Kind: watermark.Low}); err != nil {
 		return w.withdraw(ctx, t, id, err)
 	}
+	w.markTime += time.Since(start)
 	w.hook(ctx, w.cfg.Hooks.AfterLow, id)
+	start = time.Now()
 	c, err := w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
 	if err != nil {
 		return w.withdraw(ctx, t, id, err)
 	}
+	w.selectTime += time.Since(start)
 	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey}); err != nil {
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)
 	// An error writing the high watermark does not say whether it committed: write it again
 	// with the same id; the merge loop acts on the first one it sees.
+	start = time.Now()
 	for attempt := 0; ; attempt++ {
 		if err = w.writer.Write(ctx, w.conn, watermark.Mark{ID: id, Kind: watermark.High}); err == nil {
 			break
@@ -169,11 +177,14 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 			}
 		}
 	}
+	w.markTime += time.Since(start)
 	w.hook(ctx, w.cfg.Hooks.AfterHigh, id)
+	start = time.Now()
 	v, err := w.wait(ctx, id)
 	if err != nil {
 		return err
 	}
+	w.waitTime += time.Since(start)
 	return w.verdict(ctx, t, c, v)
 }
 
@@ -191,7 +202,8 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 		w.log.Debug().Str("table", t.name).Int64("chunk", v.id).Int("rows", len(c.Rows)).Int("emitted", v.emitted).
 			Int("bytes", c.Bytes).Strs("cursor", t.progress.Cursor).Msg("chunk done")
 		if t.progress.Done {
-			w.log.Info().Str("table", t.name).Int64("rows", t.progress.Rows).Int64("chunks", t.progress.Chunks).Msg("backfill done")
+			w.log.Info().Str("table", t.name).Int64("rows", t.progress.Rows).Int64("chunks", t.progress.Chunks).
+				Dur("select", w.selectTime).Dur("watermarks", w.markTime).Dur("verdicts", w.waitTime).Msg("backfill done")
 		}
 		return nil
 	}

@@ -9,8 +9,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -25,6 +27,7 @@ type jsonlSink struct {
 	checkpoint string // path of the checkpoint file; "" for none
 	offset     int64  // bytes written to out
 	buf        []byte
+	enc        eventEncoder
 	onCheck    func(*merge.Position) // called after each durable checkpoint
 }
 
@@ -114,7 +117,7 @@ func readCheckpoint(path string) (*merge.Position, int64, error) {
 // Emit writes one JSON line per event.
 func (s *jsonlSink) Emit(_ context.Context, evs []merge.Event) error {
 	for i := range evs {
-		s.buf = appendEventJSON(s.buf[:0], &evs[i])
+		s.buf = s.enc.append(s.buf[:0], &evs[i])
 		n, err := s.w.Write(s.buf)
 		s.offset += int64(n)
 		if err != nil {
@@ -198,27 +201,55 @@ func (s *jsonlSink) Close() error {
 	return err
 }
 
-// appendEventJSON appends the JSON line of one event:
+// eventEncoder encodes events as JSON lines, keeping the encoded parts that events of one table
+// share (table name, quoted column names) per Columns.
+type eventEncoder struct {
+	cols     map[*merge.Columns]*encodedColumns
+	lastTime time.Time
+	timeJSON []byte
+}
+
+type encodedColumns struct {
+	table []byte   // `"table":"schema.name"`
+	names [][]byte // `"name":` per column
+}
+
+func (e *eventEncoder) columns(c *merge.Columns) *encodedColumns {
+	if ec := e.cols[c]; ec != nil {
+		return ec
+	}
+	if e.cols == nil || len(e.cols) > 10000 {
+		e.cols = map[*merge.Columns]*encodedColumns{}
+	}
+	ec := &encodedColumns{table: appendString([]byte(`,"table":`), c.Schema+"."+c.Table)}
+	for _, n := range c.Names {
+		ec.names = append(ec.names, append(appendString(nil, n), ':'))
+	}
+	e.cols[c] = ec
+	return ec
+}
+
+// append appends the JSON line of one event:
 //
 //	{"op":"insert","table":"public.t","key":{"id":"1"},"after":{"id":"1","v":"x"},"lsn":"0/16B3748","seq":0,"xid":731,"time":"..."}
 //
 // Values are PostgreSQL's text forms (null for NULL); columns whose TOASTed value the server did
 // not send are left out of "after" and listed in "unchanged".
-func appendEventJSON(b []byte, ev *merge.Event) []byte {
+func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
 	cols := ev.Columns
-	b = append(b, `{"op":`...)
-	b = appendString(b, ev.Op.String())
-	b = append(b, `,"table":`...)
-	b = appendString(b, cols.Schema+"."+cols.Table)
+	ec := e.columns(cols)
+	b = append(b, `{"op":"`...)
+	b = append(b, ev.Op.String()...)
+	b = append(b, '"')
+	b = append(b, ec.table...)
 	if ev.Op != merge.Truncate {
 		b = append(b, `,"key":{`...)
 		for i, k := range cols.Key {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, cols.Names[k])
-			b = append(b, ':')
-			b = appendValue(b, ev.Vals[k])
+			b = append(b, ec.names[k]...)
+			b = appendValue(b, ev.Col(k))
 		}
 		b = append(b, '}')
 	}
@@ -226,7 +257,8 @@ func appendEventJSON(b []byte, ev *merge.Event) []byte {
 		b = append(b, `,"after":{`...)
 		first := true
 		var unchanged []string
-		for i, v := range ev.Vals {
+		for i := range ev.NumCols() {
+			v := ev.Col(i)
 			if v.Kind == replicator.Unchanged {
 				unchanged = append(unchanged, cols.Names[i])
 				continue
@@ -235,8 +267,7 @@ func appendEventJSON(b []byte, ev *merge.Event) []byte {
 				b = append(b, ',')
 			}
 			first = false
-			b = appendString(b, cols.Names[i])
-			b = append(b, ':')
+			b = append(b, ec.names[i]...)
 			b = appendValue(b, v)
 		}
 		b = append(b, '}')
@@ -254,14 +285,17 @@ func appendEventJSON(b []byte, ev *merge.Event) []byte {
 	b = append(b, `,"lsn":"`...)
 	b = append(b, ev.LSN.String()...)
 	b = append(b, `","seq":`...)
-	b = fmt.Appendf(b, "%d", ev.Seq)
+	b = strconv.AppendInt(b, int64(ev.Seq), 10)
 	if ev.XID != 0 {
-		b = fmt.Appendf(b, `,"xid":%d`, ev.XID)
+		b = append(b, `,"xid":`...)
+		b = strconv.AppendUint(b, uint64(ev.XID), 10)
 	}
 	if !ev.Time.IsZero() {
-		b = append(b, `,"time":"`...)
-		b = ev.Time.UTC().AppendFormat(b, time.RFC3339Nano)
-		b = append(b, '"')
+		if !ev.Time.Equal(e.lastTime) || e.timeJSON == nil {
+			e.lastTime = ev.Time
+			e.timeJSON = append(ev.Time.UTC().AppendFormat(append(e.timeJSON[:0], `,"time":"`...), time.RFC3339Nano), '"')
+		}
+		b = append(b, e.timeJSON...)
 	}
 	return append(b, '}', '\n')
 }
@@ -273,12 +307,6 @@ func appendValue(b []byte, v replicator.Value) []byte {
 	return appendStringBytes(b, v.Data)
 }
 
-func appendString(b []byte, s string) []byte {
-	out, _ := json.Marshal(s)
-	return append(b, out...)
-}
+func appendString(b []byte, s string) []byte { return pgjson.AppendString(b, s) }
 
-func appendStringBytes(b []byte, s []byte) []byte {
-	out, _ := json.Marshal(string(s))
-	return append(b, out...)
-}
+func appendStringBytes(b []byte, s []byte) []byte { return pgjson.AppendString(b, s) }

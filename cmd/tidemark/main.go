@@ -33,6 +33,7 @@ type env struct {
 var commands = []command{
 	{"demo", "run the embedded demo: a throwaway PostgreSQL, a few changes, the change stream printed", runDemo},
 	{"sync", "backfill tables while streaming their changes, to a JSON lines file", runSync},
+	{"bench", "measure the backfill against COPY, and live-change latency during a backfill", runBench},
 	{"stream", "print the decoded change stream of a replication slot as JSON lines", runStream},
 }
 

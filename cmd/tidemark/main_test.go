@@ -130,3 +130,16 @@ func TestUsage(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"stream", "--source", "x", "--from", "zz"}, e))
 	require.Contains(t, errOut.String(), `--from "zz" is not an LSN`)
 }
+
+// TestBenchQuick: the benchmark runs end to end, so it cannot rot; its figures are not asserted.
+func TestBenchQuick(t *testing.T) {
+	if server == nil || server.Kind() != e2e.Local {
+		t.Skip("the benchmark starts a local cluster of its own")
+	}
+	e, out, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"bench", "--quick"}, e), errOut.String())
+	for _, figure := range []string{"scan.copy_text", "backfill.tidemark", "backfill.not_encoded", "latency.during_backfill"} {
+		require.Contains(t, out.String(), figure)
+	}
+	t.Log(out.String())
+}

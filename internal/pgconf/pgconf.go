@@ -14,11 +14,14 @@
 package pgconf
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // Settings are the session settings pinned on every connection Tidemark opens.
@@ -54,6 +57,14 @@ func Pin(cfg *pgconn.Config, application string) {
 func CancelOnContext(cfg *pgconn.Config) {
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 10 * time.Second}
+	}
+}
+
+// LargeReads makes the connection read from its socket in pieces of up to 256 KiB instead of
+// pgx's 8 KiB: a chunk read streams megabytes, and each read is a system call.
+func LargeReads(cfg *pgconn.Config) {
+	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
 	}
 }
 

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// benchSettings match the conditions of reference/baselines.md: durable commits, a warm cache.
+var benchSettings = map[string]string{
+	"fsync": "on", "synchronous_commit": "on", "shared_buffers": "1GB", "max_wal_size": "4GB", "checkpoint_timeout": "15min",
+}
+
+func runBench(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("bench", "bench [--quick] [--rows N]", e)
+	quick := fs.Bool("quick", false, "a small run (about a minute) that checks the benchmark works; its figures are informative only")
+	rows := fs.Int("rows", 5_000_000, "rows of the backfill table")
+	reps := fs.Int("reps", 3, "repetitions of each figure (the median is reported)")
+	chunk := fs.Int("chunk-size", 10000, "backfill chunk size")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	verbose := fs.Bool("v", false, "log the engine's progress")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *quick {
+		*rows, *reps = 200_000, 1
+	}
+	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, log: e.log.Level(zerolog.WarnLevel)}
+	if *verbose {
+		b.log = e.log
+	}
+	return b.run(ctx)
+}
+
+type bench struct {
+	e     *env
+	rows  int
+	reps  int
+	chunk int
+	log   zerolog.Logger
+	srv   *e2e.Server
+	dsn   string
+	slots int
+}
+
+func (b *bench) printf(format string, args ...any) { fmt.Fprintf(b.e.stdout, format, args...) }
+
+func (b *bench) run(ctx context.Context) error {
+	host, _ := os.Hostname()
+	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk)
+	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
+	srv, err := e2e.Start(ctx, e2e.Options{Settings: benchSettings})
+	if err != nil {
+		return err
+	}
+	defer srv.Stop(context.WithoutCancel(ctx))
+	b.srv = srv
+	if err := srv.CreateDatabase(ctx, "bench"); err != nil {
+		return err
+	}
+	b.dsn = srv.DSN("bench")
+	conn, err := pgx.Connect(ctx, b.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var version string
+	_ = conn.QueryRow(ctx, "SELECT version()").Scan(&version)
+	b.printf("# %s\n", version)
+
+	start := time.Now()
+	for _, s := range []string{
+		`CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
+		fmt.Sprintf(`INSERT INTO bench_rows SELECT g, g %% 1000, md5(g::text) || repeat('x', 20 + g %% 40), now() - g * interval '1 second',
+			(g * 1.0001)::numeric(20, 4), jsonb_build_object('a', g, 'b', md5(g::text)) FROM generate_series(1, %d) g`, b.rows),
+		`CREATE TABLE bench_live (id bigserial PRIMARY KEY, sent timestamptz NOT NULL DEFAULT clock_timestamp())`,
+		`VACUUM ANALYZE bench_rows`,
+		`CREATE PUBLICATION bench FOR TABLE bench_rows, bench_live`,
+		`SELECT count(*) FROM bench_rows`,
+	} {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return fmt.Errorf("prepare: %w", err)
+		}
+	}
+	var heapMB, copyMB float64
+	_ = conn.QueryRow(ctx, `SELECT pg_table_size('bench_rows') / 1e6`).Scan(&heapMB)
+	b.printf("# bench_rows: %d rows, heap %.1f MB, built in %s\n", b.rows, heapMB, time.Since(start).Round(time.Second))
+
+	// Reference: COPY through psql to /dev/null, as in reference/baselines.md.
+	copyS, err := b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY bench_rows TO STDOUT`, &copyMB) })
+	if err != nil {
+		return err
+	}
+	b.line("scan.copy_text", copyS, float64(b.rows), copyMB, "")
+
+	// Tidemark's backfill of the same table, output encoded as JSON lines and discarded.
+	var outMB float64
+	var peak uint64
+	tmS, err := b.median(func() (time.Duration, error) {
+		s := &discardSink{}
+		d, err := b.backfill(ctx, s, nil)
+		outMB, peak = float64(s.bytes.Load())/1e6, s.peakHeap
+		return d, err
+	})
+	if err != nil {
+		return err
+	}
+	b.line("backfill.tidemark", tmS, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f peak_heap_MB=%.0f", copyS.Seconds()/tmS.Seconds(), float64(peak)/1e6))
+
+	// The same backfill with the output not encoded: what the engine costs without the sink.
+	rawS, err := b.median(func() (time.Duration, error) { return b.backfill(ctx, nullSink{}, nil) })
+	if err != nil {
+		return err
+	}
+	b.line("backfill.not_encoded", rawS, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", copyS.Seconds()/rawS.Seconds()))
+
+	// Live-change latency while a backfill runs: single-row inserts at 200/s, commit to output.
+	lat := &latencySink{}
+	stop := b.writer(ctx, 200)
+	d, err := b.backfill(ctx, lat, lat)
+	stop()
+	if err != nil {
+		return err
+	}
+	p50, p99, maxL, n := lat.stats()
+	b.printf("%-24s samples=%d p50_ms=%.2f p99_ms=%.2f max_ms=%.2f (200 inserts/s during a backfill of %s)\n",
+		"latency.during_backfill", n, p50, p99, maxL, d.Round(time.Millisecond))
+	return nil
+}
+
+func (b *bench) line(name string, d time.Duration, rows, mb float64, extra string) {
+	b.printf("%-24s rows=%.0f MB=%.1f median_s=%.3f rows_per_s=%.0f MB_per_s=%.1f %s\n", name, rows, mb, d.Seconds(), rows/d.Seconds(), mb/d.Seconds(), extra)
+}
+
+func (b *bench) median(f func() (time.Duration, error)) (time.Duration, error) {
+	var ds []time.Duration
+	for range b.reps {
+		d, err := f()
+		if err != nil {
+			return 0, err
+		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
+
+// psqlCopy times psql running a COPY to /dev/null, counting the bytes.
+func (b *bench) psqlCopy(ctx context.Context, sql string, mb *float64) (time.Duration, error) {
+	bin, err := e2e.FindBinDir()
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "psql"), "-X", "-q", "-d", b.dsn, "-c", sql)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("psql: %w", err)
+	}
+	n, _ := io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("psql: %w", err)
+	}
+	*mb = float64(n) / 1e6
+	return time.Since(start), nil
+}
+
+// backfill runs one bounded backfill of bench_rows into sink, on a slot of its own.
+func (b *bench) backfill(ctx context.Context, sink merge.Sink, live *latencySink) (time.Duration, error) {
+	b.slots++
+	slot := fmt.Sprintf("bench_%d", b.slots)
+	tables := []merge.TableConfig{{Schema: "public", Name: "bench_rows"}}
+	if live != nil {
+		tables = append(tables, merge.TableConfig{Schema: "public", Name: "bench_live", NoBackfill: true})
+	}
+	cfg := merge.Config{
+		Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench", CreateSlot: true},
+		Tables:           tables,
+		ChunkSize:        b.chunk,
+		AckCheckpoints:   true,
+		StopWhenCaughtUp: true,
+	}
+	eng, err := merge.New(cfg, sink, b.log)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	err = eng.Run(ctx, nil)
+	d := time.Since(start)
+	conn, cerr := pgx.Connect(ctx, b.dsn)
+	if cerr == nil {
+		_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		conn.Close(ctx)
+	}
+	return d, err
+}
+
+// writer inserts into bench_live at rate per second until stopped.
+func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := pgx.Connect(ctx, b.dsn)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		t := time.NewTicker(time.Second / time.Duration(rate))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_, _ = conn.Exec(ctx, `INSERT INTO bench_live DEFAULT VALUES`)
+			}
+		}
+	}()
+	return func() { cancel(); wg.Wait() }
+}
+
+// nullSink drops events without looking at them.
+type nullSink struct{}
+
+func (nullSink) Emit(context.Context, []merge.Event) error         { return nil }
+func (nullSink) Checkpoint(context.Context, *merge.Position) error { return nil }
+
+// discardSink encodes every event as the JSON lines sink does and discards it.
+type discardSink struct {
+	buf      []byte
+	enc      eventEncoder
+	bytes    atomic.Int64
+	peakHeap uint64
+	n        int
+}
+
+func (s *discardSink) Emit(_ context.Context, evs []merge.Event) error {
+	for i := range evs {
+		s.buf = s.enc.append(s.buf[:0], &evs[i])
+		s.bytes.Add(int64(len(s.buf)))
+	}
+	s.n++
+	if s.n%8 == 0 {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		s.peakHeap = max(s.peakHeap, ms.HeapInuse)
+	}
+	return nil
+}
+
+func (s *discardSink) Checkpoint(context.Context, *merge.Position) error { return nil }
+
+// latencySink measures, for each insert into bench_live, the time from its commit (the row's
+// clock_timestamp(), a lower bound) to its arrival here.
+type latencySink struct {
+	discardSink
+	mu  sync.Mutex
+	lat []float64 // milliseconds
+}
+
+func (s *latencySink) Emit(ctx context.Context, evs []merge.Event) error {
+	now := time.Now()
+	for i := range evs {
+		ev := &evs[i]
+		if ev.Columns.Table != "bench_live" || ev.Op != merge.Insert {
+			continue
+		}
+		sent, ok := ev.Value("sent")
+		if !ok {
+			continue
+		}
+		t, err := time.Parse("2006-01-02 15:04:05.999999-07", sent)
+		if err != nil {
+			return fmt.Errorf("parse %q: %w", sent, err)
+		}
+		s.mu.Lock()
+		s.lat = append(s.lat, float64(now.Sub(t).Microseconds())/1000)
+		s.mu.Unlock()
+	}
+	return s.discardSink.Emit(ctx, evs)
+}
+
+func (s *latencySink) stats() (p50, p99, maxL float64, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.lat) == 0 {
+		return 0, 0, 0, 0
+	}
+	l := slices.Clone(s.lat)
+	slices.Sort(l)
+	at := func(q float64) float64 { return l[min(len(l)-1, int(q*float64(len(l))))] }
+	return at(0.5), at(0.99), l[len(l)-1], len(l)
+}
