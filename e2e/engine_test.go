@@ -320,28 +320,35 @@ func TestE10KeyMovesAheadOfCursor(t *testing.T) {
 	require.Equal(t, []string{"insert:v2", "snapshot:v2"}, ops(sink.of("public.t", "71")))
 }
 
+// spanningTxn configures hooks for a transaction that updates key 5 before the first low
+// watermark and commits at the hook that setCommit installs.
+func spanningTxn(t *testing.T, db *e2e.TestDB, cfg *merge.Config, setCommit func(*merge.Hooks, func(context.Context, int64))) {
+	conn := db.Connect()
+	var begin, commit sync.Once
+	cfg.Hooks.BeforeLow = func(ctx context.Context, _ int64) {
+		begin.Do(func() {
+			if _, err := conn.Exec(ctx, `BEGIN; `+fmt.Sprintf(upd, "new", 5)); err != nil {
+				t.Errorf("begin: %v", err)
+			}
+		})
+	}
+	setCommit(&cfg.Hooks, func(ctx context.Context, _ int64) {
+		commit.Do(func() {
+			if _, err := conn.Exec(ctx, `COMMIT`); err != nil {
+				t.Errorf("commit: %v", err)
+			}
+		})
+	})
+}
+
 // TestE12TransactionFromBeforeLowCommitsInsideWindow: the transaction's changes have LSNs before
 // the low watermark, but it commits inside the window, so it evicts (window membership is by
 // commit order).
 func TestE12TransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
-	conn := db.Connect()
 	cfg := engineConfig(db, "public.t")
-	ctx := context.Background()
-	var once1, once2 sync.Once
-	cfg.Hooks.BeforeLow = func(_ context.Context, id int64) {
-		once1.Do(func() {
-			_, err := conn.Exec(ctx, `BEGIN; `+fmt.Sprintf(upd, "new", 5))
-			require.NoError(t, err)
-		})
-	}
-	cfg.Hooks.AfterSelect = func(_ context.Context, id int64) {
-		once2.Do(func() {
-			_, err := conn.Exec(ctx, `COMMIT`)
-			require.NoError(t, err)
-		})
-	}
+	spanningTxn(t, db, &cfg, func(h *merge.Hooks, f func(context.Context, int64)) { h.AfterSelect = f })
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.t", "id")
@@ -354,22 +361,8 @@ func TestE12TransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
 func TestE13TransactionFromBeforeLowCommitsAfterHigh(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
-	conn := db.Connect()
 	cfg := engineConfig(db, "public.t")
-	ctx := context.Background()
-	var once1, once2 sync.Once
-	cfg.Hooks.BeforeLow = func(_ context.Context, id int64) {
-		once1.Do(func() {
-			_, err := conn.Exec(ctx, `BEGIN; `+fmt.Sprintf(upd, "new", 5))
-			require.NoError(t, err)
-		})
-	}
-	cfg.Hooks.AfterHigh = func(_ context.Context, id int64) {
-		once2.Do(func() {
-			_, err := conn.Exec(ctx, `COMMIT`)
-			require.NoError(t, err)
-		})
-	}
+	spanningTxn(t, db, &cfg, func(h *merge.Hooks, f func(context.Context, int64)) { h.AfterHigh = f })
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.t", "id")

@@ -116,9 +116,15 @@ func (c *Config) Validate() error {
 	if len(c.Tables) == 0 {
 		errs = append(errs, ErrNoTables)
 	}
+	seen := map[string]bool{}
 	for _, t := range c.Tables {
 		if t.Schema == "" || t.Name == "" {
 			errs = append(errs, fmt.Errorf("table %q.%q: schema and name are required", t.Schema, t.Name))
+		}
+		if name := t.Schema + "." + t.Name; seen[name] {
+			errs = append(errs, fmt.Errorf("table %s is configured twice", name))
+		} else {
+			seen[name] = true
 		}
 	}
 	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 {
