@@ -114,7 +114,7 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger)
 		return fmt.Errorf("look up signal table %s: %w", name, err)
 	}
 	if !exists {
-		if _, err := conn.Exec(ctx, create); err != nil {
+		if _, err := conn.Exec(ctx, create); err != nil && !createdConcurrently(err) {
 			if isPrivilege(err) {
 				return fmt.Errorf("%w: %s does not exist and this role may not create it (%w); a DBA should run:\n  %s;\n  GRANT SELECT, INSERT, UPDATE ON %s TO %s;",
 					ErrSetup, name, err, create, name, quoteIdent(conn.Config().User))
@@ -156,7 +156,7 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger)
 		return nil
 	}
 	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", quoteIdent(cfg.Publication), name)
-	if _, err := conn.Exec(ctx, alter); err != nil {
+	if _, err := conn.Exec(ctx, alter); err != nil && !addedConcurrently(err) {
 		if isPrivilege(err) {
 			return fmt.Errorf("%w: %s is not in publication %q and this role may not add it (%w); a DBA should run:\n  %s;",
 				ErrSetup, name, cfg.Publication, err, alter)
@@ -165,6 +165,19 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger)
 	}
 	log.Info().Str("table", name).Str("publication", cfg.Publication).Msg("signal table added to the publication")
 	return nil
+}
+
+// createdConcurrently reports the error of a CREATE TABLE IF NOT EXISTS that raced another
+// session creating the same table (two engines starting at once): the table exists now.
+func createdConcurrently(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07")
+}
+
+// addedConcurrently reports the error of adding a table that another session added meanwhile.
+func addedConcurrently(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42710"
 }
 
 func isPrivilege(err error) bool {
