@@ -126,7 +126,7 @@ func TestCrashPoints(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, killed)
 	o := replayFile(t, out, map[string][]string{"public.t": {"id"}})
-	src, err := e2e.SourceRows(context.Background(), db.DSN, "public", "t", []string{"id"})
+	src, err := e2e.SourceRowsJSON(context.Background(), db.DSN, "public", "t", []string{"id"})
 	require.NoError(t, err)
 	require.Empty(t, e2e.Diff(o.Rows("public.t"), src))
 	require.Empty(t, o.Violations())

@@ -21,7 +21,8 @@ type jsonLine struct {
 	Seq       int                        `json:"seq"`
 }
 
-// ParseJSONL reads `tidemark sync` JSON lines output into records. keys gives the key columns of
+// ParseJSONL reads `tidemark sync` JSON lines output into records whose values (and key parts)
+// are the raw JSON of each value, to compare with SourceRowsJSON. keys gives the key columns of
 // each table (schema.table), in key order.
 func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
 	var out []Record
@@ -44,22 +45,19 @@ func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
 			}
 			var kv []string
 			for _, k := range kc {
-				v, err := text(l.Key[k])
-				if err != nil || v == nil {
-					return nil, fmt.Errorf("line %d: key column %s: %v", n, k, err)
+				raw, ok := l.Key[k]
+				if !ok {
+					return nil, fmt.Errorf("line %d: no key column %s", n, k)
 				}
-				kv = append(kv, *v)
+				kv = append(kv, string(raw))
 			}
 			rec.Key = strings.Join(kv, KeySep)
 		}
 		if l.After != nil {
 			rec.Values = map[string]*string{}
 			for c, raw := range l.After {
-				v, err := text(raw)
-				if err != nil {
-					return nil, fmt.Errorf("line %d: column %s: %w", n, c, err)
-				}
-				rec.Values[c] = v
+				v := string(raw)
+				rec.Values[c] = &v
 			}
 		}
 		out = append(out, rec)
@@ -67,15 +65,3 @@ func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
 	return out, sc.Err()
 }
 
-// text decodes a JSON value of the output into the text form of the value; nil for null.
-func text(raw json.RawMessage) (*string, error) {
-	if raw == nil || string(raw) == "null" {
-		return nil, nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return &s, nil
-	}
-	t := string(raw) // numbers, booleans, objects and arrays: their JSON text
-	return &t, nil
-}

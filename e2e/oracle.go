@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgjson"
 )
 
 // Record is one output record as the oracle sees it, whichever product produced it.
@@ -139,6 +141,16 @@ func (o *Oracle) Rows(table string) map[string]map[string]*string {
 
 // SourceRows reads table (schema.table) from the source in the pinned text forms, by key.
 func SourceRows(ctx context.Context, dsn, schema, table string, key []string) (map[string]map[string]*string, error) {
+	return sourceRows(ctx, dsn, schema, table, key, false)
+}
+
+// SourceRowsJSON reads table from the source with each value in its JSON form (as Tidemark's
+// JSON outputs write it, NULL as null), by key: the values' JSON joined by KeySep.
+func SourceRowsJSON(ctx context.Context, dsn, schema, table string, key []string) (map[string]map[string]*string, error) {
+	return sourceRows(ctx, dsn, schema, table, key, true)
+}
+
+func sourceRows(ctx context.Context, dsn, schema, table string, key []string, asJSON bool) (map[string]map[string]*string, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -149,18 +161,53 @@ func SourceRows(ctx context.Context, dsn, schema, table string, key []string) (m
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rr := conn.PgConn().ExecParams(ctx, "SELECT * FROM "+pgx.Identifier{schema, table}.Sanitize(), nil, nil, nil, nil)
-	var names []string
-	for _, f := range rr.FieldDescriptions() {
-		names = append(names, f.Name)
+	rows, err := conn.Query(ctx, "SELECT * FROM "+pgx.Identifier{schema, table}.Sanitize(), pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return nil, err
 	}
+	var names []string
+	var oids []uint32
+	for _, f := range rows.FieldDescriptions() {
+		names = append(names, f.Name)
+		oids = append(oids, f.DataTypeOID)
+	}
+	var raw [][][]byte
+	for rows.Next() {
+		var vals [][]byte
+		for _, v := range rows.RawValues() {
+			if v != nil {
+				v = bytes.Clone(v)
+			}
+			vals = append(vals, v)
+		}
+		raw = append(raw, vals)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	reg := pgjson.NewRegistry(conn)
 	out := map[string]map[string]*string{}
-	for rr.NextRow() {
+	for _, vals := range raw {
 		row := map[string]*string{}
-		for i, v := range rr.Values() {
-			if v == nil {
+		for i, v := range vals {
+			switch {
+			case asJSON:
+				s := "null"
+				if v != nil {
+					t, err := reg.Type(ctx, oids[i])
+					if err != nil {
+						return nil, err
+					}
+					b, _, err := t.Append(nil, v)
+					if err != nil {
+						return nil, fmt.Errorf("column %s: %w", names[i], err)
+					}
+					s = string(b)
+				}
+				row[names[i]] = &s
+			case v == nil:
 				row[names[i]] = nil
-			} else {
+			default:
 				s := string(v)
 				row[names[i]] = &s
 			}
@@ -174,9 +221,6 @@ func SourceRows(ctx context.Context, dsn, schema, table string, key []string) (m
 		}
 		out[strings.Join(kv, KeySep)] = row
 	}
-	if _, err := rr.Close(); err != nil {
-		return nil, err
-	}
 	return out, nil
 }
 
@@ -187,6 +231,9 @@ func Diff(replay, source map[string]map[string]*string) string {
 	str := func(v *string) string {
 		if v == nil {
 			return "NULL"
+		}
+		if len(*v) > 120 {
+			return fmt.Sprintf("%q... (%d bytes)", (*v)[:100], len(*v))
 		}
 		return strconv.Quote(*v)
 	}
@@ -200,7 +247,7 @@ func Diff(replay, source map[string]map[string]*string) string {
 			g, has := got[c]
 			if !has {
 				diffs = append(diffs, fmt.Sprintf("key %q column %s: no value in the output, source has %s", k, c, str(source[k][c])))
-			} else if str(g) != str(source[k][c]) {
+			} else if (g == nil) != (source[k][c] == nil) || g != nil && *g != *source[k][c] {
 				diffs = append(diffs, fmt.Sprintf("key %q column %s: output %s, source %s", k, c, str(g), str(source[k][c])))
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -26,7 +27,8 @@ type (
 	handover struct {
 		id     int64
 		chunk  *chunker.Chunk
-		maxKey []string // the backfill's upper bound
+		maxKey []string   // the backfill's upper bound
+		keys   [][]string // a key-list chunk's keys; nil for a range chunk
 	}
 	// abandon withdraws chunk id (a mark could not be written); its verdict still comes.
 	abandon struct {
@@ -71,7 +73,8 @@ type window struct {
 	lLSN   pglogrepl.LSN       // commit LSN of the low watermark
 	chunk   *chunker.Chunk      // nil until handed over
 	maxKey  []string            // the backfill's upper bound, with the chunk
-	touched map[string]struct{} // keys changed inside the window, before or after the chunk arrived
+	touched map[string]bool     // keys changed inside the window, before or after the chunk arrived; true when the last change lacked unchanged TOASTed values
+	keys    [][]string          // a key-list chunk's keys (text values); nil for a range chunk
 	dirty   error               // why the window cannot complete
 	stale  pglogrepl.LSN       // the high watermark committed before this position (0: not yet written)
 }
@@ -155,7 +158,7 @@ func (c *core) step(in any) error {
 		if ts == nil {
 			return fmt.Errorf("chunk %d of table %s, which is not captured", v.id, v.table)
 		}
-		c.windows[v.id] = &window{id: v.id, ts: ts, touched: map[string]struct{}{}}
+		c.windows[v.id] = &window{id: v.id, ts: ts, touched: map[string]bool{}}
 	case handover:
 		return c.handover(v)
 	case abandon:
@@ -260,6 +263,7 @@ func (c *core) change(ch *replicator.Change) error {
 		return fmt.Errorf("change of %s before its relation", ts.name)
 	}
 	var newKey, oldKey []byte
+	var partial bool // an update that lacks unchanged TOASTed values
 	var err error
 	switch ch.Op {
 	case replicator.Insert:
@@ -275,6 +279,7 @@ func (c *core) change(ch *replicator.Change) error {
 		if ch.OldKind == replicator.OldRow {
 			vals = fillUnchanged(ch.New, ch.Old)
 		}
+		partial = hasUnchanged(vals)
 		if ch.OldKind != replicator.OldNone {
 			if oldKey, err = c.key(ts, ch.Old); err != nil {
 				return err
@@ -293,10 +298,20 @@ func (c *core) change(ch *replicator.Change) error {
 		}
 		c.emit(Delete, ts.cols, ch.Old, oldKey)
 	}
-	c.evict(ts, newKey)
-	c.evict(ts, oldKey)
+	c.evict(ts, newKey, partial)
+	c.evict(ts, oldKey, false)
 	return nil
 }
+
+func hasUnchanged(t replicator.Tuple) bool {
+	for _, v := range t {
+		if v.Kind == replicator.Unchanged {
+			return true
+		}
+	}
+	return false
+}
+
 
 // fillUnchanged replaces the unchanged TOASTed values of the new tuple with the old row's.
 func fillUnchanged(n, o replicator.Tuple) replicator.Tuple {
@@ -315,12 +330,12 @@ func fillUnchanged(n, o replicator.Tuple) replicator.Tuple {
 // evict drops key from the chunks of ts's open windows: the rows whose key a change touched
 // inside the window are not emitted at the high watermark, whether the change came before or
 // after the chunk's rows arrived.
-func (c *core) evict(ts *tableState, key []byte) {
+func (c *core) evict(ts *tableState, key []byte, partial bool) {
 	if key == nil || c.noEviction {
 		return
 	}
 	for _, w := range ts.open {
-		w.touched[string(key)] = struct{}{}
+		w.touched[string(key)] = partial
 	}
 }
 
@@ -352,7 +367,7 @@ func (c *core) handover(h handover) error {
 		return fmt.Errorf("chunk %d handed over twice", h.id)
 	}
 	w.ts.table = h.chunk.Table
-	w.chunk, w.maxKey = h.chunk, h.maxKey
+	w.chunk, w.maxKey, w.keys = h.chunk, h.maxKey, h.keys
 	c.guard.snapshot(h.chunk.Snapshot)
 	return nil
 }
@@ -416,6 +431,7 @@ func (c *core) high(w *window) {
 	}
 	emitted := 0
 	t := w.chunk.Table
+	var rereads [][]string
 	keyVals := make([][]byte, len(t.Key))
 	c.out = slices.Grow(c.out, len(w.chunk.Rows))
 	var keys []byte // the rows' keys, in one allocation
@@ -430,7 +446,12 @@ func (c *core) high(w *window) {
 			return
 		}
 		key := keys[start:len(keys):len(keys)]
-		if _, touched := w.touched[string(key)]; touched {
+		if partial, touched := w.touched[string(key)]; touched {
+			if partial {
+				// The row held the only whole copy of its unchanged TOASTed values: read it
+				// again after the change (algorithm reference §5 E17).
+				rereads = append(rereads, keyStrings(row, t.Key))
+			}
 			continue
 		}
 		c.out = append(c.out, Event{Op: Snapshot, Columns: cols, row: row, Key: key, LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
@@ -438,17 +459,52 @@ func (c *core) high(w *window) {
 		emitted++
 	}
 	p := w.ts.progress
-	if w.chunk.Last != nil {
-		p.Cursor = w.chunk.Last
+	if w.keys != nil {
+		// A key-list chunk: its keys are no longer pending, save those touched again.
+		p.Reread = removeKeys(p.Reread, w.keys)
+	} else {
+		if w.chunk.Last != nil {
+			p.Cursor = w.chunk.Last
+		}
+		if p.MaxKey == nil {
+			p.MaxKey = w.maxKey
+		}
+		p.Done = p.Done || w.chunk.Done
+		p.Chunks++
 	}
-	if p.MaxKey == nil {
-		p.MaxKey = w.maxKey
-	}
-	p.Done = p.Done || w.chunk.Done
+	p.Reread = append(p.Reread, rereads...)
 	p.Rows += int64(emitted)
-	p.Chunks++
 	c.remove(w)
-	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: *p, emitted: emitted})
+	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted})
+}
+
+func keyStrings(row [][]byte, key []int) []string {
+	out := make([]string, len(key))
+	for i, k := range key {
+		out[i] = string(row[k])
+	}
+	return out
+}
+
+// removeKeys removes one occurrence of each of done from keys.
+func removeKeys(keys, done [][]string) [][]string {
+	left := map[string]int{}
+	for _, k := range done {
+		left[strings.Join(k, "\x00")]++
+	}
+	out := keys[:0:0]
+	for _, k := range keys {
+		id := strings.Join(k, "\x00")
+		if left[id] > 0 {
+			left[id]--
+			continue
+		}
+		out = append(out, k)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // columnsOf returns the Columns of w's rows: the stream's when the stream has described the
@@ -483,7 +539,7 @@ func (c *core) columnsOf(w *window) *Columns {
 // end abandons window w.
 func (c *core) end(w *window, reason error, rediscover bool) {
 	c.remove(w)
-	c.verdicts = append(c.verdicts, verdict{id: w.id, reason: reason, rediscover: rediscover, progress: *w.ts.progress})
+	c.verdicts = append(c.verdicts, verdict{id: w.id, reason: reason, rediscover: rediscover, progress: w.ts.progress.clone()})
 }
 
 func (c *core) remove(w *window) {

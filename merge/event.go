@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -119,6 +120,9 @@ type TableProgress struct {
 	Key    []string `json:"key"`               // the key columns the cursor is in
 	Rows   int64    `json:"rows"`              // rows emitted by the backfill
 	Chunks int64    `json:"chunks"`            // chunks completed
+	// Reread are keys (text values) whose rows must be read again whole: an update that lacked
+	// unchanged TOASTed values replaced the only whole copy the output had (a chunk row).
+	Reread [][]string `json:"reread,omitempty"`
 }
 
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.
@@ -155,12 +159,18 @@ func (p *Position) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+func (t *TableProgress) clone() TableProgress {
+	c := *t
+	c.Reread = slices.Clone(t.Reread)
+	return c
+}
+
 // Clone returns a deep copy of p.
 func (p *Position) Clone() *Position {
 	c := *p
 	c.Tables = make(map[string]*TableProgress, len(p.Tables))
 	for k, t := range maps.All(p.Tables) {
-		tc := *t
+		tc := t.clone()
 		c.Tables[k] = &tc
 	}
 	return &c

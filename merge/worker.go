@@ -64,11 +64,17 @@ func (w *worker) run(stop, ctx context.Context) error {
 		if !t.progress.Done {
 			w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Msg("backfill started")
 		}
-		for !t.progress.Done {
+		for !t.progress.Done || len(t.progress.Reread) > 0 {
 			if stop.Err() != nil {
 				return nil
 			}
-			if err := w.chunk(ctx, t); err != nil {
+			var err error
+			if len(t.progress.Reread) > 0 {
+				err = w.reread(ctx, t)
+			} else {
+				err = w.chunk(ctx, t)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -118,7 +124,7 @@ func (w *worker) hook(ctx context.Context, h func(context.Context, int64), id in
 	}
 }
 
-// chunk runs one chunk of t to its verdict.
+// chunk runs the next range chunk of t to its verdict.
 func (w *worker) chunk(ctx context.Context, t *workTable) error {
 	if t.progress.MaxKey == nil {
 		maxKey, err := w.reader.MaxKey(ctx, t.table)
@@ -132,6 +138,23 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 		}
 		t.progress.MaxKey = maxKey
 	}
+	return w.window(ctx, t, nil, func(ctx context.Context) (*chunker.Chunk, error) {
+		return w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
+	})
+}
+
+// reread runs a key-list chunk of t's pending re-reads to its verdict.
+func (w *worker) reread(ctx context.Context, t *workTable) error {
+	keys := t.progress.Reread[:min(len(t.progress.Reread), w.limit, 1000)]
+	w.log.Debug().Str("table", t.name).Int("keys", len(keys)).Msg("re-reading rows whose TOASTed values a change did not carry")
+	return w.window(ctx, t, keys, func(ctx context.Context) (*chunker.Chunk, error) {
+		return w.reader.Keys(ctx, t.table, keys)
+	})
+}
+
+// window runs the chunk protocol for one chunk of t: register, low watermark, read, hand over,
+// high watermark, verdict. keys is a key-list chunk's keys, nil for a range chunk.
+func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, read func(context.Context) (*chunker.Chunk, error)) error {
 	w.nextID++
 	id := w.nextID
 	if err := w.send(ctx, register{id: id, table: t.name}); err != nil {
@@ -145,12 +168,12 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 	w.markTime += time.Since(start)
 	w.hook(ctx, w.cfg.Hooks.AfterLow, id)
 	start = time.Now()
-	c, err := w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
+	c, err := read(ctx)
 	if err != nil {
 		return w.withdraw(ctx, t, id, err)
 	}
 	w.selectTime += time.Since(start)
-	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey}); err != nil {
+	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey, keys: keys}); err != nil {
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -68,6 +69,7 @@ type bench struct {
 	srv   *e2e.Server
 	dsn   string
 	slots int
+	types *pgjson.Registry
 }
 
 func (b *bench) printf(format string, args ...any) { fmt.Fprintf(b.e.stdout, format, args...) }
@@ -91,6 +93,12 @@ func (b *bench) run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	typeConn, err := connectPinned(ctx, b.dsn)
+	if err != nil {
+		return err
+	}
+	defer typeConn.Close(context.WithoutCancel(ctx))
+	b.types = pgjson.NewRegistry(typeConn)
 	var version string
 	_ = conn.QueryRow(ctx, "SELECT version()").Scan(&version)
 	b.printf("# %s\n", version)
@@ -124,7 +132,7 @@ func (b *bench) run(ctx context.Context) error {
 	var outMB float64
 	var peak uint64
 	tmS, err := b.median(func() (time.Duration, error) {
-		s := &discardSink{}
+		s := &discardSink{enc: eventEncoder{types: b.types}}
 		d, err := b.backfill(ctx, s, nil)
 		outMB, peak = float64(s.bytes.Load())/1e6, s.peakHeap
 		return d, err
@@ -142,7 +150,7 @@ func (b *bench) run(ctx context.Context) error {
 	b.line("backfill.not_encoded", rawS, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", copyS.Seconds()/rawS.Seconds()))
 
 	// Live-change latency while a backfill runs: single-row inserts at 200/s, commit to output.
-	lat := &latencySink{}
+	lat := &latencySink{discardSink: discardSink{enc: eventEncoder{types: b.types}}}
 	stop := b.writer(ctx, 200)
 	d, err := b.backfill(ctx, lat, lat)
 	stop()
@@ -266,9 +274,12 @@ type discardSink struct {
 	n        int
 }
 
-func (s *discardSink) Emit(_ context.Context, evs []merge.Event) error {
+func (s *discardSink) Emit(ctx context.Context, evs []merge.Event) error {
 	for i := range evs {
-		s.buf = s.enc.append(s.buf[:0], &evs[i])
+		var err error
+		if s.buf, err = s.enc.append(ctx, s.buf[:0], &evs[i]); err != nil {
+			return err
+		}
 		s.bytes.Add(int64(len(s.buf)))
 	}
 	s.n++

@@ -42,9 +42,9 @@ type checkpointFile struct {
 
 // openJSONL opens (or resumes) output path with its checkpoint file, and returns the position
 // to resume from (nil for a first run).
-func openJSONL(path, checkpoint string) (*jsonlSink, *merge.Position, error) {
+func openJSONL(path, checkpoint string, types *pgjson.Registry) (*jsonlSink, *merge.Position, error) {
 	if path == "-" {
-		s := &jsonlSink{w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint}
+		s := &jsonlSink{w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint, enc: eventEncoder{types: types}}
 		pos, _, err := readCheckpoint(checkpoint)
 		return s, pos, err
 	}
@@ -85,7 +85,7 @@ func openJSONL(path, checkpoint string) (*jsonlSink, *merge.Position, error) {
 		f.Close()
 		return nil, nil, fmt.Errorf("seek output: %w", err)
 	}
-	s := &jsonlSink{out: f, w: bufio.NewWriterSize(f, 1<<16), checkpoint: checkpoint, offset: offset}
+	s := &jsonlSink{out: f, w: bufio.NewWriterSize(f, 1<<16), checkpoint: checkpoint, offset: offset, enc: eventEncoder{types: types}}
 	if !exists {
 		// A first checkpoint before any output: from now on the output always has one.
 		if err := s.writeCheckpoint(nil); err != nil {
@@ -115,9 +115,12 @@ func readCheckpoint(path string) (*merge.Position, int64, error) {
 }
 
 // Emit writes one JSON line per event.
-func (s *jsonlSink) Emit(_ context.Context, evs []merge.Event) error {
+func (s *jsonlSink) Emit(ctx context.Context, evs []merge.Event) error {
 	for i := range evs {
-		s.buf = s.enc.append(s.buf[:0], &evs[i])
+		var err error
+		if s.buf, err = s.enc.append(ctx, s.buf[:0], &evs[i]); err != nil {
+			return err
+		}
 		n, err := s.w.Write(s.buf)
 		s.offset += int64(n)
 		if err != nil {
@@ -202,42 +205,56 @@ func (s *jsonlSink) Close() error {
 }
 
 // eventEncoder encodes events as JSON lines, keeping the encoded parts that events of one table
-// share (table name, quoted column names) per Columns.
+// share (table name, quoted column names, column types) per Columns. Values take their JSON form
+// from their column's type (internal/pgjson), the same whichever path read them.
 type eventEncoder struct {
+	types    *pgjson.Registry
 	cols     map[*merge.Columns]*encodedColumns
 	lastTime time.Time
 	timeJSON []byte
+	nulled   []int // columns whose JSON form is lossy
 }
 
 type encodedColumns struct {
-	table []byte   // `"table":"schema.name"`
-	names [][]byte // `"name":` per column
+	table []byte         // `,"table":"schema.name"`
+	names [][]byte       // `"name":` per column
+	types []*pgjson.Type // per column
 }
 
-func (e *eventEncoder) columns(c *merge.Columns) *encodedColumns {
+func (e *eventEncoder) columns(ctx context.Context, c *merge.Columns) (*encodedColumns, error) {
 	if ec := e.cols[c]; ec != nil {
-		return ec
+		return ec, nil
 	}
 	if e.cols == nil || len(e.cols) > 10000 {
 		e.cols = map[*merge.Columns]*encodedColumns{}
 	}
 	ec := &encodedColumns{table: appendString([]byte(`,"table":`), c.Schema+"."+c.Table)}
-	for _, n := range c.Names {
+	for i, n := range c.Names {
 		ec.names = append(ec.names, append(appendString(nil, n), ':'))
+		t, err := e.types.Type(ctx, c.Types[i])
+		if err != nil {
+			return nil, fmt.Errorf("column %s of %s.%s: %w", n, c.Schema, c.Table, err)
+		}
+		ec.types = append(ec.types, t)
 	}
 	e.cols[c] = ec
-	return ec
+	return ec, nil
 }
 
 // append appends the JSON line of one event:
 //
-//	{"op":"insert","table":"public.t","key":{"id":"1"},"after":{"id":"1","v":"x"},"lsn":"0/16B3748","seq":0,"xid":731,"time":"..."}
+//	{"op":"insert","table":"public.t","key":{"id":1},"after":{"id":1,"v":"x"},"lsn":"0/16B3748","seq":0,"xid":731,"time":"..."}
 //
-// Values are PostgreSQL's text forms (null for NULL); columns whose TOASTed value the server did
-// not send are left out of "after" and listed in "unchanged".
-func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
+// Values have their type's JSON form (docs/types.md); NULL is null. Columns whose TOASTed value
+// the server did not send are left out of "after" and listed in "unchanged". Values whose JSON
+// form does not carry the whole value (numeric NaN, which is null; an array with lower bounds
+// other than 1) keep their PostgreSQL text in "original".
+func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([]byte, error) {
 	cols := ev.Columns
-	ec := e.columns(cols)
+	ec, err := e.columns(ctx, cols)
+	if err != nil {
+		return b, err
+	}
 	b = append(b, `{"op":"`...)
 	b = append(b, ev.Op.String()...)
 	b = append(b, '"')
@@ -249,7 +266,9 @@ func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, ec.names[k]...)
-			b = appendValue(b, ev.Col(k))
+			if b, _, err = appendValue(b, ec.types[k], ev.Col(k)); err != nil {
+				return b, fmt.Errorf("key column %s of %s.%s: %w", cols.Names[k], cols.Schema, cols.Table, err)
+			}
 		}
 		b = append(b, '}')
 	}
@@ -257,6 +276,7 @@ func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
 		b = append(b, `,"after":{`...)
 		first := true
 		var unchanged []string
+		e.nulled = e.nulled[:0]
 		for i := range ev.NumCols() {
 			v := ev.Col(i)
 			if v.Kind == replicator.Unchanged {
@@ -268,7 +288,13 @@ func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
 			}
 			first = false
 			b = append(b, ec.names[i]...)
-			b = appendValue(b, v)
+			var lossy bool
+			if b, lossy, err = appendValue(b, ec.types[i], v); err != nil {
+				return b, fmt.Errorf("column %s of %s.%s: %w", cols.Names[i], cols.Schema, cols.Table, err)
+			}
+			if lossy {
+				e.nulled = append(e.nulled, i)
+			}
 		}
 		b = append(b, '}')
 		if len(unchanged) > 0 {
@@ -280,6 +306,17 @@ func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
 				b = appendString(b, c)
 			}
 			b = append(b, ']')
+		}
+		if len(e.nulled) > 0 {
+			b = append(b, `,"original":{`...)
+			for j, i := range e.nulled {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, ec.names[i]...)
+				b = pgjson.AppendString(b, ev.Col(i).Data)
+			}
+			b = append(b, '}')
 		}
 	}
 	b = append(b, `,"lsn":"`...)
@@ -297,16 +334,14 @@ func (e *eventEncoder) append(b []byte, ev *merge.Event) []byte {
 		}
 		b = append(b, e.timeJSON...)
 	}
-	return append(b, '}', '\n')
+	return append(b, '}', '\n'), nil
 }
 
-func appendValue(b []byte, v replicator.Value) []byte {
-	if v.Kind != replicator.Text && v.Kind != replicator.Binary {
-		return append(b, "null"...)
+func appendValue(b []byte, t *pgjson.Type, v replicator.Value) ([]byte, bool, error) {
+	if v.Kind != replicator.Text {
+		return append(b, "null"...), false, nil
 	}
-	return appendStringBytes(b, v.Data)
+	return t.Append(b, v.Data)
 }
 
 func appendString(b []byte, s string) []byte { return pgjson.AppendString(b, s) }
-
-func appendStringBytes(b []byte, s []byte) []byte { return pgjson.AppendString(b, s) }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -50,7 +52,12 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		tcs[i].NoBackfill = *noBackfill
 	}
 
-	sink, from, err := openJSONL(*to, *checkpoint)
+	typeConn, err := connectPinned(ctx, *source)
+	if err != nil {
+		return err
+	}
+	defer typeConn.Close(context.WithoutCancel(ctx))
+	sink, from, err := openJSONL(*to, *checkpoint, pgjson.NewRegistry(typeConn))
 	if err != nil {
 		return err
 	}
@@ -77,6 +84,20 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	return eng.Run(ctx, from)
+}
+
+// connectPinned opens a query connection with the pinned session settings.
+func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse source connection string: %w", err)
+	}
+	pgconf.Pin(&cfg.Config, "tidemark")
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to source %s: %w", pgconf.Describe(&cfg.Config), err)
+	}
+	return conn, nil
 }
 
 // parseTables parses "schema.table,schema.table".

@@ -6,7 +6,7 @@ import (
 	"unicode/utf8"
 )
 
-const hex = "0123456789abcdef"
+const hexDigits = "0123456789abcdef"
 
 // safe[b] is true for the ASCII bytes a JSON string holds as they are.
 var safe = func() (s [utf8.RuneSelf]bool) {
@@ -39,7 +39,7 @@ func AppendString[T string | []byte](dst []byte, s T) []byte {
 			case '\t':
 				dst = append(dst, '\\', 't')
 			default:
-				dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
 			}
 			i++
 			start = i

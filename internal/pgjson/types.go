@@ -1,0 +1,495 @@
+package pgjson
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// kind is how a type's values are written in JSON.
+type kind int
+
+const (
+	kString      kind = iota // the text form, as a string
+	kInteger                 // integer types: the text is a JSON integer
+	kNumber                  // numeric, float4, float8: a JSON number; NaN and the infinities become null
+	kMoney                   // money: "$1,234.50" becomes 1234.50
+	kBool                    // t/f
+	kBytea                   // base64 of the bytes
+	kDate                    // as printed (ISO, " BC" suffix, "infinity")
+	kTime                    // as printed
+	kTimeTZ                  // as printed, the offset as +HH:MM
+	kTimestamp               // "YYYY-MM-DDTHH:MM:SS[.f]"
+	kTimestampTZ             // "YYYY-MM-DDTHH:MM:SS[.f]Z"
+	kArray                   // a JSON array of the elements
+	kComposite               // a JSON object of the fields
+	kHstore                  // a JSON object of string (or null) values
+)
+
+// Type is how one PostgreSQL type's values become JSON. Types are immutable and shared.
+type Type struct {
+	OID    uint32
+	Name   string // type name, schema-qualified outside pg_catalog
+	kind   kind
+	elem   *Type   // arrays: the element type
+	delim  byte    // arrays: the element delimiter (',' for all but box, ';')
+	fields []Field // composites
+}
+
+// Field is one field of a composite type.
+type Field struct {
+	Name string
+	Type *Type
+}
+
+// Append appends the JSON form of a value of type t, given its text form. lossy reports that
+// the JSON form does not carry the whole value, so the caller keeps the text beside it: a part
+// with no JSON form in the column's schema (NaN and the infinities of numeric and floating-point
+// types) is written as null, and an array's lower bounds other than 1 are not written.
+func (t *Type) Append(dst, text []byte) (out []byte, lossy bool, err error) {
+	switch t.kind {
+	case kInteger:
+		if !isInteger(text) {
+			return dst, false, fmt.Errorf("%w: %s %q", errSyntax, t.Name, text)
+		}
+		return append(dst, text...), false, nil
+	case kNumber:
+		if isNumber(text) {
+			return append(dst, text...), false, nil
+		}
+		switch string(text) {
+		case "NaN", "Infinity", "-Infinity":
+			return append(dst, "null"...), true, nil
+		}
+		return dst, false, fmt.Errorf("%w: %s %q", errSyntax, t.Name, text)
+	case kMoney:
+		return appendMoney(dst, text)
+	case kBool:
+		switch string(text) {
+		case "t":
+			return append(dst, "true"...), false, nil
+		case "f":
+			return append(dst, "false"...), false, nil
+		}
+		return dst, false, fmt.Errorf("%w: boolean %q", errSyntax, text)
+	case kBytea:
+		if !bytes.HasPrefix(text, []byte(`\x`)) {
+			return dst, false, fmt.Errorf("%w: bytea %q is not in hex form", errSyntax, text)
+		}
+		raw := make([]byte, hex.DecodedLen(len(text)-2))
+		if _, err := hex.Decode(raw, text[2:]); err != nil {
+			return dst, false, fmt.Errorf("bytea: %w", err)
+		}
+		dst = append(dst, '"')
+		dst = base64.StdEncoding.AppendEncode(dst, raw)
+		return append(dst, '"'), false, nil
+	case kTimeTZ:
+		return AppendString(dst, withOffset(text, false)), false, nil
+	case kTimestamp:
+		return AppendString(dst, withT(text)), false, nil
+	case kTimestampTZ:
+		return AppendString(dst, withOffset(withT(text), true)), false, nil
+	case kArray:
+		return t.appendArray(dst, text)
+	case kComposite:
+		return t.appendComposite(dst, text)
+	case kHstore:
+		keys, vals, err := parseHstore(text)
+		if err != nil {
+			return dst, false, err
+		}
+		dst = append(dst, '{')
+		for i, k := range keys {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(AppendString(dst, k), ':')
+			if vals[i] == nil {
+				dst = append(dst, "null"...)
+			} else {
+				dst = AppendString(dst, vals[i])
+			}
+		}
+		return append(dst, '}'), false, nil
+	}
+	return AppendString(dst, text), false, nil
+}
+
+func (t *Type) appendArray(dst, text []byte) ([]byte, bool, error) {
+	items, bounds, err := parseArray(text, t.delim)
+	if err != nil {
+		return dst, false, err
+	}
+	dst, lossy, err := t.elem.appendItems(dst, items)
+	return dst, lossy || bounds != nil, err
+}
+
+func (t *Type) appendItems(dst []byte, items []arrayItem) ([]byte, bool, error) {
+	dst = append(dst, '[')
+	nulled := false
+	for i, it := range items {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		var n bool
+		var err error
+		switch {
+		case it.null:
+			dst = append(dst, "null"...)
+		case it.isSub:
+			dst, n, err = t.appendItems(dst, it.nested)
+		default:
+			dst, n, err = t.Append(dst, it.text)
+		}
+		if err != nil {
+			return dst, false, err
+		}
+		nulled = nulled || n
+	}
+	return append(dst, ']'), nulled, nil
+}
+
+func (t *Type) appendComposite(dst, text []byte) ([]byte, bool, error) {
+	vals, err := parseComposite(text)
+	if err != nil {
+		return dst, false, err
+	}
+	if len(vals) != len(t.fields) {
+		return dst, false, fmt.Errorf("%w: %s has %d fields, %q has %d", errSyntax, t.Name, len(t.fields), text, len(vals))
+	}
+	dst = append(dst, '{')
+	nulled := false
+	for i, f := range t.fields {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(AppendString(dst, f.Name), ':')
+		if vals[i] == nil {
+			dst = append(dst, "null"...)
+			continue
+		}
+		var n bool
+		if dst, n, err = f.Type.Append(dst, vals[i]); err != nil {
+			return dst, false, err
+		}
+		nulled = nulled || n
+	}
+	return append(dst, '}'), nulled, nil
+}
+
+// isNumber reports whether b is a JSON number (PostgreSQL prints numbers that are, but for NaN
+// and the infinities).
+func isNumber(b []byte) bool {
+	i := 0
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
+}
+
+func isInteger(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+	}
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// appendMoney turns money's text under lc_monetary=C ("$1,234.50", "-$3.00") into a number.
+func appendMoney(dst, text []byte) ([]byte, bool, error) {
+	start := len(dst)
+	for _, c := range text {
+		if c != '$' && c != ',' {
+			dst = append(dst, c)
+		}
+	}
+	if !isNumber(dst[start:]) {
+		return dst[:start], false, fmt.Errorf("%w: money %q", errSyntax, text)
+	}
+	return dst, false, nil
+}
+
+// withT puts the T of RFC 3339 between a timestamp's date and time.
+func withT(text []byte) []byte {
+	i := bytes.IndexByte(text, ' ')
+	if i < 0 || len(text) < 11 || text[i+1] < '0' || text[i+1] > '9' {
+		return text // infinity, -infinity
+	}
+	out := bytes.Clone(text)
+	out[i] = 'T'
+	return out
+}
+
+// withOffset writes the UTC offset after a time of day as RFC 3339 does: Z for UTC when zulu,
+// else +HH:MM. A " BC" suffix stays last.
+func withOffset(text []byte, zulu bool) []byte {
+	bc := bytes.HasSuffix(text, []byte(" BC"))
+	body := bytes.TrimSuffix(text, []byte(" BC"))
+	t := bytes.LastIndexByte(body, 'T')
+	if t < 0 {
+		t = 0
+	}
+	i := bytes.LastIndexAny(body[t:], "+-")
+	if i < 0 {
+		return text
+	}
+	i += t
+	off := body[i:]
+	var out []byte
+	switch {
+	case zulu && (bytes.Equal(off, []byte("+00")) || bytes.Equal(off, []byte("+00:00"))):
+		out = append(bytes.Clone(body[:i]), 'Z')
+	case len(off) == 3:
+		out = append(append(bytes.Clone(body[:i]), off...), ":00"...)
+	default:
+		return text
+	}
+	if bc {
+		out = append(out, " BC"...)
+	}
+	return out
+}
+
+// Schema returns the JSON schema of a column of type t with dims array dimensions declared
+// (attndims; 0 when the column is not declared as an array of arrays): draft-07 with the
+// formats and airbyte_type annotations Airbyte destinations read. Every value may be null.
+func (t *Type) Schema(dims int) map[string]any {
+	s := t.schema(max(dims, 1))
+	return s
+}
+
+func (t *Type) schema(dims int) map[string]any {
+	nullable := func(typ string, extra ...any) map[string]any {
+		m := map[string]any{"type": []string{"null", typ}}
+		for i := 0; i+1 < len(extra); i += 2 {
+			m[extra[i].(string)] = extra[i+1]
+		}
+		return m
+	}
+	switch t.kind {
+	case kInteger:
+		return nullable("integer")
+	case kNumber, kMoney:
+		return nullable("number")
+	case kBool:
+		return nullable("boolean")
+	case kBytea:
+		return nullable("string", "contentEncoding", "base64")
+	case kDate:
+		return nullable("string", "format", "date")
+	case kTime:
+		return nullable("string", "format", "time", "airbyte_type", "time_without_timezone")
+	case kTimeTZ:
+		return nullable("string", "format", "time", "airbyte_type", "time_with_timezone")
+	case kTimestamp:
+		return nullable("string", "format", "date-time", "airbyte_type", "timestamp_without_timezone")
+	case kTimestampTZ:
+		return nullable("string", "format", "date-time", "airbyte_type", "timestamp_with_timezone")
+	case kArray:
+		items := t.elem.schema(1)
+		for range dims - 1 {
+			items = nullable("array", "items", items)
+		}
+		return nullable("array", "items", items)
+	case kComposite:
+		props := map[string]any{}
+		for _, f := range t.fields {
+			props[f.Name] = f.Type.schema(1)
+		}
+		return nullable("object", "properties", props)
+	case kHstore:
+		return nullable("object", "additionalProperties", map[string]any{"type": []string{"null", "string"}})
+	}
+	return nullable("string")
+}
+
+// Registry looks up Types by OID on a connection, once each.
+type Registry struct {
+	mu    sync.Mutex
+	conn  *pgx.Conn
+	types map[uint32]*Type
+}
+
+// NewRegistry returns a Registry that queries pg_type on conn, which it does not own; it must
+// not be used by anything else while the Registry queries it.
+func NewRegistry(conn *pgx.Conn) *Registry {
+	return &Registry{conn: conn, types: map[uint32]*Type{}}
+}
+
+// Type returns the Type of oid.
+func (r *Registry) Type(ctx context.Context, oid uint32) (*Type, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.load(ctx, oid, 0)
+}
+
+func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, error) {
+	if t := r.types[oid]; t != nil {
+		return t, nil
+	}
+	if depth > 20 {
+		return nil, fmt.Errorf("type %d nests too deeply", oid)
+	}
+	var name, schema string
+	var typtype, category, delim byte
+	var elem, base, relid uint32
+	err := r.conn.QueryRow(ctx, `SELECT t.typname, n.nspname, t.typtype, t.typcategory, t.typelem, t.typbasetype, t.typdelim, t.typrelid
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1`, oid).
+		Scan(&name, &schema, &typtype, &category, &elem, &base, &delim, &relid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("type %d does not exist", oid)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up type %d: %w", oid, err)
+	}
+	t := &Type{OID: oid, Name: name}
+	if schema != "pg_catalog" {
+		t.Name = schema + "." + name
+	}
+	switch {
+	case typtype == 'd':
+		b, err := r.load(ctx, base, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		c := *b
+		c.OID, c.Name = oid, t.Name
+		t = &c
+	case category == 'A' && elem != 0:
+		e, err := r.load(ctx, elem, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		var elemDelim byte
+		if err := r.conn.QueryRow(ctx, `SELECT typdelim FROM pg_type WHERE oid = $1`, elem).Scan(&elemDelim); err != nil {
+			return nil, fmt.Errorf("look up type %d: %w", elem, err)
+		}
+		t.kind, t.elem, t.delim = kArray, e, elemDelim
+	case typtype == 'c':
+		t.kind = kComposite
+		rows, err := r.conn.Query(ctx, `SELECT attname, atttypid FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, relid)
+		if err != nil {
+			return nil, fmt.Errorf("look up fields of type %s: %w", t.Name, err)
+		}
+		type field struct {
+			name string
+			oid  uint32
+		}
+		var fs []field
+		for rows.Next() {
+			var f field
+			if err := rows.Scan(&f.name, &f.oid); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			fs = append(fs, f)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		for _, f := range fs {
+			ft, err := r.load(ctx, f.oid, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			t.fields = append(t.fields, Field{Name: f.name, Type: ft})
+		}
+	case typtype == 'b' && schema == "pg_catalog":
+		t.kind = builtinKinds[name]
+	case typtype == 'b' && name == "hstore":
+		t.kind = kHstore
+	}
+	r.types[oid] = t
+	return t, nil
+}
+
+// builtinKinds maps the built-in base types that are not strings in JSON.
+var builtinKinds = map[string]kind{
+	"int2": kInteger, "int4": kInteger, "int8": kInteger, "oid": kInteger, "xid": kInteger, "xid8": kInteger, "cid": kInteger,
+	"numeric": kNumber, "float4": kNumber, "float8": kNumber, "money": kMoney,
+	"bool": kBool, "bytea": kBytea,
+	"date": kDate, "time": kTime, "timetz": kTimeTZ, "timestamp": kTimestamp, "timestamptz": kTimestampTZ,
+}
+
+// TableSchema returns the JSON schema of a row of schema.table: an object with one property per
+// column (not the generated ones, which the change stream does not carry), each as Type.Schema
+// describes it.
+func (r *Registry) TableSchema(ctx context.Context, schema, table string) (map[string]any, error) {
+	type col struct {
+		name string
+		oid  uint32
+		dims int
+	}
+	r.mu.Lock()
+	rows, err := r.conn.Query(ctx, `SELECT a.attname, a.atttypid, a.attndims FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`,
+		pgx.Identifier{schema, table}.Sanitize())
+	var cols []col
+	if err == nil {
+		for rows.Next() {
+			var c col
+			if err = rows.Scan(&c.name, &c.oid, &c.dims); err != nil {
+				break
+			}
+			cols = append(cols, c)
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s.%s: %w", schema, table, err)
+	}
+	props := map[string]any{}
+	for _, c := range cols {
+		t, err := r.Type(ctx, c.oid)
+		if err != nil {
+			return nil, err
+		}
+		props[c.name] = t.Schema(c.dims)
+	}
+	return map[string]any{"type": "object", "properties": props}, nil
+}

@@ -1,0 +1,126 @@
+package pgjson
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func typ(k kind) *Type { return &Type{Name: "t", kind: k} }
+
+func enc(t *testing.T, ty *Type, text string) (string, bool) {
+	t.Helper()
+	out, nulled, err := ty.Append(nil, []byte(text))
+	require.NoError(t, err, text)
+	require.True(t, json.Valid(out), "%s -> %s", text, out)
+	return string(out), nulled
+}
+
+// TestScalarForms: the JSON form of each kind, from PostgreSQL's text output under the pinned
+// session settings.
+func TestScalarForms(t *testing.T) {
+	for _, tc := range []struct {
+		k      kind
+		in     string
+		want   string
+		nulled bool
+	}{
+		{kInteger, "-9223372036854775808", "-9223372036854775808", false},
+		{kNumber, "123456789012345678901234567890.123456789000", "123456789012345678901234567890.123456789000", false},
+		{kNumber, "NaN", "null", true},
+		{kNumber, "-Infinity", "null", true},
+		{kNumber, "1e+30", "1e+30", false},
+		{kNumber, "-0", "-0", false},
+		{kMoney, "$1,234.50", "1234.50", false},
+		{kMoney, "-$3.00", "-3.00", false},
+		{kBool, "t", "true", false},
+		{kBytea, `\x00ff10`, `"AP8Q"`, false},
+		{kDate, "0044-03-15 BC", `"0044-03-15 BC"`, false},
+		{kDate, "12345-01-01", `"12345-01-01"`, false},
+		{kTime, "24:00:00", `"24:00:00"`, false},
+		{kTimeTZ, "12:34:56-08", `"12:34:56-08:00"`, false},
+		{kTimeTZ, "12:34:56+05:30", `"12:34:56+05:30"`, false},
+		{kTimeTZ, "12:34:56+00", `"12:34:56+00:00"`, false},
+		{kTimestamp, "2024-01-01 10:00:00.5 BC", `"2024-01-01T10:00:00.5 BC"`, false},
+		{kTimestamp, "infinity", `"infinity"`, false},
+		{kTimestampTZ, "2024-01-01 10:00:00.123456+00", `"2024-01-01T10:00:00.123456Z"`, false},
+		{kTimestampTZ, "0044-03-15 10:00:00+00 BC", `"0044-03-15T10:00:00Z BC"`, false},
+		{kTimestampTZ, "-infinity", `"-infinity"`, false},
+		{kString, "P1Y2M3DT4H5M6.5S", `"P1Y2M3DT4H5M6.5S"`, false},
+		{kString, "a\"b\\c\n", `"a\"b\\c\n"`, false},
+		{kHstore, `"a"=>"1", "q\""=>"x", "b c"=>NULL`, `{"a":"1","q\"":"x","b c":null}`, false},
+	} {
+		got, nulled := enc(t, typ(tc.k), tc.in)
+		require.Equal(t, tc.want, got, tc.in)
+		require.Equal(t, tc.nulled, nulled, tc.in)
+	}
+	for _, tc := range []struct {
+		k  kind
+		in string
+	}{{kInteger, "1.5"}, {kNumber, "abc"}, {kBool, "yes"}, {kBytea, "00"}, {kMoney, "€3"}} {
+		_, _, err := typ(tc.k).Append(nil, []byte(tc.in))
+		require.Error(t, err, tc.in)
+	}
+}
+
+func TestArrays(t *testing.T) {
+	ints := &Type{Name: "int4[]", kind: kArray, elem: typ(kInteger), delim: ','}
+	texts := &Type{Name: "text[]", kind: kArray, elem: typ(kString), delim: ','}
+	boxes := &Type{Name: "box[]", kind: kArray, elem: typ(kString), delim: ';'}
+	nums := &Type{Name: "numeric[]", kind: kArray, elem: typ(kNumber), delim: ','}
+	for _, tc := range []struct {
+		ty     *Type
+		in     string
+		want   string
+		nulled bool
+	}{
+		{ints, "{}", "[]", false},
+		{ints, "{1,2,NULL}", "[1,2,null]", false},
+		{ints, "{{1,NULL},{3,4}}", "[[1,null],[3,4]]", false},
+		{ints, "[2:3]={1,2}", "[1,2]", true},
+		{texts, `{"a\"b","c,d",NULL,"NULL"," sp ",plain}`, `["a\"b","c,d",null,"NULL"," sp ","plain"]`, false},
+		{boxes, "{(3,4),(1,2);(7,8),(5,6)}", `["(3,4),(1,2)","(7,8),(5,6)"]`, false},
+		{nums, "{1.5,NaN}", "[1.5,null]", true},
+	} {
+		got, nulled := enc(t, tc.ty, tc.in)
+		require.Equal(t, tc.want, got, tc.in)
+		require.Equal(t, tc.nulled, nulled, tc.in)
+	}
+	for _, bad := range []string{"{1,2", "1,2}", `{"a}`, "{1}x", "[1:2]{1}"} {
+		_, _, err := ints.Append(nil, []byte(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func TestComposites(t *testing.T) {
+	inner := &Type{Name: "pair", kind: kComposite, fields: []Field{{"n", typ(kInteger)}, {"s", typ(kString)}}}
+	outer := &Type{Name: "outer", kind: kComposite, fields: []Field{
+		{"p", inner}, {"a", &Type{kind: kArray, elem: typ(kInteger), delim: ','}}, {"t", typ(kString)}, {"e", typ(kString)},
+	}}
+	got, _ := enc(t, outer, `("(1,x)","{1,2}",,"")`)
+	require.Equal(t, `{"p":{"n":1,"s":"x"},"a":[1,2],"t":null,"e":""}`, got)
+	got, _ = enc(t, inner, `(2,"a ""q"" \\b")`)
+	require.Equal(t, `{"n":2,"s":"a \"q\" \\b"}`, got)
+	_, _, err := inner.Append(nil, []byte("(1,2,3)"))
+	require.Error(t, err)
+}
+
+func TestSchemas(t *testing.T) {
+	ints := &Type{kind: kArray, elem: typ(kInteger), delim: ','}
+	b, _ := json.Marshal(ints.Schema(2))
+	require.JSONEq(t, `{"type":["null","array"],"items":{"type":["null","array"],"items":{"type":["null","integer"]}}}`, string(b))
+	b, _ = json.Marshal(typ(kTimestampTZ).Schema(0))
+	require.JSONEq(t, `{"type":["null","string"],"format":"date-time","airbyte_type":"timestamp_with_timezone"}`, string(b))
+}
+
+func FuzzParsers(f *testing.F) {
+	for _, s := range []string{"{1,{2,3}}", `("(1,x)","{1,2}",,"")`, `"a"=>"1", "b"=>NULL`, "[1:2]={a,b}"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		_, _, _ = parseArray([]byte(s), ',')
+		_, _ = parseComposite([]byte(s))
+		_, _, _ = parseHstore([]byte(s))
+	})
+}
