@@ -304,3 +304,37 @@ func opsOnly(rs []e2e.Record) []string {
 	}
 	return out
 }
+
+// TestKeysRoundTripNonUTC: a numeric key and a timestamptz key, backfilled one row per chunk on
+// a server whose TimeZone is not UTC: every key's text bound as the next chunk's lower bound
+// parses back to exactly that key, so none is skipped or read twice.
+func TestKeysRoundTripNonUTC(t *testing.T) {
+	if server == nil || server.Kind() == e2e.External {
+		t.Skip("changes the server's TimeZone")
+	}
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	_, err := db.Conn.Exec(ctx, `ALTER SYSTEM SET TimeZone = 'Australia/Lord_Howe'`)
+	require.NoError(t, err)
+	_, err = db.Conn.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Conn.Exec(ctx, `ALTER SYSTEM RESET TimeZone`)
+		_, _ = db.Conn.Exec(ctx, `SELECT pg_reload_conf()`)
+	})
+	db.Exec(`CREATE TABLE nk (k numeric PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO nk VALUES (0.1, 'a'), (0.10000000000000000001, 'b'), (1.500, 'c'), (-2.25, 'd'), (1e-20, 'e'), (12345678901234567890.123456789012345678, 'f'), (7, 'g'), (7.0000001, 'h')`)
+	db.Exec(`CREATE TABLE tk (k timestamptz PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO tk VALUES ('2024-04-07 01:59:59.999999+11', 'a'), ('2024-04-07 02:00:00+10:30', 'b'), ('2024-10-06 02:00:00+10:30', 'c'),
+		('1969-12-31 23:59:59.000001+00', 'd'), ('0001-01-01 00:00:00+00 BC', 'e'), ('294276-12-31 23:59:59.999999+00', 'f'), ('2000-01-01 00:00:00.5-14', 'g')`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE nk, tk`)
+	cfg := engineConfig(db, "public.nk", "public.tk")
+	cfg.ChunkSize = 1
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	verify(t, db, sink, "public.nk", "k")
+	verify(t, db, sink, "public.tk", "k")
+	require.Equal(t, 15, sink.count("snapshot"))
+	require.Zero(t, sink.oracle.Duplicates())
+	require.Equal(t, int64(9), sink.last().Tables["public.nk"].Chunks, "one chunk per key, and the last finds none")
+}
