@@ -36,9 +36,10 @@ type worker struct {
 	log      zerolog.Logger
 	tables   []*workTable
 
-	nextID int64
-	limit  int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
-	fails  int // consecutive abandoned chunks
+	nextID  int64
+	limit   int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
+	fails   int // consecutive abandoned chunks
+	rereads int // consecutive key-list chunks that left keys to read again
 
 	// Where the backfill's time goes, for the log line at the end of a table.
 	markTime, selectTime, waitTime time.Duration
@@ -147,9 +148,19 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 func (w *worker) reread(ctx context.Context, t *workTable) error {
 	keys := t.progress.Reread[:min(len(t.progress.Reread), w.limit, 1000)]
 	w.log.Debug().Str("table", t.name).Int("keys", len(keys)).Msg("re-reading rows whose TOASTed values a change did not carry")
-	return w.window(ctx, t, keys, func(ctx context.Context) (*chunker.Chunk, error) {
+	err := w.window(ctx, t, keys, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Keys(ctx, t.table, keys)
 	})
+	if len(t.progress.Reread) == 0 {
+		w.rereads = 0
+		return err
+	}
+	if w.rereads++; w.rereads%10 == 0 {
+		w.log.Warn().Str("table", t.name).Int("keys", len(t.progress.Reread)).Int("attempts", w.rereads).
+			Msg("rows keep changing without their TOASTed values inside every re-read; ALTER TABLE ... REPLICA IDENTITY FULL ends this")
+		sleep(ctx, time.Second)
+	}
+	return err
 }
 
 // window runs the chunk protocol for one chunk of t: register, low watermark, read, hand over,

@@ -34,6 +34,7 @@ var commands = []command{
 	{"demo", "run the embedded demo: a throwaway PostgreSQL, a few changes, the change stream printed", runDemo},
 	{"sync", "backfill tables while streaming their changes, to a JSON lines file", runSync},
 	{"bench", "measure the backfill against COPY, and live-change latency during a backfill", runBench},
+	{"schema", "print the JSON schema of the rows sync writes for each table", runSchema},
 	{"stream", "print the decoded change stream of a replication slot as JSON lines", runStream},
 }
 

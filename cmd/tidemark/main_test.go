@@ -143,3 +143,18 @@ func TestBenchQuick(t *testing.T) {
 	}
 	t.Log(out.String())
 }
+
+// TestSchemaCommand: the schema of the JSON lines rows, per table.
+func TestSchemaCommand(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id bigint PRIMARY KEY, ts timestamptz, tags text[][], g int GENERATED ALWAYS AS (id) STORED)`)
+	e, out, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"schema", "--source", db.DSN, "--tables", "public.t"}, e), errOut.String())
+	require.JSONEq(t, `{"public.t":{"type":"object","properties":{
+		"id":{"type":["null","integer"]},
+		"ts":{"type":["null","string"],"format":"date-time","airbyte_type":"timestamp_with_timezone"},
+		"tags":{"type":["null","array"],"items":{"type":["null","array"],"items":{"type":["null","string"]}}}}}}`, out.String())
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 1, run(context.Background(), []string{"schema", "--source", db.DSN, "--tables", "public.nope"}, e))
+	require.Contains(t, errOut.String(), "does not exist")
+}
