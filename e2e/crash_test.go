@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
@@ -44,14 +45,20 @@ func tidemarkBinary(t *testing.T) string {
 	return binPath
 }
 
-// runSync runs `tidemark sync` with args and returns how it ended: nil for exit 0, killed for
-// SIGKILL, an error otherwise.
+// runSync runs `tidemark sync` of public.t into out with args, and returns how it ended: nil for
+// exit 0, killed for SIGKILL, an error otherwise.
 func runSync(t *testing.T, db *e2e.TestDB, out string, args ...string) (killed bool, err error) {
+	t.Helper()
+	return runSyncTo(t, db, out, append([]string{"--tables", "public.t"}, args...)...)
+}
+
+// runSyncTo runs `tidemark sync` into to with args.
+func runSyncTo(t *testing.T, db *e2e.TestDB, to string, args ...string) (killed bool, err error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tidemarkBinary(t), append([]string{"sync", "--source", db.DSN, "--slot", db.Slot,
-		"--publication", db.Publication, "--to", out, "--tables", "public.t"}, args...)...)
+		"--publication", db.Publication, "--to", to}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	err = cmd.Run()
@@ -155,3 +162,5 @@ func TestResumeFromOlderCheckpoint(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf("slot %q is confirmed up to", db.Slot))
 	require.Contains(t, err.Error(), "start over with a full backfill")
 }
+
+func pgxConnect(ctx context.Context, dsn string) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) }

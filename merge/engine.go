@@ -80,6 +80,9 @@ type Config struct {
 	// StopWhenCaughtUp ends Run once every backfill is done and the stream has caught up with
 	// the WAL position of that moment. Zero: Run streams until its context ends.
 	StopWhenCaughtUp bool
+	// AddToPublication adds captured tables that are not in the publication to it (the role must
+	// own them); otherwise such a table is refused with the statement that adds it.
+	AddToPublication bool
 	Hooks            Hooks
 	Faults           Faults
 }
@@ -202,6 +205,11 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	if err != nil {
 		return err
 	}
+	if e.cfg.AddToPublication {
+		if err := e.addToPublication(ctx, conn); err != nil {
+			return err
+		}
+	}
 	tables := map[string]*chunker.Table{}
 	var errs []error
 	for _, tc := range e.cfg.Tables {
@@ -261,6 +269,30 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		return context.Cause(ctx)
 	}
 	return err
+}
+
+// addToPublication adds the captured tables the publication lacks, when the role may; a table
+// it may not add is left for discovery to refuse with the statement a DBA should run.
+func (e *Engine) addToPublication(ctx context.Context, conn *pgx.Conn) error {
+	pub := e.cfg.Source.Publication
+	for _, tc := range e.cfg.Tables {
+		var in, all bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
+			coalesce((SELECT puballtables FROM pg_publication WHERE pubname = $1), false)`, pub, tc.Schema, tc.Name).Scan(&in, &all)
+		if err != nil {
+			return fmt.Errorf("check publication %q: %w", pub, err)
+		}
+		if in || all {
+			continue
+		}
+		_, err = conn.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{pub}.Sanitize()+" ADD TABLE "+pgx.Identifier{tc.Schema, tc.Name}.Sanitize())
+		if err != nil {
+			e.log.Warn().Err(err).Str("table", tc.Schema+"."+tc.Name).Str("publication", pub).Msg("table not added to the publication")
+			continue
+		}
+		e.log.Info().Str("table", tc.Schema+"."+tc.Name).Str("publication", pub).Msg("table added to the publication")
+	}
+	return nil
 }
 
 // resume checks the position against the source and the slot, and reconciles its tables with

@@ -22,7 +22,10 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("sync", "sync --source DSN --tables SCHEMA.TABLE[,...] --to FILE|- [flags]", e)
 	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
 	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
-	to := fs.String("to", "", "target: a JSON lines file, or - for standard output")
+	to := fs.String("to", "", "target: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output")
+	targetSchema := fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
+	checkpointID := fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
+	audit := fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
 	checkpoint := fs.String("checkpoint", "", "checkpoint file; default TARGET.checkpoint (none for -)")
 	slot := fs.String("slot", "tidemark", "logical replication slot (pgoutput); created when missing")
 	pub := fs.String("publication", "tidemark", "publication; created for --tables when missing")
@@ -52,16 +55,37 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		tcs[i].NoBackfill = *noBackfill
 	}
 
-	typeConn, err := connectPinned(ctx, *source)
+	srcConn, err := connectPinned(ctx, *source)
 	if err != nil {
 		return err
 	}
-	defer typeConn.Close(context.WithoutCancel(ctx))
-	sink, from, err := openJSONL(*to, *checkpoint, pgjson.NewRegistry(typeConn))
-	if err != nil {
-		return err
+	defer srcConn.Close(context.WithoutCancel(ctx))
+	var sink merge.Sink
+	var from *merge.Position
+	if isDSN(*to) {
+		tgt, err := connectPinned(ctx, *to)
+		if err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+		defer tgt.Close(context.WithoutCancel(ctx))
+		id := *checkpointID
+		if id == "" {
+			id = *slot
+		}
+		ps, pos, err := openPGSink(ctx, tgt, srcConn, id, *targetSchema, *audit, e.log)
+		if err != nil {
+			return err
+		}
+		defer ps.Close(context.WithoutCancel(ctx))
+		sink, from = ps, pos
+	} else {
+		js, pos, err := openJSONL(*to, *checkpoint, pgjson.NewRegistry(srcConn))
+		if err != nil {
+			return err
+		}
+		defer js.Close()
+		sink, from = js, pos
 	}
-	defer sink.Close()
 	var pubTables []pgx.Identifier
 	for _, t := range tcs {
 		pubTables = append(pubTables, pgx.Identifier{t.Schema, t.Name})
@@ -73,6 +97,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		ChunkSize:        *chunkSize,
 		AckCheckpoints:   true,
 		StopWhenCaughtUp: *stopCaughtUp,
+		AddToPublication: true,
 	}
 	if *crashAt != "" {
 		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {
@@ -84,6 +109,12 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	return eng.Run(ctx, from)
+}
+
+// isDSN reports whether a --to target is a PostgreSQL connection string rather than a file.
+func isDSN(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") ||
+		strings.Contains(s, "dbname=") || strings.Contains(s, "host=")
 }
 
 // connectPinned opens a query connection with the pinned session settings.

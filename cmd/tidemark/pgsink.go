@@ -1,0 +1,503 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// checkpointDDL is the target's checkpoint table (%s is its quoted name): one row per capture,
+// written in the same transaction as the changes it covers.
+const checkpointDDL = `CREATE TABLE IF NOT EXISTS %s (
+    id         text PRIMARY KEY,
+    position   jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// ledgerDDL is the audit ledger (%s is its quoted name): the commit LSN of every source
+// transaction applied, so that applying one twice fails on the primary key.
+const ledgerDDL = `CREATE TABLE IF NOT EXISTS %s (
+    commit_lsn pg_lsn PRIMARY KEY,
+    xid        bigint NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// pgSink applies events to another PostgreSQL, exactly once: the changes between two checkpoints
+// and the checkpoint itself commit in one target transaction, so a crash at any point leaves the
+// target at a checkpoint, and the capture resumes from it.
+type pgSink struct {
+	target *pgx.Conn // the target; used only from the merge loop's goroutine
+	source *pgx.Conn // the source, for the definitions of tables and columns to create
+	id     string    // the checkpoint row's id
+	schema string    // target schema; "" keeps the source's
+	cpName string    // quoted checkpoint table
+	ledger string    // quoted audit ledger; "" for none
+	log    zerolog.Logger
+
+	tx        pgx.Tx
+	tables    map[string]*targetTable // by source schema.table
+	batches   []*tableBatch           // pending, in first-seen order
+	lastAudit pglogrepl.LSN
+	copyBuf   bytes.Buffer
+	applied   int64 // events applied (for the summary)
+}
+
+// targetTable is a target table as the sink knows it.
+type targetTable struct {
+	ident   string          // quoted target name
+	cols    map[string]bool // columns the target has
+	key     []string        // key columns
+	stage   string          // quoted temporary staging table
+	batch   *tableBatch
+	columns *merge.Columns // the Columns the batch's rows have
+}
+
+// tableBatch is a table's pending changes, one final state per key.
+type tableBatch struct {
+	t     *targetTable
+	order []string
+	rows  map[string]*pendingRow
+}
+
+type pendingRow struct {
+	deleted bool
+	keyVals []replicator.Value
+	vals    []replicator.Value // nil for a delete; Unchanged: leave the column as it is
+}
+
+func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string, audit bool, log zerolog.Logger) (*pgSink, *merge.Position, error) {
+	s := &pgSink{target: target, source: source, id: id, schema: schema, tables: map[string]*targetTable{}, log: log,
+		cpName: pgx.Identifier{"public", "tidemark_checkpoint"}.Sanitize()}
+	if _, err := target.Exec(ctx, fmt.Sprintf(checkpointDDL, s.cpName)); err != nil {
+		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
+	}
+	if audit {
+		s.ledger = pgx.Identifier{"public", "tidemark_applied"}.Sanitize()
+		if _, err := target.Exec(ctx, fmt.Sprintf(ledgerDDL, s.ledger)); err != nil {
+			return nil, nil, fmt.Errorf("create the target's audit ledger %s: %w", s.ledger, err)
+		}
+	}
+	var raw []byte
+	err := target.QueryRow(ctx, `SELECT position FROM `+s.cpName+` WHERE id = $1`, id).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the target's checkpoint: %w", err)
+	}
+	var pos merge.Position
+	if err := json.Unmarshal(raw, &pos); err != nil {
+		return nil, nil, fmt.Errorf("the target's checkpoint %q is damaged (%w); delete its row from %s to start over", id, err, s.cpName)
+	}
+	return s, &pos, nil
+}
+
+// Emit adds the events to the open target transaction's pending changes.
+func (s *pgSink) Emit(ctx context.Context, evs []merge.Event) error {
+	if s.tx == nil {
+		tx, err := s.target.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("begin target transaction: %w", err)
+		}
+		s.tx = tx
+	}
+	for i := range evs {
+		ev := &evs[i]
+		t, err := s.table(ctx, ev.Columns)
+		if err != nil {
+			return err
+		}
+		if ev.Op == merge.Truncate {
+			if err := s.flush(ctx); err != nil {
+				return err
+			}
+			if _, err := s.tx.Exec(ctx, "TRUNCATE "+t.ident); err != nil {
+				return fmt.Errorf("truncate %s: %w", t.ident, err)
+			}
+			continue
+		}
+		if t.columns != ev.Columns {
+			// Another definition of the table: apply what was pending under the old one.
+			if err := s.flushTable(ctx, t); err != nil {
+				return err
+			}
+			if err := s.addColumns(ctx, t, ev.Columns); err != nil {
+				return err
+			}
+			t.columns = ev.Columns
+		}
+		s.pend(t, ev)
+		if s.ledger != "" && ev.Op != merge.Snapshot && ev.LSN != s.lastAudit {
+			if _, err := s.tx.Exec(ctx, `INSERT INTO `+s.ledger+` (commit_lsn, xid) VALUES ($1, $2)`, ev.LSN.String(), int64(ev.XID)); err != nil {
+				return fmt.Errorf("record transaction %d (commit %s) in the audit ledger: %w", ev.XID, ev.LSN, err)
+			}
+			s.lastAudit = ev.LSN
+		}
+	}
+	s.applied += int64(len(evs))
+	return nil
+}
+
+// pend folds an event into its key's pending state.
+func (s *pgSink) pend(t *targetTable, ev *merge.Event) {
+	b := t.batch
+	if b == nil {
+		b = &tableBatch{t: t, rows: map[string]*pendingRow{}}
+		t.batch = b
+		s.batches = append(s.batches, b)
+	}
+	key := string(ev.Key)
+	r := b.rows[key]
+	if r == nil {
+		r = &pendingRow{}
+		b.rows[key] = r
+		b.order = append(b.order, key)
+	}
+	r.keyVals = r.keyVals[:0]
+	for _, k := range ev.Columns.Key {
+		r.keyVals = append(r.keyVals, ev.Col(k))
+	}
+	switch ev.Op {
+	case merge.Delete:
+		r.deleted, r.vals = true, nil
+	case merge.Insert, merge.Snapshot:
+		r.deleted, r.vals = false, colsOf(ev)
+	case merge.Update:
+		vals := colsOf(ev)
+		if r.vals != nil && !r.deleted {
+			for i, v := range vals {
+				if v.Kind == replicator.Unchanged {
+					vals[i] = r.vals[i] // the value it had in this batch
+				}
+			}
+		}
+		r.deleted, r.vals = false, vals
+	}
+}
+
+func colsOf(ev *merge.Event) []replicator.Value {
+	vals := make([]replicator.Value, ev.NumCols())
+	for i := range vals {
+		vals[i] = ev.Col(i)
+	}
+	return vals
+}
+
+// Checkpoint applies the pending changes and the position in the open transaction, and
+// commits them together.
+func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	if s.tx == nil {
+		tx, err := s.target.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("begin target transaction: %w", err)
+		}
+		s.tx = tx
+	}
+	if err := s.flush(ctx); err != nil {
+		return err
+	}
+	b, err := json.Marshal(pos)
+	if err != nil {
+		return err
+	}
+	if _, err := s.tx.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at) VALUES ($1, $2, now())
+		ON CONFLICT (id) DO UPDATE SET position = EXCLUDED.position, updated_at = EXCLUDED.updated_at`, s.id, b); err != nil {
+		return fmt.Errorf("write the target's checkpoint: %w", err)
+	}
+	err = s.tx.Commit(ctx)
+	s.tx = nil
+	if err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	return nil
+}
+
+// Close rolls back what was not checkpointed.
+func (s *pgSink) Close(ctx context.Context) {
+	if s.tx != nil {
+		_ = s.tx.Rollback(ctx)
+		s.tx = nil
+	}
+}
+
+func (s *pgSink) flush(ctx context.Context) error {
+	for _, b := range s.batches {
+		if err := s.apply(ctx, b); err != nil {
+			return err
+		}
+		b.t.batch = nil
+	}
+	s.batches = s.batches[:0]
+	return nil
+}
+
+func (s *pgSink) flushTable(ctx context.Context, t *targetTable) error {
+	if t.batch == nil {
+		return nil
+	}
+	if err := s.apply(ctx, t.batch); err != nil {
+		return err
+	}
+	s.batches = slices.DeleteFunc(s.batches, func(b *tableBatch) bool { return b == t.batch })
+	t.batch = nil
+	return nil
+}
+
+// apply writes a batch: the deleted keys, then the rows, grouped by the columns they set, each
+// group copied into the staging table and upserted from it.
+func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
+	t, cols := b.t, b.t.columns
+	var deletes [][]replicator.Value
+	groups := map[string][]*pendingRow{}
+	var groupOrder []string
+	for _, k := range b.order {
+		r := b.rows[k]
+		if r.deleted {
+			deletes = append(deletes, r.keyVals)
+			continue
+		}
+		var sig strings.Builder
+		for _, v := range r.vals {
+			if v.Kind == replicator.Unchanged {
+				sig.WriteByte('u')
+			} else {
+				sig.WriteByte('v')
+			}
+		}
+		if _, ok := groups[sig.String()]; !ok {
+			groupOrder = append(groupOrder, sig.String())
+		}
+		groups[sig.String()] = append(groups[sig.String()], r)
+	}
+	keyNames := make([]string, len(cols.Key))
+	for i, k := range cols.Key {
+		keyNames[i] = cols.Names[k]
+	}
+	if len(deletes) > 0 {
+		if err := s.copyRows(ctx, t, keyNames, deletes); err != nil {
+			return err
+		}
+		var conds []string
+		for _, k := range keyNames {
+			q := pgx.Identifier{k}.Sanitize()
+			conds = append(conds, "t."+q+" = s."+q)
+		}
+		if _, err := s.tx.Exec(ctx, "DELETE FROM "+t.ident+" t USING "+t.stage+" s WHERE "+strings.Join(conds, " AND ")); err != nil {
+			return fmt.Errorf("delete %d rows from %s: %w", len(deletes), t.ident, err)
+		}
+		if _, err := s.tx.Exec(ctx, "TRUNCATE "+t.stage); err != nil {
+			return err
+		}
+	}
+	for _, sig := range groupOrder {
+		rows := groups[sig]
+		var names []string
+		var idx []int
+		for i, c := range sig {
+			if c == 'v' {
+				names = append(names, cols.Names[i])
+				idx = append(idx, i)
+			}
+		}
+		vals := make([][]replicator.Value, len(rows))
+		for j, r := range rows {
+			row := make([]replicator.Value, len(idx))
+			for n, i := range idx {
+				row[n] = r.vals[i]
+			}
+			vals[j] = row
+		}
+		if err := s.copyRows(ctx, t, names, vals); err != nil {
+			return err
+		}
+		quoted := make([]string, len(names))
+		var sets []string
+		for i, n := range names {
+			quoted[i] = pgx.Identifier{n}.Sanitize()
+			if !slices.Contains(keyNames, n) {
+				sets = append(sets, quoted[i]+" = EXCLUDED."+quoted[i])
+			}
+		}
+		var conflict []string
+		for _, k := range keyNames {
+			conflict = append(conflict, pgx.Identifier{k}.Sanitize())
+		}
+		action := "DO NOTHING"
+		if len(sets) > 0 {
+			action = "DO UPDATE SET " + strings.Join(sets, ", ")
+		}
+		q := fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s ON CONFLICT (%s) %s", t.ident, strings.Join(quoted, ", "),
+			strings.Join(quoted, ", "), t.stage, strings.Join(conflict, ", "), action)
+		if _, err := s.tx.Exec(ctx, q); err != nil {
+			return fmt.Errorf("upsert %d rows into %s: %w", len(rows), t.ident, err)
+		}
+		if _, err := s.tx.Exec(ctx, "TRUNCATE "+t.stage); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyRows copies rows of text values into the table's staging table, in COPY's text format:
+// PostgreSQL's text output of each value is valid input for its type.
+func (s *pgSink) copyRows(ctx context.Context, t *targetTable, names []string, rows [][]replicator.Value) error {
+	buf := &s.copyBuf
+	buf.Reset()
+	for _, row := range rows {
+		for i, v := range row {
+			if i > 0 {
+				buf.WriteByte('\t')
+			}
+			if v.Kind != replicator.Text {
+				buf.WriteString(`\N`)
+				continue
+			}
+			for _, c := range v.Data {
+				switch c {
+				case '\\':
+					buf.WriteString(`\\`)
+				case '\n':
+					buf.WriteString(`\n`)
+				case '\r':
+					buf.WriteString(`\r`)
+				case '\t':
+					buf.WriteString(`\t`)
+				default:
+					buf.WriteByte(c)
+				}
+			}
+		}
+		buf.WriteByte('\n')
+	}
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = pgx.Identifier{n}.Sanitize()
+	}
+	_, err := s.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf.Bytes()), "COPY "+t.stage+" ("+strings.Join(quoted, ", ")+") FROM STDIN")
+	if err != nil {
+		return fmt.Errorf("copy %d rows for %s: %w", len(rows), t.ident, err)
+	}
+	return nil
+}
+
+// table returns the target table of a source table, creating it (with the source's column types
+// and key) when it does not exist, and its staging table.
+func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, error) {
+	name := c.Schema + "." + c.Table
+	if t := s.tables[name]; t != nil {
+		return t, nil
+	}
+	schema := c.Schema
+	if s.schema != "" {
+		schema = s.schema
+	}
+	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}}
+	for _, k := range c.Key {
+		t.key = append(t.key, c.Names[k])
+	}
+	rows, err := s.tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, t.ident)
+	if err != nil {
+		return nil, fmt.Errorf("read target table %s: %w", t.ident, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read target table %s: %w", t.ident, err)
+	}
+	if len(names) == 0 {
+		if err := s.create(ctx, t, schema, c); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, n := range names {
+			t.cols[n] = true
+		}
+		if err := s.addColumns(ctx, t, c); err != nil {
+			return nil, err
+		}
+	}
+	t.columns = c
+	t.stage = pgx.Identifier{fmt.Sprintf("tidemark_stage_%d", len(s.tables))}.Sanitize()
+	if _, err := s.tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE IF NOT EXISTS %s AS SELECT * FROM %s WITH NO DATA", t.stage, t.ident)); err != nil {
+		return nil, fmt.Errorf("create staging table for %s: %w", t.ident, err)
+	}
+	s.tables[name] = t
+	return t, nil
+}
+
+// typeNames returns the SQL names of the columns' types, as the source spells them.
+func (s *pgSink) typeNames(ctx context.Context, c *merge.Columns) ([]string, error) {
+	names := make([]string, len(c.Names))
+	for i := range c.Names {
+		if err := s.source.QueryRow(ctx, `SELECT format_type($1, $2)`, c.Types[i], c.TypeMods[i]).Scan(&names[i]); err != nil {
+			return nil, fmt.Errorf("read the type of column %s of %s.%s on the source: %w", c.Names[i], c.Schema, c.Table, err)
+		}
+	}
+	return names, nil
+}
+
+func (s *pgSink) create(ctx context.Context, t *targetTable, schema string, c *merge.Columns) error {
+	types, err := s.typeNames(ctx, c)
+	if err != nil {
+		return err
+	}
+	var defs []string
+	for i, n := range c.Names {
+		defs = append(defs, pgx.Identifier{n}.Sanitize()+" "+types[i])
+		t.cols[n] = true
+	}
+	var key []string
+	for _, k := range t.key {
+		key = append(key, pgx.Identifier{k}.Sanitize())
+	}
+	ddl := fmt.Sprintf("CREATE TABLE %s (%s, PRIMARY KEY (%s))", t.ident, strings.Join(defs, ", "), strings.Join(key, ", "))
+	if _, err := s.tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s on the target: %w", schema, err)
+	}
+	if _, err := s.tx.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create %s on the target (%s): %w; create the table, or the types it uses, on the target first", t.ident, ddl, err)
+	}
+	s.log.Info().Str("table", t.ident).Msg("target table created")
+	return nil
+}
+
+// addColumns adds to the target the columns of c it lacks (a column added on the source).
+func (s *pgSink) addColumns(ctx context.Context, t *targetTable, c *merge.Columns) error {
+	var missing []int
+	for i, n := range c.Names {
+		if !t.cols[n] {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	types, err := s.typeNames(ctx, c)
+	if err != nil {
+		return err
+	}
+	for _, i := range missing {
+		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.ident, pgx.Identifier{c.Names[i]}.Sanitize(), types[i])
+		if _, err := s.tx.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("add column %s to %s on the target: %w", c.Names[i], t.ident, err)
+		}
+		t.cols[c.Names[i]] = true
+		if t.stage != "" {
+			if _, err := s.tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.stage, pgx.Identifier{c.Names[i]}.Sanitize(), types[i])); err != nil {
+				return fmt.Errorf("add column %s to the staging table of %s: %w", c.Names[i], t.ident, err)
+			}
+		}
+		s.log.Info().Str("table", t.ident).Str("column", c.Names[i]).Msg("target column added")
+	}
+	return nil
+}

@@ -1,0 +1,146 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// targetDB creates a second database for a test to sync into.
+func targetDB(t *testing.T, db *e2e.TestDB) string {
+	name := db.Name + "_tgt"
+	require.NoError(t, server.CreateDatabase(context.Background(), name))
+	t.Cleanup(func() { _ = server.DropDatabase(context.Background(), name) })
+	return server.DSN(name)
+}
+
+// auditedWorkload is workload plus a log row in every transaction, so that every source
+// transaction leaves a trace in the target.
+func auditedWorkload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func() {
+	db.Exec(`CREATE TABLE txlog (id bigserial PRIMARY KEY, xid xid8 NOT NULL DEFAULT pg_current_xact_id())`)
+	// In the publication before the workload: pgoutput decides membership as of each
+	// transaction's commit, so log rows written before would reach the target only by backfill.
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE txlog`)
+	conn := db.Connect()
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	return background(t, func(ctx context.Context) {
+		for ctx.Err() == nil {
+			var stmts []string
+			for range 1 + r.IntN(4) {
+				id := 1 + r.IntN(maxID)
+				switch n := r.IntN(10); {
+				case n < 3:
+					stmts = append(stmts, fmt.Sprintf(`INSERT INTO t (id, v) VALUES (%d, 'ins') ON CONFLICT (id) DO NOTHING`, maxID+r.IntN(maxID)))
+				case n < 6:
+					stmts = append(stmts, fmt.Sprintf(upd, "upd", id))
+				case n < 8:
+					stmts = append(stmts, fmt.Sprintf(`DELETE FROM t WHERE id = %d`, id))
+				case n < 9:
+					to := 1 + r.IntN(2*maxID)
+					stmts = append(stmts, fmt.Sprintf(`UPDATE t SET id = %d, ver = nextval('ver') WHERE id = %d AND NOT EXISTS (SELECT 1 FROM t WHERE id = %d)`, to, id, to))
+				default:
+					stmts = append(stmts, fmt.Sprintf(`UPDATE t SET v = 'multi', ver = nextval('ver') WHERE id BETWEEN %d AND %d`, id, id+5))
+				}
+			}
+			stmts = append(stmts, `INSERT INTO txlog DEFAULT VALUES`)
+			if _, err := conn.Exec(ctx, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT"); err != nil && ctx.Err() == nil {
+				_, _ = conn.Exec(context.Background(), "ROLLBACK")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
+
+// startSync starts `tidemark sync` in the background and returns a function that kills it.
+func startSync(t *testing.T, db *e2e.TestDB, to string, args ...string) (kill func()) {
+	cmd := exec.Command(tidemarkBinary(t), append([]string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--to", to}, args...)...)
+	require.NoError(t, cmd.Start())
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		err := cmd.Wait()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
+			t.Errorf("sync was not running when killed: %v", err)
+		}
+	}
+}
+
+// TestSyncPostgresKill9: sync to PostgreSQL under a live random workload, killed with SIGKILL at
+// 20 random moments and restarted each time; at the end the target equals the source, and the
+// audit ledger shows every source transaction applied once: one applied twice would have failed
+// on the ledger's primary key, one skipped would lack its log row.
+func TestSyncPostgresKill9(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 20000, 1)
+	tgt := targetDB(t, db)
+	// The slot exists before the workload starts, so every workload transaction is streamed
+	// (and recorded in the ledger), while the rows before it are backfilled.
+	createSlot(t, db)
+	stop := auditedWorkload(t, db, 11, 20000)
+	args := []string{"--tables", "public.t,public.txlog", "--chunk-size", "1000", "--audit"}
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 20 {
+		kill := startSync(t, db, tgt, args...)
+		time.Sleep(time.Duration(200+r.IntN(1500)) * time.Millisecond)
+		kill()
+		t.Logf("kill %d", i+1)
+	}
+	stop()
+	killed, err := runSyncTo(t, db, tgt, append(args, "--stop-when-caught-up")...)
+	require.NoError(t, err)
+	require.False(t, killed)
+	ctx := context.Background()
+	for _, tc := range []struct{ table, key string }{{"t", "id"}, {"txlog", "id"}} {
+		src, err := e2e.SourceRows(ctx, db.DSN, "public", tc.table, []string{tc.key})
+		require.NoError(t, err)
+		dst, err := e2e.SourceRows(ctx, tgt, "public", tc.table, []string{tc.key})
+		require.NoError(t, err)
+		require.Empty(t, e2e.Diff(dst, src), "target table %s", tc.table)
+	}
+	var logged, applied int
+	require.NoError(t, db.Conn.QueryRow(ctx, `SELECT count(*) FROM txlog`).Scan(&logged))
+	tc, err := pgxConnect(ctx, tgt)
+	require.NoError(t, err)
+	defer tc.Close(ctx)
+	require.NoError(t, tc.QueryRow(ctx, `SELECT count(*) FROM tidemark_applied`).Scan(&applied))
+	require.Equal(t, logged, applied, "every source transaction applied exactly once")
+	require.Greater(t, logged, 100, "the workload ran")
+}
+
+// TestSyncJSONLKill9: the same with a JSON lines target: the file, replayed up to its
+// checkpoint, equals the source.
+func TestSyncJSONLKill9(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 20000, 1)
+	stop := auditedWorkload(t, db, 12, 20000)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	args := []string{"--tables", "public.t,public.txlog", "--chunk-size", "1000"}
+	r := rand.New(rand.NewPCG(7, 8))
+	for i := range 20 {
+		kill := startSync(t, db, out, args...)
+		time.Sleep(time.Duration(200+r.IntN(1500)) * time.Millisecond)
+		kill()
+		t.Logf("kill %d", i+1)
+	}
+	stop()
+	_, err := runSyncTo(t, db, out, append(args, "--stop-when-caught-up")...)
+	require.NoError(t, err)
+	keys := map[string][]string{"public.t": {"id"}, "public.txlog": {"id"}}
+	o := replayFile(t, out, keys)
+	require.Empty(t, o.Violations())
+	ctx := context.Background()
+	for _, table := range []string{"t", "txlog"} {
+		src, err := e2e.SourceRowsJSON(ctx, db.DSN, "public", table, []string{"id"})
+		require.NoError(t, err)
+		require.Empty(t, e2e.Diff(o.Rows("public."+table), src), "table %s", table)
+	}
+}
