@@ -133,7 +133,7 @@ func parseInt(b []byte) (int64, bool) {
 	}
 	switch {
 	case neg && u <= 1<<63:
-		return -int64(u - 1) - 1, true
+		return -int64(u-1) - 1, true
 	case !neg && u < 1<<63:
 		return int64(u), true
 	}

@@ -64,4 +64,3 @@ func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
 	}
 	return out, sc.Err()
 }
-

@@ -67,16 +67,16 @@ var (
 
 // window is one chunk between its low and high watermarks.
 type window struct {
-	id     int64
-	ts     *tableState
-	lSeen  bool
-	lLSN   pglogrepl.LSN       // commit LSN of the low watermark
-	chunk   *chunker.Chunk      // nil until handed over
-	maxKey  []string            // the backfill's upper bound, with the chunk
-	touched map[string]bool     // keys changed inside the window, before or after the chunk arrived; true when the last change lacked unchanged TOASTed values
-	keys    [][]string          // a key-list chunk's keys (text values); nil for a range chunk
-	dirty   error               // why the window cannot complete
-	stale  pglogrepl.LSN       // the high watermark committed before this position (0: not yet written)
+	id      int64
+	ts      *tableState
+	lSeen   bool
+	lLSN    pglogrepl.LSN   // commit LSN of the low watermark
+	chunk   *chunker.Chunk  // nil until handed over
+	maxKey  []string        // the backfill's upper bound, with the chunk
+	touched map[string]bool // keys changed inside the window, before or after the chunk arrived; true when the last change lacked unchanged TOASTed values
+	keys    [][]string      // a key-list chunk's keys (text values); nil for a range chunk
+	dirty   error           // why the window cannot complete
+	stale   pglogrepl.LSN   // the high watermark committed before this position (0: not yet written)
 }
 
 // tableState is a captured table as the core tracks it.
@@ -311,7 +311,6 @@ func hasUnchanged(t replicator.Tuple) bool {
 	}
 	return false
 }
-
 
 // fillUnchanged replaces the unchanged TOASTed values of the new tuple with the old row's.
 func fillUnchanged(n, o replicator.Tuple) replicator.Tuple {

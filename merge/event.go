@@ -59,10 +59,10 @@ type Event struct {
 	vals    replicator.Tuple // a change's values
 	row     [][]byte         // a snapshot row's values, as the chunk read them (nil for NULL)
 	Key     []byte           // the row's canonical key (FoundationDB tuple); nil for Truncate
-	LSN     pglogrepl.LSN      // commit LSN of the source transaction; for Snapshot rows, of their chunk's high watermark
-	Seq     int                // order among the events of one LSN: (LSN, Seq) increases along the output
-	XID     uint32             // source transaction; 0 for Snapshot rows
-	Time    time.Time          // commit time of the source transaction or of the high watermark
+	LSN     pglogrepl.LSN    // commit LSN of the source transaction; for Snapshot rows, of their chunk's high watermark
+	Seq     int              // order among the events of one LSN: (LSN, Seq) increases along the output
+	XID     uint32           // source transaction; 0 for Snapshot rows
+	Time    time.Time        // commit time of the source transaction or of the high watermark
 }
 
 // NumCols is the number of values: len(Columns.Names), or 0 for a Truncate.
