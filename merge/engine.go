@@ -46,6 +46,9 @@ type Hooks struct {
 	AfterHigh       func(ctx context.Context, chunk int64) // after the high watermark committed
 	AfterEmit       func(ctx context.Context, n int)       // the merge loop: after n events went to the sink
 	AfterCheckpoint func(ctx context.Context, pos *Position)
+	// ChunkAbandoned is called by the worker when a chunk of table was abandoned and will be
+	// retried, with the reason (for metrics).
+	ChunkAbandoned func(ctx context.Context, table string, reason error)
 }
 
 // Faults break the engine on purpose, for the chaos harness to prove it notices. Never set them

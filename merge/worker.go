@@ -65,6 +65,7 @@ func (w *worker) run(stop, ctx context.Context) error {
 		if !t.progress.Done {
 			w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Msg("backfill started")
 		}
+		w.markTime, w.selectTime, w.waitTime = 0, 0, 0
 		for !t.progress.Done || len(t.progress.Reread) > 0 {
 			if stop.Err() != nil {
 				return nil
@@ -289,6 +290,9 @@ func (w *worker) retry(ctx context.Context, t *workTable, cause error) error {
 		return context.Cause(ctx)
 	}
 	w.fails++
+	if h := w.cfg.Hooks.ChunkAbandoned; h != nil {
+		h(ctx, t.name, cause)
+	}
 	if w.fails > 20 && !errors.Is(cause, errVisibility) {
 		return fmt.Errorf("backfill of %s: %d chunks in a row failed, the last with: %w", t.name, w.fails, cause)
 	}

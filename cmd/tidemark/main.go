@@ -25,9 +25,10 @@ type command struct {
 
 // env is what a command may use of the process: its streams and logger.
 type env struct {
-	stdout io.Writer
-	stderr io.Writer
-	log    zerolog.Logger
+	stdout   io.Writer
+	stderr   io.Writer
+	log      zerolog.Logger
+	terminal bool // stderr is a terminal: show progress bars rather than log lines
 }
 
 var commands = []command{
@@ -44,7 +45,7 @@ var errUsage = errors.New("usage")
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, log: newLogger(os.Stderr)}))
+	os.Exit(run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, log: newLogger(os.Stderr), terminal: term.IsTerminal(int(os.Stderr.Fd()))}))
 }
 
 func run(ctx context.Context, args []string, e *env) int {

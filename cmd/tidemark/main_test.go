@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -157,4 +160,57 @@ func TestSchemaCommand(t *testing.T) {
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 1, run(context.Background(), []string{"schema", "--source", db.DSN, "--tables", "public.nope"}, e))
 	require.Contains(t, errOut.String(), "does not exist")
+}
+
+// TestSyncProgress: on a terminal, sync shows a bar per table with its rows, estimate, rate and
+// ETA, and the live changes; elsewhere it logs progress lines.
+func TestSyncProgress(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE big (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 200000) g`)
+	db.Exec(`ANALYZE big`)
+	e, _, errOut := testEnv(t)
+	e.terminal = true
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	require.Equal(t, 0, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.big", "--to", out, "--chunk-size", "2000", "--stop-when-caught-up"}, e), errOut.String())
+	shown := errOut.String()
+	require.Contains(t, shown, "public.big")
+	require.Contains(t, shown, "rows/s")
+	require.Contains(t, shown, "/ 200000")
+	require.Contains(t, shown, "changes 0")
+}
+
+// TestMetrics: --metrics-addr serves the sync's figures for Prometheus.
+func TestMetrics(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	db.Exec(`INSERT INTO t SELECT generate_series(1, 5000)`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, _, errOut := testEnv(t)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+			"--tables", "public.t", "--to", out, "--metrics-addr", "127.0.0.1:19187", "--quiet"}, e)
+	}()
+	var body string
+	e2e.WaitFor(t, 30*time.Second, "metrics with the backfill done", func() bool {
+		resp, err := http.Get("http://127.0.0.1:19187/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return strings.Contains(body, `tidemark_backfill_done{table="public.t"} 1`)
+	})
+	db.Exec(`INSERT INTO t VALUES (0)`)
+	for _, m := range []string{`tidemark_backfill_rows_total{table="public.t"} 5000`, `tidemark_replication_lag_bytes`,
+		`tidemark_slot_retained_wal_bytes`, `tidemark_checkpoint_age_seconds`, `tidemark_backfill_chunks_total{table="public.t"} 1`} {
+		require.Contains(t, body, m)
+	}
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
 }

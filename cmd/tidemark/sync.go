@@ -6,11 +6,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
@@ -32,6 +34,8 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	chunkSize := fs.Int("chunk-size", 10000, "rows per backfill chunk")
 	stopCaughtUp := fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	noBackfill := fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
+	quiet := fs.Bool("quiet", false, "no progress display")
 	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -104,11 +108,53 @@ func runSync(ctx context.Context, args []string, e *env) error {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 	}
-	eng, err := merge.New(cfg, sink, e.log)
+	stats := newSyncStats(tcs)
+	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
+	return runWithProgress(ctx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, *source, *metricsAddr, *quiet)
+}
+
+// runWithProgress runs the engine with the progress display (or log lines), the source poller
+// and the metrics server beside it; it owns their goroutines and waits for them.
+func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.Sink, from *merge.Position, stats *syncStats,
+	source, metricsAddr string, quiet bool) error {
+	log := e.log
+	if e.terminal && !quiet {
+		// The bars own the terminal; the engine logs only warnings and errors meanwhile.
+		log = log.Level(zerolog.WarnLevel)
+	}
+	eng, err := merge.New(cfg, sink, log)
 	if err != nil {
 		return err
 	}
-	return eng.Run(ctx, from)
+	pollConn, err := connectPinned(ctx, source)
+	if err != nil {
+		return err
+	}
+	defer pollConn.Close(context.WithoutCancel(ctx))
+	stats.estimates(ctx, pollConn)
+	sideCtx, stopSide := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); stats.poll(sideCtx, pollConn, cfg.Source.Slot) }()
+	if !quiet {
+		wg.Add(1)
+		go func() { defer wg.Done(); stats.display(sideCtx, e.stderr, e.terminal, e.log) }()
+	}
+	stopMetrics := func() error { return nil }
+	if metricsAddr != "" {
+		if stopMetrics, err = serveMetrics(ctx, metricsAddr, stats, e.log); err != nil {
+			stopSide()
+			wg.Wait()
+			return err
+		}
+	}
+	err = eng.Run(ctx, from)
+	stopSide()
+	wg.Wait()
+	if merr := stopMetrics(); merr != nil && err == nil {
+		err = merr
+	}
+	return err
 }
 
 // isDSN reports whether a --to target is a PostgreSQL connection string rather than a file.
