@@ -100,8 +100,11 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		return nil, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
 	}
 	t.PubColumns = pubCols
+	// Not being published is reported after the key's problems, which adding the table to the
+	// publication would not fix.
+	var pubErr error
 	if !published {
-		return nil, fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
+		pubErr = fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
 			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())
 	}
 
@@ -175,6 +178,9 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 			return nil, fmt.Errorf("%w: key column %q of %s uses a nondeterministic collation, under which different strings are equal; Tidemark cannot match such keys exactly", ErrNoKey, k, t)
 		}
 		t.Key = append(t.Key, i)
+	}
+	if pubErr != nil {
+		return nil, pubErr
 	}
 	return t, nil
 }

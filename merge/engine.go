@@ -397,7 +397,8 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 	e := m.e
 	ticker := time.NewTicker(e.cfg.CheckpointInterval)
 	defer ticker.Stop()
-	stop := ctx.Done()
+	// stop is nil once ctx has ended (and for a context that never ends): stopping says which.
+	stop, stopping := ctx.Done(), false
 	var drainUntil <-chan time.Time
 	m.lastCheckpoint = time.Now()
 	for {
@@ -425,7 +426,7 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 			}
 		case <-ticker.C:
 		case <-stop:
-			stop = nil
+			stop, stopping = nil, true
 			e.log.Info().Msg("stopping at the next transaction boundary")
 			drainUntil = time.After(5 * time.Second)
 		case <-drainUntil:
@@ -440,14 +441,14 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 		if !m.core.consistent() {
 			continue
 		}
-		finished := stop == nil || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0
+		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0
 		if finished || m.checkpointDue() {
 			if err := m.checkpoint(gctx); err != nil {
 				return err
 			}
 		}
 		if finished {
-			if stop != nil {
+			if !stopping {
 				e.log.Info().Msg("backfills done and stream caught up")
 			}
 			return nil

@@ -32,8 +32,11 @@ type env struct {
 }
 
 var commands = []command{
-	{"demo", "run the embedded demo: a throwaway PostgreSQL, a few changes, the change stream printed", runDemo},
-	{"sync", "backfill tables while streaming their changes, to a JSON lines file", runSync},
+	{"demo", "run the demo: a throwaway PostgreSQL, a live workload, a sync into a second database, verified", runDemo},
+	{"sync", "backfill tables while streaming their changes, into PostgreSQL or a JSON lines file", runSync},
+	{"doctor", "check every setting and privilege a capture needs, with the fix for each", runDoctor},
+	{"status", "show the slot's positions and retained WAL, and the backfill progress of a checkpoint", runStatus},
+	{"cleanup", "drop the slot, the publication and the signal table, once confirmed", runCleanup},
 	{"bench", "measure the backfill against COPY, and live-change latency during a backfill", runBench},
 	{"schema", "print the JSON schema of the rows sync writes for each table", runSchema},
 	{"stream", "print the decoded change stream of a replication slot as JSON lines", runStream},
@@ -61,6 +64,8 @@ func run(ctx context.Context, args []string, e *env) int {
 		switch {
 		case err == nil, errors.Is(err, context.Canceled):
 			return 0
+		case errors.Is(err, errProblems):
+			return 1
 		case errors.Is(err, errUsage):
 			if err != errUsage {
 				fmt.Fprintf(e.stderr, "tidemark %s: %s\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
