@@ -57,29 +57,18 @@ func lines(t *testing.T, out *syncBuffer) []map[string]any {
 	return ls
 }
 
-// TestDemo: the embedded demo starts its own PostgreSQL, makes its changes and prints each of
-// them as JSON lines, then cleans up.
+// TestDemo: the demo, in a small configuration: it starts its own PostgreSQL, syncs a live
+// database into a second one, and ends with a passing verification and a summary.
 func TestDemo(t *testing.T) {
 	if server == nil || server.Kind() != e2e.Local {
 		t.Skip("the demo starts a local cluster of its own")
 	}
 	e, out, errOut := testEnv(t)
-	require.Equal(t, 0, run(context.Background(), []string{"demo"}, e), errOut.String())
-	var ops []string
-	commits := 0
-	for _, l := range lines(t, out) {
-		switch l["type"] {
-		case "change":
-			ops = append(ops, l["table"].(string)+":"+l["op"].(string))
-		case "truncate":
-			ops = append(ops, "truncate")
-		case "commit":
-			commits++
-		}
+	require.Equal(t, 0, run(context.Background(), []string{"demo", "--rows", "20000", "--live", "2s"}, e), errOut.String())
+	for _, w := range []string{"orders         20", "equal", "rows backfilled", "live changes applied", "change latency", "verification         passed"} {
+		require.Contains(t, out.String(), w)
 	}
-	require.Equal(t, len(demoChanges), commits)
-	require.Equal(t, []string{"customers:insert", "customers:insert", "customers:update", "orders:insert", "orders:insert",
-		"customers:update", "orders:update", "orders:delete", "truncate"}, ops)
+	t.Log(out.String())
 }
 
 // TestStreamSource: `tidemark stream --source` streams a real database and acknowledges what it

@@ -42,7 +42,9 @@ type syncStats struct {
 	walLSN      pglogrepl.LSN       // the source's current WAL position (polled)
 	retainedWAL int64               // bytes the slot retains (polled)
 	abandoned   map[string]int64    // chunks abandoned, by reason class
-	latencies   []float64           // commit-to-output latency of stream events, ms (sampled)
+	pending     []time.Time         // commit times of sampled stream events not yet checkpointed
+	latencies   []float64           // source commit to durable in the target, ms (sampled)
+	backfilled  time.Duration       // time from the start until every backfill was done
 }
 
 func newSyncStats(tables []merge.TableConfig) *syncStats {
@@ -65,7 +67,6 @@ func (w statsSink) Emit(ctx context.Context, evs []merge.Event) error {
 		return err
 	}
 	s := w.s
-	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range evs {
@@ -77,8 +78,8 @@ func (w statsSink) Emit(ctx context.Context, evs []merge.Event) error {
 		} else {
 			s.changes++
 			s.lastCommit = ev.Time
-			if i%64 == 0 && len(s.latencies) < 1<<20 {
-				s.latencies = append(s.latencies, float64(now.Sub(ev.Time).Microseconds())/1000)
+			if i%16 == 0 && len(s.pending) < 1<<16 {
+				s.pending = append(s.pending, ev.Time)
 			}
 		}
 		s.lastLSN = max(s.lastLSN, ev.LSN)
@@ -91,13 +92,25 @@ func (w statsSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 		return err
 	}
 	s := w.s
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.checkpoint = time.Now()
+	s.checkpoint = now
 	s.lastLSN = max(s.lastLSN, pos.LSN)
+	for _, t := range s.pending {
+		if len(s.latencies) < 1<<20 {
+			s.latencies = append(s.latencies, float64(now.Sub(t).Microseconds())/1000)
+		}
+	}
+	s.pending = s.pending[:0]
+	all := len(pos.Tables) > 0
 	for name, p := range pos.Tables {
 		s.done[name] = p.Done && len(p.Reread) == 0
 		s.chunks[name] = p.Chunks
+		all = all && s.done[name]
+	}
+	if all && s.backfilled == 0 {
+		s.backfilled = now.Sub(s.start)
 	}
 	return nil
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/replicator"
 )
 
@@ -178,60 +177,6 @@ func rowJSON(rel *replicator.Relation, t replicator.Tuple) (map[string]any, []st
 		}
 	}
 	return row, unchanged
-}
-
-// demoChanges are the changes the embedded demo makes, one transaction each.
-var demoChanges = []string{
-	`INSERT INTO customers (id, name, email) VALUES (1, 'Ada', 'ada@example.com'), (2, 'Grace', 'grace@example.com')`,
-	`UPDATE customers SET email = 'ada@lovelace.dev' WHERE id = 1`,
-	`BEGIN; INSERT INTO orders (id, customer_id, total) VALUES (10, 1, 19.99), (11, 2, 5.00); UPDATE customers SET name = 'Grace Hopper' WHERE id = 2; COMMIT`,
-	`UPDATE orders SET id = 12 WHERE id = 11`,
-	`DELETE FROM orders WHERE id = 10`,
-	`TRUNCATE orders`,
-}
-
-func runDemo(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("demo", "demo", e)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})
-	if err != nil {
-		if !e2e.DockerAvailable(ctx) {
-			return fmt.Errorf("start a throwaway PostgreSQL: %w", err)
-		}
-		e.log.Info().Err(err).Msg("no local PostgreSQL binaries; starting a container")
-		if srv, err = e2e.StartContainer(ctx, e2e.Options{Log: e.log}); err != nil {
-			return err
-		}
-	}
-	defer func() {
-		if err := srv.Stop(context.WithoutCancel(ctx)); err != nil {
-			e.log.Warn().Err(err).Msg("stop the throwaway PostgreSQL")
-		}
-	}()
-	if err := srv.CreateDatabase(ctx, "tidemark_demo"); err != nil {
-		return err
-	}
-	dsn := srv.DSN("tidemark_demo")
-	if err := execAll(ctx, dsn,
-		`CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text)`,
-		`CREATE TABLE orders (id int PRIMARY KEY, customer_id int, total numeric(10,2))`,
-		`CREATE PUBLICATION demo FOR TABLE customers, orders`,
-		// The slot must exist before the changes are made, or the stream would not see them.
-		`SELECT pg_create_logical_replication_slot('demo', 'pgoutput')`,
-	); err != nil {
-		return err
-	}
-	cfg := replicator.Config{DSN: dsn, Slot: "demo", Publication: "demo", StatusInterval: time.Second}
-	errs := make(chan error, 1)
-	go func() { errs <- execAll(ctx, dsn, demoChanges...) }()
-	out := bufio.NewWriter(e.stdout)
-	err = streamJSON(ctx, cfg, 0, out, true, e.log, func(commits int) bool { return commits == len(demoChanges) })
-	if werr := <-errs; err == nil {
-		err = werr
-	}
-	return err
 }
 
 // execAll runs statements in order on one connection.

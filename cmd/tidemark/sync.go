@@ -32,6 +32,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	slot := fs.String("slot", "tidemark", "logical replication slot (pgoutput); created when missing")
 	pub := fs.String("publication", "tidemark", "publication; created for --tables when missing")
 	chunkSize := fs.Int("chunk-size", 10000, "rows per backfill chunk")
+	interval := fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	stopCaughtUp := fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	noBackfill := fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
@@ -97,11 +98,12 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	cfg := merge.Config{
 		Source: replicator.Config{DSN: *source, Slot: *slot, Publication: *pub, CreateSlot: true,
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
-		Tables:           tcs,
-		ChunkSize:        *chunkSize,
-		AckCheckpoints:   true,
-		StopWhenCaughtUp: *stopCaughtUp,
-		AddToPublication: true,
+		Tables:             tcs,
+		ChunkSize:          *chunkSize,
+		CheckpointInterval: *interval,
+		AckCheckpoints:     true,
+		StopWhenCaughtUp:   *stopCaughtUp,
+		AddToPublication:   true,
 	}
 	if *crashAt != "" {
 		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {

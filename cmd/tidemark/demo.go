@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// demoTables are the demo's source tables.
+var demoTables = []string{
+	`CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled')`,
+	`CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text, country char(2), created timestamptz NOT NULL DEFAULT now())`,
+	`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL, status order_status NOT NULL, total numeric(12,2) NOT NULL,
+		items jsonb, tags text[], placed timestamptz NOT NULL, updated timestamptz NOT NULL DEFAULT clock_timestamp())`,
+	`CREATE TABLE products (sku text PRIMARY KEY, title text NOT NULL, price money, weight real, photo bytea)`,
+}
+
+func runDemo(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("demo", "demo [--rows N] [--live DURATION]", e)
+	rows := fs.Int("rows", 1_000_000, "rows of the orders table")
+	live := fs.Duration("live", 10*time.Second, "how long the workload keeps writing once the backfills are done")
+	rate := fs.Int("rate", 200, "workload transactions per second")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	start := time.Now()
+	fmt.Fprintf(e.stderr, "Starting a throwaway PostgreSQL...\n")
+	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})
+	if err != nil {
+		if !e2e.DockerAvailable(ctx) {
+			return fmt.Errorf("start a throwaway PostgreSQL: %w", err)
+		}
+		if srv, err = e2e.StartContainer(ctx, e2e.Options{Log: e.log}); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		if err := srv.Stop(context.WithoutCancel(ctx)); err != nil {
+			e.log.Warn().Err(err).Msg("stop the throwaway PostgreSQL")
+		}
+	}()
+	for _, db := range []string{"demo_source", "demo_target"} {
+		if err := srv.CreateDatabase(ctx, db); err != nil {
+			return err
+		}
+	}
+	src, tgt := srv.DSN("demo_source"), srv.DSN("demo_target")
+	fmt.Fprintf(e.stderr, "Creating the demo tables: %d orders, %d customers, %d products...\n", *rows, *rows/20, 1000)
+	stmts := append([]string{}, demoTables...)
+	stmts = append(stmts,
+		fmt.Sprintf(`INSERT INTO customers (id, name, email, country) SELECT g, 'Customer ' || g, 'c' || g || '@example.com', (ARRAY['FR','DE','US','JP','BR'])[1 + g %% 5]
+			FROM generate_series(1, %d) g`, max(*rows/20, 1)),
+		fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, items, tags, placed) SELECT g, 1 + g %% %d, (ARRAY['new','paid','shipped','cancelled'])[1 + g %% 4]::order_status,
+			(g %% 10000) / 100.0, jsonb_build_object('sku', 'SKU-' || g %% 1000, 'qty', 1 + g %% 5), ARRAY['demo', 'batch-' || g %% 7], now() - g * interval '1 minute'
+			FROM generate_series(1, %d) g`, max(*rows/20, 1), *rows),
+		`INSERT INTO products SELECT 'SKU-' || g, 'Product ' || g, g * 1.25, g / 3.0, decode(md5(g::text), 'hex') FROM generate_series(0, 999) g`,
+		`ANALYZE`,
+		`CREATE PUBLICATION demo FOR TABLE customers, orders, products`,
+		`SELECT pg_create_logical_replication_slot('demo', 'pgoutput')`,
+	)
+	if err := execAll(ctx, src, stmts...); err != nil {
+		return err
+	}
+	// The target needs the enum the orders table uses.
+	if err := execAll(ctx, tgt, demoTables[0]); err != nil {
+		return err
+	}
+
+	// The live workload: new orders, status changes, cancellations, new customers.
+	workCtx, stopWork := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var txns, workErr = 0, error(nil)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		txns, workErr = demoWorkload(workCtx, src, *rows, *rate)
+	}()
+	defer func() { stopWork(); wg.Wait() }()
+
+	srcConn, err := connectPinned(ctx, src)
+	if err != nil {
+		return err
+	}
+	defer srcConn.Close(context.WithoutCancel(ctx))
+	tgtConn, err := connectPinned(ctx, tgt)
+	if err != nil {
+		return err
+	}
+	defer tgtConn.Close(context.WithoutCancel(ctx))
+	sink, from, err := openPGSink(ctx, tgtConn, srcConn, "demo", "", false, e.log)
+	if err != nil {
+		return err
+	}
+	defer sink.Close(context.WithoutCancel(ctx))
+	tables := []merge.TableConfig{{Schema: "public", Name: "customers"}, {Schema: "public", Name: "orders"}, {Schema: "public", Name: "products"}}
+	cfg := merge.Config{
+		Source:             replicator.Config{DSN: src, Slot: "demo", Publication: "demo", StatusInterval: time.Second},
+		Tables:             tables,
+		AckCheckpoints:     true,
+		CheckpointInterval: 250 * time.Millisecond,
+	}
+	stats := newSyncStats(tables)
+	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
+
+	// Sync until the backfills are done, the workload has run live for a while and stopped, and
+	// the target has caught up with the source.
+	syncCtx, stopSync := context.WithCancelCause(ctx)
+	var caught error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		caught = demoWatch(syncCtx, stats, srcConn, *live, stopWork)
+		stopSync(errDemoDone)
+	}()
+	fmt.Fprintf(e.stderr, "Syncing into a second database while the workload runs (%d transactions/s)...\n", *rate)
+	syncStart := time.Now()
+	err = runWithProgress(syncCtx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, src, "", false)
+	elapsed := time.Since(syncStart)
+	stopSync(nil)
+	stopWork()
+	wg.Wait()
+	if err != nil && !errors.Is(err, errDemoDone) {
+		return err
+	}
+	if caught != nil {
+		return caught
+	}
+	if workErr != nil {
+		return fmt.Errorf("workload: %w", workErr)
+	}
+
+	fmt.Fprintf(e.stdout, "\nVerifying that the target equals the source...\n")
+	ok := true
+	var total int64
+	for _, t := range []string{"customers", "orders", "products"} {
+		var n int64
+		var srcSum, tgtSum string
+		q := fmt.Sprintf(`SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM %s t`, t)
+		if err := srcConn.QueryRow(ctx, q).Scan(&n, &srcSum); err != nil {
+			return err
+		}
+		var m int64
+		if err := tgtConn.QueryRow(ctx, q).Scan(&m, &tgtSum); err != nil {
+			return err
+		}
+		same := n == m && srcSum == tgtSum
+		ok = ok && same
+		total += n
+		mark := "equal"
+		if !same {
+			mark = fmt.Sprintf("DIFFERENT (source %d rows, target %d)", n, m)
+		}
+		fmt.Fprintf(e.stdout, "  %-10s %9d rows  %s\n", t, n, mark)
+	}
+	stats.mu.Lock()
+	backfilled := int64(0)
+	for _, n := range stats.snapshot {
+		backfilled += n
+	}
+	changes, backfillTime := stats.changes, stats.backfilled
+	stats.mu.Unlock()
+	fmt.Fprintf(e.stdout, "\nSummary\n")
+	fmt.Fprintf(e.stdout, "  rows backfilled      %d in %s (%.0f rows/s), while the workload ran\n", backfilled, backfillTime.Round(time.Millisecond),
+		float64(backfilled)/max(backfillTime.Seconds(), 0.001))
+	fmt.Fprintf(e.stdout, "  live changes applied %d, from %d workload transactions\n", changes, txns)
+	fmt.Fprintf(e.stdout, "  change latency       p50 %.0f ms, p99 %.0f ms (commit on the source to commit on the target)\n", stats.percentile(0.5), stats.percentile(0.99))
+	fmt.Fprintf(e.stdout, "  sync time            %s (total %s)\n", elapsed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	if !ok {
+		return errors.New("verification failed: the target differs from the source")
+	}
+	fmt.Fprintf(e.stdout, "  verification         passed: the target equals the source\n")
+	return nil
+}
+
+var errDemoDone = errors.New("demo done")
+
+// demoWatch waits for the backfills, lets the workload run live, stops it, and returns once the
+// sink has every change the source has.
+func demoWatch(ctx context.Context, stats *syncStats, src *pgx.Conn, live time.Duration, stopWork func()) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	allDone := func() bool {
+		stats.mu.Lock()
+		defer stats.mu.Unlock()
+		for _, t := range stats.tables {
+			if !stats.done[t] {
+				return false
+			}
+		}
+		return true
+	}
+	for !allDone() {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-tick.C:
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(live):
+	}
+	stopWork()
+	// Everything committed before now must reach the sink: wait for a checkpoint past it.
+	var wal string
+	if err := src.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&wal); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		stats.mu.Lock()
+		at := stats.lastLSN.String()
+		reached := stats.lastLSN >= mustLSN(wal) && !stats.checkpoint.IsZero()
+		stats.mu.Unlock()
+		if reached {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the sync did not catch up with %s (at %s)", wal, at)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-tick.C:
+		}
+	}
+}
+
+// demoWorkload writes to the demo tables at rate transactions per second until ctx ends.
+func demoWorkload(ctx context.Context, dsn string, rows, rate int) (int, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	r := rand.New(rand.NewPCG(1, 2))
+	next := int64(rows) + 1
+	t := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
+	defer t.Stop()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return n, nil
+		case <-t.C:
+		}
+		var stmts []string
+		switch k := r.IntN(10); {
+		case k < 4:
+			stmts = append(stmts, fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, items, placed) VALUES (%d, %d, 'new', %d.%02d, '{"live": true}', now())`,
+				next, 1+r.IntN(max(rows/20, 1)), r.IntN(500), r.IntN(100)))
+			next++
+		case k < 8:
+			stmts = append(stmts, fmt.Sprintf(`UPDATE orders SET status = 'paid', total = total + 1, updated = clock_timestamp() WHERE id = %d`, 1+r.IntN(rows)))
+		case k < 9:
+			stmts = append(stmts, fmt.Sprintf(`DELETE FROM orders WHERE id = %d`, 1+r.IntN(rows)))
+		default:
+			c := int64(rows/20) + next
+			stmts = append(stmts, fmt.Sprintf(`INSERT INTO customers (id, name) VALUES (%d, 'New customer')`, c),
+				fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, placed) VALUES (%d, %d, 'new', 9.99, now())`, next, c))
+			next++
+		}
+		if _, err := conn.Exec(ctx, "BEGIN; "+joinStmts(stmts)+"; COMMIT"); err != nil {
+			if ctx.Err() != nil {
+				return n, nil
+			}
+			return n, err
+		}
+		n++
+	}
+}
+
+func joinStmts(s []string) string { return strings.Join(s, "; ") }
+
+func mustLSN(s string) pglogrepl.LSN {
+	lsn, _ := pglogrepl.ParseLSN(s)
+	return lsn
+}
