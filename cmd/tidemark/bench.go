@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,6 +150,19 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.line("backfill.not_encoded", rawS, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", copyS.Seconds()/rawS.Seconds()))
 
+	// Sync into another PostgreSQL: native logical replication's initial copy against Tidemark's
+	// exactly-once sync, of the same table in the same run.
+	nativeS, err := b.median(func() (time.Duration, error) { return b.nativeSubscription(ctx) })
+	if err != nil {
+		return err
+	}
+	b.line("sync.native_subscription", nativeS, float64(b.rows), copyMB, "(CREATE SUBSCRIPTION with copy_data, until the table is ready)")
+	pgS, err := b.median(func() (time.Duration, error) { return b.syncPostgres(ctx) })
+	if err != nil {
+		return err
+	}
+	b.line("sync.tidemark_postgres", pgS, float64(b.rows), copyMB, fmt.Sprintf("time_ratio_to_native=%.2f", pgS.Seconds()/nativeS.Seconds()))
+
 	// Live-change latency while a backfill runs: single-row inserts at 200/s, commit to output.
 	lat := &latencySink{discardSink: discardSink{enc: eventEncoder{types: b.types}}}
 	stop := b.writer(ctx, 200)
@@ -231,6 +245,82 @@ func (b *bench) backfill(ctx context.Context, sink merge.Sink, live *latencySink
 		conn.Close(ctx)
 	}
 	return d, err
+}
+
+// nativeSubscription times CREATE SUBSCRIPTION with copy_data of bench_rows into a fresh
+// database, until the table is ready. On one cluster the subscription cannot create its slot
+// itself (it would wait for its own transaction), so the slot is made first.
+func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
+	b.slots++
+	db := fmt.Sprintf("bench_native_%d", b.slots)
+	if err := b.srv.CreateDatabase(ctx, db); err != nil {
+		return 0, err
+	}
+	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
+	slot := fmt.Sprintf("bench_sub_%d", b.slots)
+	if err := execAll(ctx, b.dsn, `CREATE PUBLICATION bench_rows_only FOR TABLE bench_rows`); err != nil && !strings.Contains(err.Error(), "already exists") {
+		return 0, err
+	}
+	if err := execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot)); err != nil {
+		return 0, err
+	}
+	tdsn := b.srv.DSN(db)
+	if err := execAll(ctx, tdsn, `CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`); err != nil {
+		return 0, err
+	}
+	conn, err := pgx.Connect(ctx, tdsn)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	start := time.Now()
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION sub CONNECTION '%s' PUBLICATION bench_rows_only WITH (copy_data = true, create_slot = false, slot_name = '%s')`,
+		strings.ReplaceAll(b.dsn, "'", "''"), slot))
+	if err != nil {
+		return 0, fmt.Errorf("create subscription: %w", err)
+	}
+	for {
+		var state string
+		if err := conn.QueryRow(ctx, `SELECT coalesce(min(srsubstate), '') FROM pg_subscription_rel`).Scan(&state); err != nil {
+			return 0, err
+		}
+		if state == "r" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d := time.Since(start)
+	_, _ = conn.Exec(ctx, `ALTER SUBSCRIPTION sub DISABLE`)
+	_, _ = conn.Exec(ctx, `ALTER SUBSCRIPTION sub SET (slot_name = NONE)`)
+	_, _ = conn.Exec(ctx, `DROP SUBSCRIPTION sub`)
+	_ = execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_drop_replication_slot('%s')`, slot))
+	return d, nil
+}
+
+// syncPostgres times a bounded `tidemark sync` of bench_rows into a fresh database.
+func (b *bench) syncPostgres(ctx context.Context) (time.Duration, error) {
+	b.slots++
+	db := fmt.Sprintf("bench_tidemark_%d", b.slots)
+	if err := b.srv.CreateDatabase(ctx, db); err != nil {
+		return 0, err
+	}
+	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
+	tgt, err := connectPinned(ctx, b.srv.DSN(db))
+	if err != nil {
+		return 0, err
+	}
+	defer tgt.Close(context.WithoutCancel(ctx))
+	src, err := connectPinned(ctx, b.dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	sink, _, err := openPGSink(ctx, tgt, src, "bench", "", false, b.log)
+	if err != nil {
+		return 0, err
+	}
+	defer sink.Close(context.WithoutCancel(ctx))
+	return b.backfill(ctx, sink, nil)
 }
 
 // writer inserts into bench_live at rate per second until stopped.
