@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -202,4 +204,36 @@ func TestMetrics(t *testing.T) {
 	}
 	cancel()
 	require.Equal(t, 0, <-done, errOut.String())
+}
+
+// TestHelpMatchesDocs: every command and every flag --help shows is in docs/cli.md, in the
+// command's section, and every flag the section lists exists.
+func TestHelpMatchesDocs(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/cli.md")
+	require.NoError(t, err)
+	sections := map[string]string{}
+	for _, part := range strings.Split(string(doc), "\n## tidemark ")[1:] {
+		name, body, _ := strings.Cut(part, "\n")
+		sections[strings.TrimSpace(name)] = body
+	}
+	flagRE := regexp.MustCompile("(?m)^\\| `-{1,2}([a-z-]+)`")
+	for _, c := range commands {
+		body, ok := sections[c.name]
+		require.True(t, ok, "docs/cli.md has no section for %s", c.name)
+		e, _, errOut := testEnv(t)
+		require.Equal(t, 2, run(context.Background(), []string{c.name, "-h"}, e))
+		var help []string
+		for _, l := range strings.Split(errOut.String(), "\n") {
+			if f, ok := strings.CutPrefix(strings.TrimSpace(l), "-"); ok && strings.HasPrefix(l, "  -") {
+				help = append(help, strings.Fields(f)[0])
+			}
+		}
+		var documented []string
+		for _, m := range flagRE.FindAllStringSubmatch(body, -1) {
+			documented = append(documented, m[1])
+		}
+		slices.Sort(help)
+		slices.Sort(documented)
+		require.Equal(t, help, documented, "flags of %s: --help against docs/cli.md", c.name)
+	}
 }
