@@ -20,6 +20,7 @@ import (
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
 
+	"github.com/tidemark/tidemark/cmd/internal/preflight"
 	"github.com/tidemark/tidemark/merge"
 )
 
@@ -277,17 +278,7 @@ func (s *syncStats) logLine(log zerolog.Logger) {
 	ev.Int64("changes", s.changes).Int64("lag_bytes", b).Float64("lag_seconds", sec).Int64("slot_retained_bytes", s.retainedWAL).Msg("progress")
 }
 
-func bytesStr(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
+func bytesStr(n int64) string { return preflight.Bytes(n) }
 
 // percentile returns the q-quantile of the sampled latencies (ms).
 func (s *syncStats) percentile(q float64) float64 {

@@ -1,0 +1,388 @@
+// Package preflight checks, all at once, everything a capture needs on the source: settings,
+// privileges, slot, publication, tables and signal table, each problem with the SQL or setting
+// that fixes it (and its managed-cloud variants). tidemark doctor prints the findings; the
+// Airbyte connector's check reports them.
+package preflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/watermark"
+)
+
+// Finding is one check: passed, a problem (with its fix), or a warning.
+type Finding struct {
+	OK, Warn bool
+	What     string   // what was found
+	Fix      []string // the SQL or setting that fixes a problem, one line each
+}
+
+// Options says what a capture will use.
+type Options struct {
+	Slot        string           // replication slot
+	Publication string           // publication
+	Tables      []pgx.Identifier // captured tables, {schema, table}
+	CreateSlot  bool             // the capture creates the slot when it is missing
+}
+
+// Check checks everything a capture needs on the source, all at once, and returns the findings
+// in order. It never stops at the first problem, except when it cannot connect.
+func Check(ctx context.Context, cfg *pgx.ConnConfig, opts Options) []Finding {
+	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, createSlot: opts.CreateSlot}
+	d.run(ctx, cfg)
+	return d.findings
+}
+
+// Problems returns the findings that are problems.
+func Problems(fs []Finding) []Finding {
+	var out []Finding
+	for _, f := range fs {
+		if !f.OK && !f.Warn {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Print writes the findings for people, and returns how many are problems.
+func Print(w io.Writer, fs []Finding) int {
+	problems := 0
+	for _, f := range fs {
+		mark := "ok  "
+		switch {
+		case f.Warn:
+			mark = "warn"
+		case !f.OK:
+			mark = "FAIL"
+			problems++
+		}
+		fmt.Fprintf(w, "[%s] %s\n", mark, f.What)
+		for _, l := range f.Fix {
+			fmt.Fprintf(w, "       %s\n", l)
+		}
+	}
+	if problems == 0 {
+		fmt.Fprintln(w, "All is well: Tidemark can capture from this database.")
+	} else {
+		fmt.Fprintf(w, "%d problem(s): apply the fixes above, then run tidemark doctor again.\n", problems)
+	}
+	return problems
+}
+
+type doctor struct {
+	slot, pub  string
+	tables     []pgx.Identifier
+	createSlot bool
+	findings   []Finding
+	user       string
+}
+
+func (d *doctor) ok(format string, args ...any) {
+	d.findings = append(d.findings, Finding{OK: true, What: fmt.Sprintf(format, args...)})
+}
+
+func (d *doctor) problem(what string, fix ...string) {
+	d.findings = append(d.findings, Finding{What: what, Fix: fix})
+}
+
+func (d *doctor) warn(what string, fix ...string) {
+	d.findings = append(d.findings, Finding{Warn: true, What: what, Fix: fix})
+}
+
+func (d *doctor) run(ctx context.Context, cfg *pgx.ConnConfig) {
+	cfg = cfg.Copy()
+	pgconf.Pin(&cfg.Config, "tidemark-preflight")
+	d.user = cfg.User
+	who := pgconf.Describe(&cfg.Config)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		d.problem(fmt.Sprintf("cannot connect to %s: %v", who, err), connectFix(err, cfg.User)...)
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	d.ok("connected to %s", who)
+
+	var version int
+	var walLevel, keep, senderTimeout string
+	var maxSlots, usedSlots, maxSenders, usedSenders int
+	err = conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
+		current_setting('max_slot_wal_keep_size'), current_setting('wal_sender_timeout'),
+		current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots),
+		current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication)`).
+		Scan(&version, &walLevel, &keep, &senderTimeout, &maxSlots, &usedSlots, &maxSenders, &usedSenders)
+	if err != nil {
+		d.problem(fmt.Sprintf("cannot read the server's settings: %v", err))
+		return
+	}
+	if version < 130000 {
+		d.problem(fmt.Sprintf("PostgreSQL %d is too old: Tidemark needs 13 or later", version/10000))
+	} else {
+		d.ok("PostgreSQL %d.%d", version/10000, version%10000)
+	}
+	if walLevel != "logical" {
+		d.problem(fmt.Sprintf("wal_level is %s; logical replication needs logical", walLevel),
+			"ALTER SYSTEM SET wal_level = logical;  -- then restart PostgreSQL",
+			"Amazon RDS / Aurora: set rds.logical_replication = 1 in the DB parameter group, then reboot",
+			"Google Cloud SQL: set the database flag cloudsql.logical_decoding = on",
+			"Azure Database for PostgreSQL: set the server parameter wal_level = LOGICAL, then restart")
+	} else {
+		d.ok("wal_level = logical")
+	}
+	d.checkSlot(ctx, conn, maxSlots, usedSlots)
+	if usedSenders >= maxSenders {
+		d.problem(fmt.Sprintf("all %d WAL senders are in use (max_wal_senders)", maxSenders),
+			fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d;  -- then restart PostgreSQL", maxSenders+5))
+	} else {
+		d.ok("WAL senders: %d of %d in use", usedSenders, maxSenders)
+	}
+	d.checkRole(ctx, conn)
+	d.checkReplicationConnection(ctx, cfg)
+	d.checkPublication(ctx, conn)
+	d.checkTables(ctx, conn)
+	d.checkSignalTable(ctx, conn)
+	if keep == "-1" {
+		d.warn("max_slot_wal_keep_size is unlimited: a slot nobody reads keeps WAL until the disk fills",
+			"ALTER SYSTEM SET max_slot_wal_keep_size = '50GB';  -- a bound that fits your disk; then SELECT pg_reload_conf();")
+	} else {
+		d.ok("max_slot_wal_keep_size = %s", keep)
+	}
+	if senderTimeout == "0" {
+		d.warn("wal_sender_timeout is 0: dead replication connections are never noticed by the server",
+			"ALTER SYSTEM SET wal_sender_timeout = '60s'; SELECT pg_reload_conf();")
+	}
+}
+
+func connectFix(err error, user string) []string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return []string{"check the host, port, and that the server accepts TCP connections (listen_addresses, firewall)"}
+	}
+	switch pgErr.Code {
+	case "28P01":
+		return []string{"check the user name and password"}
+	case "28000":
+		return []string{fmt.Sprintf("allow the user in pg_hba.conf, for example: host all %s 0.0.0.0/0 scram-sha-256", user)}
+	case "3D000":
+		return []string{"check the database name"}
+	}
+	return nil
+}
+
+func (d *doctor) checkSlot(ctx context.Context, conn *pgx.Conn, maxSlots, usedSlots int) {
+	var plugin, db, walStatus string
+	var active bool
+	var retained int64
+	err := conn.QueryRow(ctx, `SELECT coalesce(plugin, ''), coalesce(database, ''), active, coalesce(wal_status, ''),
+		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint FROM pg_replication_slots WHERE slot_name = $1`, d.slot).
+		Scan(&plugin, &db, &active, &walStatus, &retained)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		switch {
+		case !d.createSlot:
+			d.problem(fmt.Sprintf("replication slot %q does not exist", d.slot),
+				fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", d.slot))
+		case usedSlots >= maxSlots:
+			d.problem(fmt.Sprintf("replication slot %q does not exist and all %d slots are taken (max_replication_slots)", d.slot, maxSlots),
+				fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d;  -- then restart PostgreSQL", maxSlots+5),
+				"or drop a slot nobody uses: SELECT pg_drop_replication_slot('<name>');")
+		default:
+			d.ok("replication slot %q does not exist yet; Tidemark creates it (%d of %d slots in use)", d.slot, usedSlots, maxSlots)
+		}
+	case err != nil:
+		d.problem(fmt.Sprintf("cannot read replication slots: %v", err))
+	case plugin != "pgoutput":
+		d.problem(fmt.Sprintf("replication slot %q uses the plugin %q, not pgoutput", d.slot, plugin), "use another slot name (--slot)")
+	case walStatus == "lost":
+		d.problem(fmt.Sprintf("replication slot %q is invalidated (wal_status = lost): changes were missed", d.slot),
+			fmt.Sprintf("SELECT pg_drop_replication_slot('%s');  -- then start over with a full backfill", d.slot))
+	default:
+		state := "not in use"
+		if active {
+			state = "in use by a running consumer"
+		}
+		d.ok("replication slot %q exists (pgoutput, %s), retains %s of WAL", d.slot, state, Bytes(retained))
+		if retained > 1<<30 {
+			d.warn(fmt.Sprintf("replication slot %q retains %s of WAL: its consumer is behind or stopped", d.slot, Bytes(retained)),
+				"start the capture, or drop the slot if it is abandoned: SELECT pg_drop_replication_slot('"+d.slot+"');")
+		}
+	}
+}
+
+func (d *doctor) checkRole(ctx context.Context, conn *pgx.Conn) {
+	var super, repl, rds bool
+	err := conn.QueryRow(ctx, `SELECT rolsuper, rolreplication,
+		EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'rds_replication' AND pg_has_role(current_user, r.oid, 'member'))
+		FROM pg_roles WHERE rolname = current_user`).Scan(&super, &repl, &rds)
+	if err != nil {
+		d.problem(fmt.Sprintf("cannot read the role's attributes: %v", err))
+		return
+	}
+	switch {
+	case super:
+		d.ok("role %q is a superuser (a role with REPLICATION and SELECT is enough)", d.user)
+	case repl || rds:
+		d.ok("role %q may replicate", d.user)
+	default:
+		d.problem(fmt.Sprintf("role %q lacks the REPLICATION attribute", d.user),
+			fmt.Sprintf("ALTER ROLE %s WITH REPLICATION;", pgx.Identifier{d.user}.Sanitize()),
+			fmt.Sprintf("Amazon RDS / Aurora: GRANT rds_replication TO %s;", pgx.Identifier{d.user}.Sanitize()),
+			fmt.Sprintf("Google Cloud SQL: ALTER USER %s WITH REPLICATION;", pgx.Identifier{d.user}.Sanitize()))
+	}
+}
+
+func (d *doctor) checkReplicationConnection(ctx context.Context, cfg *pgx.ConnConfig) {
+	rcfg := cfg.Config.Copy()
+	rcfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		fix := []string{fmt.Sprintf("allow replication connections in pg_hba.conf: host replication %s <client address> scram-sha-256, then SELECT pg_reload_conf();", d.user)}
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			fix = []string{"grant the REPLICATION attribute (above)"}
+		}
+		d.problem(fmt.Sprintf("a replication connection is refused: %v", err), fix...)
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	d.ok("replication connections are allowed")
+}
+
+func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
+	var ins, upd, del, all bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, puballtables FROM pg_publication WHERE pubname = $1`, d.pub).Scan(&ins, &upd, &del, &all)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		var canCreate bool
+		_ = conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&canCreate)
+		list := "<schema>.<table>, ..."
+		if len(d.tables) > 0 {
+			var names []string
+			for _, t := range d.tables {
+				names = append(names, t.Sanitize())
+			}
+			list = strings.Join(names, ", ")
+		}
+		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), list)
+		if canCreate && d.ownsAll(ctx, conn) {
+			d.ok("publication %q does not exist yet; Tidemark creates it", d.pub)
+		} else {
+			d.problem(fmt.Sprintf("publication %q does not exist, and this role may not create it (it needs CREATE on the database and to own the tables)", d.pub), create)
+		}
+	case err != nil:
+		d.problem(fmt.Sprintf("cannot read publication %q: %v", d.pub, err))
+	case !ins || !upd || !del:
+		d.problem(fmt.Sprintf("publication %q does not publish every insert, update and delete", d.pub),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pgx.Identifier{d.pub}.Sanitize()))
+	default:
+		d.ok("publication %q exists", d.pub)
+	}
+}
+
+func (d *doctor) ownsAll(ctx context.Context, conn *pgx.Conn) bool {
+	for _, t := range d.tables {
+		var owns bool
+		if err := conn.QueryRow(ctx, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($1)`, t.Sanitize()).Scan(&owns); err != nil || !owns {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *doctor) checkTables(ctx context.Context, conn *pgx.Conn) {
+	for _, t := range d.tables {
+		name := t[0] + "." + t[1]
+		var can bool
+		err := conn.QueryRow(ctx, `SELECT has_table_privilege(to_regclass($1), 'SELECT')`, t.Sanitize()).Scan(&can)
+		if err != nil || !can {
+			if err == nil {
+				err = errors.New("no SELECT privilege")
+			}
+			d.problem(fmt.Sprintf("table %s cannot be read: %v", name, err),
+				fmt.Sprintf("GRANT SELECT ON %s TO %s;  -- if the table exists", t.Sanitize(), pgx.Identifier{d.user}.Sanitize()))
+			continue
+		}
+		_, err = chunker.Discover(ctx, conn, t[0], t[1], nil, d.pub)
+		switch {
+		case errors.Is(err, chunker.ErrNotPublished):
+			var pubExists bool
+			_ = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, d.pub).Scan(&pubExists)
+			if !pubExists {
+				d.ok("table %s can be read", name)
+				continue
+			}
+			if d.ownsAll(ctx, conn) {
+				d.ok("table %s is not in publication %q yet; Tidemark adds it", name, d.pub)
+			} else {
+				d.problem(fmt.Sprintf("table %s is not in publication %q, and this role may not add it", name, d.pub),
+					fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), t.Sanitize()))
+			}
+		case err != nil:
+			d.problem(fmt.Sprintf("table %s: %v", name, err))
+		default:
+			d.ok("table %s can be read, has a key, and is published", name)
+		}
+	}
+}
+
+func (d *doctor) checkSignalTable(ctx context.Context, conn *pgx.Conn) {
+	name := watermark.DefaultTable.Sanitize()
+	create := fmt.Sprintf(watermark.CreateTable, name) + ";"
+	grant := fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s;", name, pgx.Identifier{d.user}.Sanitize())
+	addToPub := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), name)
+	var exists, canCreate bool
+	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, has_schema_privilege($2, 'CREATE')`, name, watermark.DefaultTable[0]).Scan(&exists, &canCreate)
+	if err != nil {
+		d.problem(fmt.Sprintf("cannot check the signal table %s: %v", name, err))
+		return
+	}
+	if !exists {
+		if canCreate {
+			d.ok("signal table %s does not exist yet; Tidemark creates it", name)
+		} else {
+			d.problem(fmt.Sprintf("signal table %s does not exist, and this role may not create it", name),
+				append(strings.Split(create, "\n"), grant, addToPub)...)
+		}
+		return
+	}
+	var writable, inPub bool
+	_ = conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'INSERT, UPDATE'),
+		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $2 AND schemaname = $3 AND tablename = $4)`,
+		name, d.pub, watermark.DefaultTable[0], watermark.DefaultTable[1]).Scan(&writable, &inPub)
+	if !writable {
+		d.problem(fmt.Sprintf("signal table %s is not writable by this role", name), grant)
+		return
+	}
+	var pubExists, owns bool
+	_ = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+		coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($2)), false)`, d.pub, name).Scan(&pubExists, &owns)
+	switch {
+	case inPub || !pubExists:
+		d.ok("signal table %s is ready", name)
+	case owns:
+		d.ok("signal table %s is not in publication %q yet; Tidemark adds it", name, d.pub)
+	default:
+		d.problem(fmt.Sprintf("signal table %s is not in publication %q, and this role may not add it", name, d.pub), addToPub)
+	}
+}
+
+// Bytes writes a byte count for people.
+func Bytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
