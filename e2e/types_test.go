@@ -255,8 +255,9 @@ func compileSchema(t *testing.T, schema map[string]any) *jsonschema.Schema {
 // backfill (the update evicts the chunk's row, which held the only whole copy) and after it: the
 // replayed output has the whole values, and never a NULL for them.
 func TestUnchangedTOAST(t *testing.T) {
-	for _, identity := range []string{"DEFAULT", "FULL"} {
-		t.Run(identity, func(t *testing.T) {
+	for _, mode := range []string{"DEFAULT", "FULL", "DEFAULT/RereadPartial"} {
+		identity, rereadPartial := strings.CutSuffix(mode, "/RereadPartial")
+		t.Run(mode, func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
 			db.Exec(`CREATE SEQUENCE ver`)
 			db.Exec(`CREATE TABLE toast (id int PRIMARY KEY, n int, big text, blob bytea, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -269,6 +270,7 @@ func TestUnchangedTOAST(t *testing.T) {
 			db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE toast`)
 			cfg := engineConfig(db, "public.toast")
 			cfg.ChunkSize = 4
+			cfg.RereadPartial = rereadPartial
 			bump := `UPDATE toast SET n = n + 1, ver = nextval('ver') WHERE id = %d`
 			cfg.Hooks.AfterSelect = onChunk(t, db, 1, fmt.Sprintf(bump, 2), fmt.Sprintf(bump, 3))
 			sink := newMemSink()
@@ -281,6 +283,7 @@ func TestUnchangedTOAST(t *testing.T) {
 			verify(t, db, sink, "public.toast", "id")
 			for _, r := range sink.records {
 				if r.Op == "update" && identity == "DEFAULT" {
+					require.False(t, rereadPartial, "with RereadPartial no update without its TOASTed values is emitted")
 					require.NotContains(t, r.Values, "big", "an unchanged value is absent, not null")
 				}
 				if v, ok := r.Values["big"]; ok {
@@ -288,9 +291,13 @@ func TestUnchangedTOAST(t *testing.T) {
 					require.Len(t, *v, 1<<20)
 				}
 			}
-			if identity == "DEFAULT" {
+			switch {
+			case rereadPartial:
+				require.Equal(t, []string{"snapshot"}, opsOnly(sink.of("public.toast", "2")), "the row is read again whole instead")
+				require.Equal(t, []string{"snapshot", "snapshot"}, opsOnly(sink.of("public.toast", "9")), "after the backfill too")
+			case identity == "DEFAULT":
 				require.Equal(t, []string{"update", "snapshot"}, opsOnly(sink.of("public.toast", "2")), "the evicted row is read again")
-			} else {
+			default:
 				require.Equal(t, []string{"update"}, opsOnly(sink.of("public.toast", "2")), "the old row fills the values")
 			}
 		})

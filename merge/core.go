@@ -87,7 +87,8 @@ type tableState struct {
 	cols     *Columns             // Columns of stream events, from rel
 	keyIdx   []int                // indexes into rel.Columns of the key columns, in key order
 	progress *TableProgress
-	open     []*window // windows whose low watermark was seen
+	open     []*window       // windows whose low watermark was seen
+	rereads  map[string]bool // canonical keys in progress.Reread
 }
 
 // core is the DBLog reconciliation: windows, eviction, the visibility guard, emission order and
@@ -113,17 +114,49 @@ type core struct {
 	verdicts []verdict // chunk outcomes for the worker
 	fences   []int64   // fence marks whose transaction committed
 
-	noGuard    bool // chaos switch: skip the visibility guard
-	noEviction bool // chaos switch: never evict chunk rows
+	noGuard       bool // chaos switch: skip the visibility guard
+	noEviction    bool // chaos switch: never evict chunk rows
+	rereadPartial bool // Config.RereadPartial
 }
 
 func newCore(marks watermark.Config, pos *Position, tables map[string]*chunker.Table) *core {
 	c := &core{marks: marks, tables: map[string]*tableState{}, windows: map[int64]*window{}, pos: pos,
 		chunkCols: map[*chunker.Table]*Columns{}, guard: guard{max: 1 << 20}}
 	for name, t := range tables {
-		c.tables[name] = &tableState{name: name, table: t, progress: pos.Tables[name]}
+		ts := &tableState{name: name, table: t, progress: pos.Tables[name], rereads: map[string]bool{}}
+		c.tables[name] = ts
+		for _, k := range ts.progress.Reread {
+			vals := make([][]byte, len(k))
+			for i, v := range k {
+				vals[i] = []byte(v)
+			}
+			if key, err := t.AppendKey(nil, vals); err == nil {
+				ts.rereads[string(key)] = true
+			}
+		}
 	}
 	return c
+}
+
+// pendingRereads reports whether rows are waiting to be read again.
+func (c *core) pendingRereads() bool {
+	for _, ts := range c.tables {
+		if len(ts.progress.Reread) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// rereadsByTable returns a copy of the pending re-reads of each table that has some.
+func (c *core) rereadsByTable() map[string][][]string {
+	out := map[string][][]string{}
+	for name, ts := range c.tables {
+		if len(ts.progress.Reread) > 0 {
+			out[name] = slices.Clone(ts.progress.Reread)
+		}
+	}
+	return out
 }
 
 // consistent reports whether the output is at a transaction boundary, where a checkpoint may be
@@ -285,12 +318,18 @@ func (c *core) change(ch *replicator.Change) error {
 				return err
 			}
 		}
+		op := Update
 		if oldKey != nil && string(oldKey) != string(newKey) {
 			// A key change: the old key is gone, the new one appears.
 			c.emit(Delete, ts.cols, ch.Old, oldKey)
-			c.emit(Insert, ts.cols, vals, newKey)
+			op = Insert
+		}
+		if partial && c.rereadPartial {
+			// The sink replaces whole rows: instead of a row without its unchanged TOASTed
+			// values, the row is read again whole, at a later position.
+			c.queueReread(ts, vals, newKey)
 		} else {
-			c.emit(Update, ts.cols, vals, newKey)
+			c.emit(op, ts.cols, vals, newKey)
 		}
 	case replicator.Delete:
 		if oldKey, err = c.key(ts, ch.Old); err != nil {
@@ -301,6 +340,20 @@ func (c *core) change(ch *replicator.Change) error {
 	c.evict(ts, newKey, partial)
 	c.evict(ts, oldKey, false)
 	return nil
+}
+
+// queueReread asks for the row of key (whose key columns tuple t holds) to be read again whole.
+func (c *core) queueReread(ts *tableState, t replicator.Tuple, key []byte) {
+	if ts.rereads[string(key)] {
+		return
+	}
+	vals := make([]string, len(ts.keyIdx))
+	for i, idx := range ts.keyIdx {
+		vals[i] = string(t[idx].Data)
+	}
+	ts.rereads[string(key)] = true
+	ts.progress.Reread = append(ts.progress.Reread, vals)
+	c.fences = c.fences[:0] // a bounded run is not caught up until the row is read
 }
 
 func hasUnchanged(t replicator.Tuple) bool {
@@ -461,6 +514,16 @@ func (c *core) high(w *window) {
 	if w.keys != nil {
 		// A key-list chunk: its keys are no longer pending, save those touched again.
 		p.Reread = removeKeys(p.Reread, w.keys)
+		clear(w.ts.rereads)
+		for _, k := range p.Reread {
+			vals := make([][]byte, len(k))
+			for i, v := range k {
+				vals[i] = []byte(v)
+			}
+			if key, err := t.AppendKey(nil, vals); err == nil {
+				w.ts.rereads[string(key)] = true
+			}
+		}
 	} else {
 		if w.chunk.Last != nil {
 			p.Cursor = w.chunk.Last
@@ -471,7 +534,18 @@ func (c *core) high(w *window) {
 		p.Done = p.Done || w.chunk.Done
 		p.Chunks++
 	}
-	p.Reread = append(p.Reread, rereads...)
+	for _, k := range rereads {
+		vals := make([][]byte, len(k))
+		for i, v := range k {
+			vals[i] = []byte(v)
+		}
+		key, err := t.AppendKey(nil, vals)
+		if err == nil && w.ts.rereads[string(key)] {
+			continue
+		}
+		w.ts.rereads[string(key)] = true
+		p.Reread = append(p.Reread, k)
+	}
 	p.Rows += int64(emitted)
 	c.remove(w)
 	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted})

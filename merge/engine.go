@@ -83,6 +83,11 @@ type Config struct {
 	// StopWhenCaughtUp ends Run once every backfill is done and the stream has caught up with
 	// the WAL position of that moment. Zero: Run streams until its context ends.
 	StopWhenCaughtUp bool
+	// RereadPartial emits no update that lacks unchanged TOASTed values (REPLICA IDENTITY
+	// DEFAULT); the row is read again whole instead, in a key-list chunk, at a later position.
+	// For sinks that replace whole rows (Airbyte destinations). Otherwise such updates are
+	// emitted with those values Unchanged, and only rows they evict from a chunk are read again.
+	RereadPartial bool
 	// AddToPublication adds captured tables that are not in the publication to it (the role must
 	// own them); otherwise such a table is refused with the statement that adds it.
 	AddToPublication bool
@@ -237,6 +242,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 
 	core := newCore(writer.Config(), pos, tables)
 	core.noGuard, core.noEviction = e.cfg.Faults.NoVisibilityGuard, e.cfg.Faults.NoEviction
+	core.rereadPartial = e.cfg.RereadPartial
 	// The engine's goroutines run until the merge loop is done, not until ctx ends: when ctx
 	// ends, the stream must still deliver the rest of the transaction in progress.
 	runCtx, cancelRun := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -244,12 +250,13 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	g, gctx := errgroup.WithContext(runCtx)
 	in := make(chan any, 1024)
 	verdicts := make(chan verdict, 8)
-	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, log: e.log.With().Str("component", "chunker").Logger()}
+	wake := make(chan map[string][][]string, 1)
+	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger()}
 	for name, t := range tables {
 		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *pos.Tables[name]})
 	}
 	w.order(e.cfg.Tables)
-	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, stream: stream}
+	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wake, stream: stream}
 
 	g.Go(func() error {
 		return stream.Run(gctx, pos.LSN, func(ctx context.Context, ev replicator.Event) error {
@@ -384,7 +391,9 @@ type mergeLoop struct {
 	core     *core
 	in       <-chan any
 	verdicts chan<- verdict
+	wake     chan map[string][][]string // pending re-reads for the idle worker (latest only)
 	stream   *replicator.Stream
+	rereads  int // pending re-reads last told to the worker
 
 	lastCheckpoint time.Time
 	checkpointed   *Position // the last position given to the sink
@@ -441,7 +450,8 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 		if !m.core.consistent() {
 			continue
 		}
-		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0
+		m.wakeWorker()
+		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0 && !m.core.pendingRereads()
 		if finished || m.checkpointDue() {
 			if err := m.checkpoint(gctx); err != nil {
 				return err
@@ -454,6 +464,25 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// wakeWorker tells an idle worker about rows to read again, when they changed. The channel
+// holds the latest set only: a stale one is replaced.
+func (m *mergeLoop) wakeWorker() {
+	n := 0
+	for _, ts := range m.core.tables {
+		n += len(ts.progress.Reread)
+	}
+	if n == 0 || n == m.rereads {
+		m.rereads = n
+		return
+	}
+	m.rereads = n
+	select {
+	case <-m.wake:
+	default:
+	}
+	m.wake <- m.core.rereadsByTable()
 }
 
 func (m *mergeLoop) checkpointDue() bool {

@@ -33,6 +33,7 @@ type worker struct {
 	writer   *watermark.Writer
 	in       chan<- any
 	verdicts <-chan verdict
+	wake     <-chan map[string][][]string
 	log      zerolog.Logger
 	tables   []*workTable
 
@@ -57,33 +58,58 @@ func (w *worker) order(cfg []TableConfig) {
 	}
 }
 
-// run backfills every table that is not done, then, with StopWhenCaughtUp, writes the fence the
-// merge loop stops at. It stops issuing chunks when stop ends.
+// run backfills every table that is not done and reads again the rows waiting for it; with
+// StopWhenCaughtUp it then writes the fence the merge loop stops at. Idle, it waits for rows to
+// read again. It stops issuing chunks when stop ends.
 func (w *worker) run(stop, ctx context.Context) error {
 	w.limit = w.cfg.ChunkSize
-	for _, t := range w.tables {
-		if !t.progress.Done {
-			w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Msg("backfill started")
+	fenced := false
+	for {
+		worked := false
+		for _, t := range w.tables {
+			if !t.progress.Done {
+				w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Msg("backfill started")
+			}
+			w.markTime, w.selectTime, w.waitTime = 0, 0, 0
+			for !t.progress.Done || len(t.progress.Reread) > 0 {
+				if stop.Err() != nil {
+					return nil
+				}
+				var err error
+				if len(t.progress.Reread) > 0 {
+					err = w.reread(ctx, t)
+				} else {
+					err = w.chunk(ctx, t)
+				}
+				if err != nil {
+					return err
+				}
+				worked = true
+			}
 		}
-		w.markTime, w.selectTime, w.waitTime = 0, 0, 0
-		for !t.progress.Done || len(t.progress.Reread) > 0 {
-			if stop.Err() != nil {
-				return nil
-			}
-			var err error
-			if len(t.progress.Reread) > 0 {
-				err = w.reread(ctx, t)
-			} else {
-				err = w.chunk(ctx, t)
-			}
-			if err != nil {
+		if w.cfg.StopWhenCaughtUp && (worked || !fenced) {
+			if err := w.fence(ctx); err != nil {
 				return err
 			}
+			fenced = true
+		}
+		select {
+		case pending := <-w.wake:
+			for _, t := range w.tables {
+				if keys, ok := pending[t.name]; ok {
+					t.progress.Reread = keys
+				}
+			}
+		case <-stop.Done():
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
 	}
-	if !w.cfg.StopWhenCaughtUp || stop.Err() != nil {
-		return nil
-	}
+}
+
+// fence writes the mark a bounded run stops at once the stream has passed it.
+func (w *worker) fence(ctx context.Context) error {
 	w.nextID++
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
