@@ -68,7 +68,8 @@ var (
 // identity (the primary key under REPLICA IDENTITY DEFAULT or FULL, the chosen index under USING
 // INDEX), because those are the columns the change stream carries for updates and deletes; or
 // the override columns, which must be NOT NULL, unique and carried by the replica identity. A
-// table without such a key is refused with what to do. The table must be in publication.
+// table without such a key is refused with what to do. The table must be in publication, unless
+// publication is empty (a table read without its changes).
 func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override []string, publication string) (*Table, error) {
 	t := &Table{Schema: schema, Name: name}
 	var kind byte
@@ -103,7 +104,7 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	// Not being published is reported after the key's problems, which adding the table to the
 	// publication would not fix.
 	var pubErr error
-	if !published {
+	if !published && publication != "" {
 		pubErr = fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
 			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())
 	}

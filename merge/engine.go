@@ -103,6 +103,10 @@ var (
 	// ErrPositionBehindSlot: the slot was confirmed past the position, so changes between the
 	// two are gone from the slot.
 	ErrPositionBehindSlot = errors.New("the position is behind the replication slot")
+	// ErrPositionAhead: the position lies beyond the server's WAL (a state from another server,
+	// or a server restored to an earlier point). Acknowledging it would make the slot skip
+	// changes, so it is refused.
+	ErrPositionAhead = errors.New("the position is ahead of the server's WAL")
 	// ErrNoTables: nothing to capture.
 	ErrNoTables = errors.New("no tables configured")
 )
@@ -120,6 +124,18 @@ func (e *PositionBehindSlotError) Error() string {
 }
 
 func (e *PositionBehindSlotError) Unwrap() error { return ErrPositionBehindSlot }
+
+// PositionAheadError details ErrPositionAhead.
+type PositionAheadError struct {
+	Position string // the position's LSN
+	Server   string // the server's flushed WAL position
+}
+
+func (e *PositionAheadError) Error() string {
+	return fmt.Sprintf("the position %s is ahead of the server's WAL position %s: it was not taken on this server as it is now (a restore to an earlier point, or another server); it is not acknowledged, since the slot would skip changes", e.Position, e.Server)
+}
+
+func (e *PositionAheadError) Unwrap() error { return ErrPositionAhead }
 
 // Validate reports every problem of c at once.
 func (c *Config) Validate() error {
@@ -189,6 +205,9 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		return fmt.Errorf("parse source connection string: %w", err)
 	}
 	pgconf.Pin(&qcfg.Config, "tidemark")
+	if e.cfg.Source.Configure != nil {
+		e.cfg.Source.Configure(&qcfg.Config)
+	}
 	pgconf.CancelOnContext(&qcfg.Config)
 	pgconf.LargeReads(&qcfg.Config)
 	conn, err := pgx.ConnectConfig(ctx, qcfg)
@@ -317,6 +336,9 @@ func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[st
 			return nil, fmt.Errorf("%w: the position was taken on system %s, the source is system %s; start over with a full backfill (no position)",
 				ErrSystemChanged, from.SystemID, sys.SystemID)
 		}
+		if from.LSN > sys.XLogPos {
+			return nil, &PositionAheadError{Position: from.LSN.String(), Server: sys.XLogPos.String()}
+		}
 		if from.LSN < slot.ConfirmedFlush {
 			return nil, &PositionBehindSlotError{Slot: slot.Name, Position: from.LSN.String(), ConfirmedFlush: slot.ConfirmedFlush.String()}
 		}
@@ -336,7 +358,8 @@ func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[st
 	for name, t := range tables {
 		key := t.KeyNames()
 		p := pos.Tables[name]
-		if p != nil && !equalStrings(p.Key, key) {
+		// A progress without a cursor needs no key (a migrated state of a finished table).
+		if p != nil && !equalStrings(p.Key, key) && (len(p.Key) > 0 || p.Cursor != nil || p.MaxKey != nil || p.Reread != nil) {
 			e.log.Warn().Str("table", name).Strs("was", p.Key).Strs("now", key).Msg("key changed since the position was taken: the backfill starts over")
 			p = nil
 		}
@@ -344,6 +367,7 @@ func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[st
 			p = &TableProgress{Key: key, Done: noBackfill[name]}
 			pos.Tables[name] = p
 		}
+		p.Key = key
 	}
 	return pos, nil
 }

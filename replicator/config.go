@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Config configures a Stream. The zero value of every optional field is documented with it.
@@ -37,6 +38,9 @@ type Config struct {
 	// ApplicationName names the connections in pg_stat_activity unless the DSN names them. Zero
 	// means "tidemark".
 	ApplicationName string
+	// Configure, when set, adjusts every connection to the source after its DSN is parsed: the
+	// dialer of an SSH tunnel, for instance. It must be safe to call more than once.
+	Configure func(*pgconn.Config)
 }
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)

@@ -66,6 +66,9 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 		return nil, fmt.Errorf("parse source connection string: %w", err)
 	}
 	pgconf.Pin(&qcfg.Config, cfg.ApplicationName)
+	if cfg.Configure != nil {
+		cfg.Configure(&qcfg.Config)
+	}
 	rcfg := qcfg.Config.Copy()
 	rcfg.RuntimeParams["replication"] = "database"
 

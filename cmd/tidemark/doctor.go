@@ -27,7 +27,7 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 		fs.Usage()
 		return fmt.Errorf("%w: --source is required", errUsage)
 	}
-	opts := preflight.Options{Slot: *slot, Publication: *pub, CreateSlot: true}
+	opts := preflight.Options{Slot: *slot, Publication: *pub, CreateSlot: true, CreatePublication: true}
 	if *tables != "" {
 		parsed, err := parseTables(*tables)
 		if err != nil {

@@ -32,12 +32,15 @@ type Options struct {
 	Publication string           // publication
 	Tables      []pgx.Identifier // captured tables, {schema, table}
 	CreateSlot  bool             // the capture creates the slot when it is missing
+	// CreatePublication: the capture creates the publication when it is missing, and adds the
+	// captured tables to it, when the role may.
+	CreatePublication bool
 }
 
 // Check checks everything a capture needs on the source, all at once, and returns the findings
 // in order. It never stops at the first problem, except when it cannot connect.
 func Check(ctx context.Context, cfg *pgx.ConnConfig, opts Options) []Finding {
-	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, createSlot: opts.CreateSlot}
+	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, createSlot: opts.CreateSlot, createPub: opts.CreatePublication}
 	d.run(ctx, cfg)
 	return d.findings
 }
@@ -82,6 +85,7 @@ type doctor struct {
 	slot, pub  string
 	tables     []pgx.Identifier
 	createSlot bool
+	createPub  bool
 	findings   []Finding
 	user       string
 }
@@ -272,9 +276,12 @@ func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
 			list = strings.Join(names, ", ")
 		}
 		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), list)
-		if canCreate && d.ownsAll(ctx, conn) {
+		switch {
+		case !d.createPub:
+			d.problem(fmt.Sprintf("publication %q does not exist", d.pub), create)
+		case canCreate && d.ownsAll(ctx, conn):
 			d.ok("publication %q does not exist yet; Tidemark creates it", d.pub)
-		} else {
+		default:
 			d.problem(fmt.Sprintf("publication %q does not exist, and this role may not create it (it needs CREATE on the database and to own the tables)", d.pub), create)
 		}
 	case err != nil:
@@ -319,7 +326,10 @@ func (d *doctor) checkTables(ctx context.Context, conn *pgx.Conn) {
 				d.ok("table %s can be read", name)
 				continue
 			}
-			if d.ownsAll(ctx, conn) {
+			if !d.createPub {
+				d.problem(fmt.Sprintf("table %s is not in publication %q", name, d.pub),
+					fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), t.Sanitize()))
+			} else if d.ownsAll(ctx, conn) {
 				d.ok("table %s is not in publication %q yet; Tidemark adds it", name, d.pub)
 			} else {
 				d.problem(fmt.Sprintf("table %s is not in publication %q, and this role may not add it", name, d.pub),

@@ -1,0 +1,422 @@
+package main
+
+import (
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/tidemark/tidemark/internal/pgconf"
+)
+
+//go:embed spec.json
+var specJSON []byte
+
+// config is the connector's configuration: every key of Airbyte's source-postgres config, and
+// Tidemark's own. Unknown keys are ignored; keys of Airbyte's that Tidemark does not need are
+// accepted and listed in docs/airbyte.md.
+type config struct {
+	Host          string   `json:"host"`
+	Port          *int     `json:"port"`
+	Database      string   `json:"database"`
+	Schemas       []string `json:"schemas"`
+	Username      string   `json:"username"`
+	Password      string   `json:"password"`
+	JDBCURLParams string   `json:"jdbc_url_params"`
+
+	SSLMode           *sslMode           `json:"ssl_mode"`
+	TunnelMethod      *tunnelMethod      `json:"tunnel_method"`
+	ReplicationMethod *replicationMethod `json:"replication_method"`
+
+	// Tidemark's own options.
+	CreateReplicationSlot *bool  `json:"create_replication_slot"`
+	SignalTable           string `json:"signal_table"`
+	BackfillChunkSize     int    `json:"backfill_chunk_size"`
+	SyncTimeBudgetSeconds int    `json:"sync_time_budget_seconds"`
+	Continuous            bool   `json:"continuous"`
+	StateIntervalSeconds  int    `json:"state_interval_seconds"`
+}
+
+type sslMode struct {
+	Mode              string `json:"mode"`
+	CACertificate     string `json:"ca_certificate"`
+	ClientCertificate string `json:"client_certificate"`
+	ClientKey         string `json:"client_key"`
+	ClientKeyPassword string `json:"client_key_password"`
+}
+
+type tunnelMethod struct {
+	Method     string `json:"tunnel_method"`
+	Host       string `json:"tunnel_host"`
+	Port       *int   `json:"tunnel_port"`
+	User       string `json:"tunnel_user"`
+	SSHKey     string `json:"ssh_key"`
+	Password   string `json:"tunnel_user_password"`
+	KnownHost  string `json:"tunnel_known_host"`
+	portNumber int
+}
+
+type replicationMethod struct {
+	Method                    string `json:"method"`
+	Plugin                    string `json:"plugin"`
+	ReplicationSlot           string `json:"replication_slot"`
+	Publication               string `json:"publication"`
+	LSNCommitBehaviour        string `json:"lsn_commit_behaviour"`
+	HeartbeatActionQuery      string `json:"heartbeat_action_query"`
+	InvalidCDCCursorBehaviour string `json:"invalid_cdc_cursor_position_behavior"`
+	InitialLoadTimeoutHours   int    `json:"initial_load_timeout_hours"`
+}
+
+// The values of the enumerated options.
+const (
+	commitWhileReading   = "While reading Data"
+	commitAfterLoading   = "After loading Data in the destination"
+	invalidCursorFail    = "Fail sync"
+	invalidCursorResync  = "Re-sync data"
+	defaultStateInterval = 5 * time.Second
+)
+
+// configError is a problem with the configuration, the catalog or the state: the user must fix
+// it, so the platform does not retry (failure_type config_error).
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+func configErrorf(format string, args ...any) error {
+	return &configError{fmt.Errorf(format, args...)}
+}
+
+// loadConfig reads and checks the config file, reporting every problem at once.
+func loadConfig(path string) (*config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, configErrorf("read the config file: %w", err)
+	}
+	var c config
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, configErrorf("the config file %s is not a valid config: %s", filepath.Base(path), jsonProblem(err))
+	}
+	if err := c.check(); err != nil {
+		return nil, &configError{err}
+	}
+	return &c, nil
+}
+
+// jsonProblem describes a JSON decoding error without quoting the document (it holds secrets).
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("%s must be a %s, not a %s", te.Field, te.Type, te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("invalid JSON at byte %d", se.Offset)
+	}
+	return "invalid JSON"
+}
+
+func (c *config) check() error {
+	var errs []error
+	if c.Host == "" {
+		errs = append(errs, errors.New("host is required"))
+	}
+	if c.Database == "" {
+		errs = append(errs, errors.New("database is required"))
+	}
+	if c.Username == "" {
+		errs = append(errs, errors.New("username is required"))
+	}
+	if c.Port == nil {
+		p := 5432
+		c.Port = &p
+	} else if *c.Port <= 0 || *c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("port %d is not a TCP port", *c.Port))
+	}
+	if len(c.Schemas) == 0 {
+		c.Schemas = []string{"public"}
+	}
+	if c.SSLMode == nil {
+		c.SSLMode = &sslMode{Mode: "require"}
+	}
+	switch c.SSLMode.Mode {
+	case "verify_ca":
+		c.SSLMode.Mode = "verify-ca"
+	case "verify_full":
+		c.SSLMode.Mode = "verify-full"
+	case "":
+		c.SSLMode.Mode = "require"
+	}
+	switch c.SSLMode.Mode {
+	case "disable", "allow", "prefer", "require":
+	case "verify-ca", "verify-full":
+		if c.SSLMode.CACertificate == "" {
+			errs = append(errs, fmt.Errorf("ssl_mode %s needs ca_certificate", c.SSLMode.Mode))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("ssl_mode.mode %q is not one of disable, allow, prefer, require, verify-ca, verify-full", c.SSLMode.Mode))
+	}
+	if (c.SSLMode.ClientCertificate == "") != (c.SSLMode.ClientKey == "") {
+		errs = append(errs, errors.New("ssl_mode needs both client_certificate and client_key, or neither"))
+	}
+	if os.Getenv("DEPLOYMENT_MODE") == "CLOUD" && !c.tunnelled() {
+		switch c.SSLMode.Mode {
+		case "disable", "allow", "prefer":
+			errs = append(errs, fmt.Errorf("ssl_mode %s is not allowed in Airbyte Cloud without an SSH tunnel: use require, verify-ca or verify-full", c.SSLMode.Mode))
+		}
+	}
+	if t := c.TunnelMethod; t != nil {
+		switch t.Method {
+		case "", "NO_TUNNEL":
+		case "SSH_KEY_AUTH", "SSH_PASSWORD_AUTH":
+			t.portNumber = 22
+			if t.Port != nil {
+				t.portNumber = *t.Port
+			}
+			if t.Host == "" || t.User == "" || t.portNumber <= 0 || t.portNumber > 65535 {
+				errs = append(errs, fmt.Errorf("tunnel_method %s needs tunnel_host, tunnel_port and tunnel_user", t.Method))
+			}
+			if t.Method == "SSH_KEY_AUTH" && t.SSHKey == "" {
+				errs = append(errs, errors.New("tunnel_method SSH_KEY_AUTH needs ssh_key"))
+			}
+			if t.Method == "SSH_PASSWORD_AUTH" && t.Password == "" {
+				errs = append(errs, errors.New("tunnel_method SSH_PASSWORD_AUTH needs tunnel_user_password"))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("tunnel_method %q is not one of NO_TUNNEL, SSH_KEY_AUTH, SSH_PASSWORD_AUTH", t.Method))
+		}
+	}
+	if c.ReplicationMethod == nil {
+		// As Airbyte's connector: without a replication method, tables are read with queries.
+		c.ReplicationMethod = &replicationMethod{Method: "Standard"}
+	}
+	r := c.ReplicationMethod
+	switch r.Method {
+	case "", "CDC":
+		r.Method = "CDC"
+		if r.ReplicationSlot == "" {
+			errs = append(errs, errors.New("replication_method CDC needs replication_slot"))
+		}
+		if r.Publication == "" {
+			errs = append(errs, errors.New("replication_method CDC needs publication"))
+		}
+		if r.Plugin != "" && r.Plugin != "pgoutput" {
+			errs = append(errs, fmt.Errorf("replication_method.plugin %q is not supported: Tidemark decodes pgoutput", r.Plugin))
+		}
+	case "Standard", "Xmin":
+	default:
+		errs = append(errs, fmt.Errorf("replication_method.method %q is not one of CDC, Xmin, Standard", r.Method))
+	}
+	switch r.LSNCommitBehaviour {
+	case "":
+		r.LSNCommitBehaviour = commitAfterLoading
+	case commitAfterLoading, commitWhileReading:
+	default:
+		errs = append(errs, fmt.Errorf("lsn_commit_behaviour %q is not one of %q, %q", r.LSNCommitBehaviour, commitWhileReading, commitAfterLoading))
+	}
+	switch r.InvalidCDCCursorBehaviour {
+	case "":
+		r.InvalidCDCCursorBehaviour = invalidCursorFail
+	case invalidCursorFail, invalidCursorResync:
+	default:
+		errs = append(errs, fmt.Errorf("invalid_cdc_cursor_position_behavior %q is not one of %q, %q", r.InvalidCDCCursorBehaviour, invalidCursorFail, invalidCursorResync))
+	}
+	if r.InitialLoadTimeoutHours == 0 {
+		r.InitialLoadTimeoutHours = 8
+	}
+	if r.InitialLoadTimeoutHours < 0 {
+		errs = append(errs, errors.New("initial_load_timeout_hours must not be negative"))
+	}
+	if c.SignalTable == "" {
+		c.SignalTable = "public.tidemark_signal"
+	}
+	if _, err := c.signalTable(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.BackfillChunkSize == 0 {
+		c.BackfillChunkSize = 10000
+	}
+	if c.BackfillChunkSize < 0 {
+		errs = append(errs, errors.New("backfill_chunk_size must be positive"))
+	}
+	if c.SyncTimeBudgetSeconds < 0 {
+		errs = append(errs, errors.New("sync_time_budget_seconds must not be negative"))
+	}
+	if c.StateIntervalSeconds < 0 {
+		errs = append(errs, errors.New("state_interval_seconds must not be negative"))
+	}
+	if _, _, err := c.jdbcParams(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *config) cdc() bool { return c.ReplicationMethod.Method == "CDC" }
+
+func (c *config) tunnelled() bool {
+	return c.TunnelMethod != nil && c.TunnelMethod.Method != "" && c.TunnelMethod.Method != "NO_TUNNEL"
+}
+
+func (c *config) createSlot() bool { return c.CreateReplicationSlot == nil || *c.CreateReplicationSlot }
+
+func (c *config) signalTable() (pgx.Identifier, error) {
+	schema, table, ok := strings.Cut(c.SignalTable, ".")
+	if !ok || schema == "" || table == "" || strings.Contains(table, ".") {
+		return nil, fmt.Errorf("signal_table %q must be schema.table", c.SignalTable)
+	}
+	return pgx.Identifier{schema, table}, nil
+}
+
+// budget is the longest a read runs.
+func (c *config) budget() time.Duration {
+	if c.SyncTimeBudgetSeconds > 0 {
+		return time.Duration(c.SyncTimeBudgetSeconds) * time.Second
+	}
+	return time.Duration(c.ReplicationMethod.InitialLoadTimeoutHours) * time.Hour
+}
+
+func (c *config) stateInterval() time.Duration {
+	if c.StateIntervalSeconds > 0 {
+		return time.Duration(c.StateIntervalSeconds) * time.Second
+	}
+	return defaultStateInterval
+}
+
+// jdbcParams maps the JDBC URL parameters Tidemark honours to libpq settings; the others are
+// returned by name, to be logged as ignored.
+func (c *config) jdbcParams() (map[string]string, []string, error) {
+	out := map[string]string{}
+	var ignored []string
+	if strings.TrimSpace(c.JDBCURLParams) == "" {
+		return out, nil, nil
+	}
+	for _, part := range strings.Split(c.JDBCURLParams, "&") {
+		if part == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		if !ok {
+			return nil, nil, fmt.Errorf("jdbc_url_params: %q is not key=value (pairs are separated by &)", k)
+		}
+		if uv, err := url.QueryUnescape(v); err == nil {
+			v = uv
+		}
+		switch strings.ToLower(k) {
+		case "connecttimeout", "connect_timeout":
+			if _, err := strconv.Atoi(v); err != nil {
+				return nil, nil, fmt.Errorf("jdbc_url_params: connectTimeout %q is not a number of seconds", v)
+			}
+			out["connect_timeout"] = v
+		case "applicationname", "application_name":
+			out["application_name"] = v
+		case "options":
+			out["options"] = v
+		case "tcpkeepalive":
+		case "user", "password", "ssl", "sslmode", "currentschema":
+			// Overwritten by the config's own fields, as Airbyte's connector does.
+		default:
+			ignored = append(ignored, k)
+		}
+	}
+	return out, ignored, nil
+}
+
+// dsn builds the libpq connection string. Certificates are written to files in dir (the
+// connection string names them); the password is in the string, which is never printed
+// (pgconf.Describe leaves it out).
+func (c *config) dsn(dir string) (string, error) {
+	params, _, err := c.jdbcParams()
+	if err != nil {
+		return "", err
+	}
+	kv := map[string]string{
+		"host": c.Host, "port": strconv.Itoa(*c.Port), "dbname": c.Database, "user": c.Username,
+		"sslmode": c.SSLMode.Mode, "connect_timeout": "60",
+	}
+	if c.Password != "" {
+		kv["password"] = c.Password
+	}
+	for k, v := range params {
+		kv[k] = v
+	}
+	write := func(name, content string) (string, error) {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			return "", fmt.Errorf("write %s: %w", name, err)
+		}
+		return path, nil
+	}
+	s := c.SSLMode
+	if s.CACertificate != "" && (s.Mode == "verify-ca" || s.Mode == "verify-full") {
+		if kv["sslrootcert"], err = write("ca.pem", s.CACertificate); err != nil {
+			return "", err
+		}
+	}
+	if s.ClientCertificate != "" && s.Mode != "disable" {
+		if kv["sslcert"], err = write("client.pem", s.ClientCertificate); err != nil {
+			return "", err
+		}
+		if kv["sslkey"], err = write("client.key", s.ClientKey); err != nil {
+			return "", err
+		}
+		if s.ClientKeyPassword != "" {
+			kv["sslpassword"] = s.ClientKeyPassword
+		}
+	}
+	var b strings.Builder
+	for _, k := range []string{"host", "port", "dbname", "user", "password", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "connect_timeout", "application_name", "options"} {
+		v, ok := kv[k]
+		if !ok {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(quoteDSN(v))
+	}
+	return b.String(), nil
+}
+
+// quoteDSN quotes a libpq key=value connection string value.
+func quoteDSN(v string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}
+
+// describe names the source for messages: user, host, port and database, never the password.
+func (c *config) describe() string {
+	cfg, err := pgx.ParseConfig(fmt.Sprintf("host=%s port=%d dbname=%s user=%s sslmode=disable", quoteDSN(c.Host), *c.Port, quoteDSN(c.Database), quoteDSN(c.Username)))
+	if err != nil {
+		return fmt.Sprintf("%s:%d/%s", c.Host, *c.Port, c.Database)
+	}
+	return pgconf.Describe(&cfg.Config)
+}
+
+// secrets are the config's secret values, for scrubbing them from any text that leaves the
+// process.
+func (c *config) secrets() []string {
+	var s []string
+	add := func(v string) {
+		if len(v) >= 4 {
+			s = append(s, v)
+		}
+	}
+	add(c.Password)
+	if c.SSLMode != nil {
+		add(c.SSLMode.ClientKey)
+		add(c.SSLMode.ClientKeyPassword)
+	}
+	if c.TunnelMethod != nil {
+		add(c.TunnelMethod.SSHKey)
+		add(c.TunnelMethod.Password)
+	}
+	return s
+}

@@ -1,0 +1,545 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// errBudget ends a read whose time budget ran out: a normal end, with a final state from which
+// the next read resumes.
+var errBudget = errors.New("the sync's time budget ran out")
+
+// readStream is one configured stream.
+type readStream struct {
+	desc        streamDescriptor // exactly as the configured catalog names it
+	schema      string           // the table's schema (the namespace, or public)
+	name        string
+	incremental bool
+	columns     map[string]bool // the configured schema's properties; nil: every column
+	exists      bool            // the table exists (a dropped table's stream is reported, not read)
+	fr          *tableState     // a full refresh stream's progress
+	base        *merge.TableProgress
+}
+
+func (r *readStream) key() string { return streamKey(r.schema, r.name) }
+
+// loadCatalog reads the configured catalog and checks what a read needs of it.
+func loadCatalog(path string) ([]*readStream, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, configErrorf("read the catalog file: %w", err)
+	}
+	var c configuredCatalog
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, configErrorf("the catalog file %s is not a configured catalog: %s", filepath.Base(path), jsonProblem(err))
+	}
+	var out []*readStream
+	var errs []error
+	seen := map[string]bool{}
+	for _, cs := range c.Streams {
+		r := &readStream{desc: streamDescriptor{Name: cs.Stream.Name, Namespace: cs.Stream.Namespace}, schema: namespaceOr(cs.Stream.Namespace), name: cs.Stream.Name}
+		switch cs.SyncMode {
+		case "incremental":
+			r.incremental = true
+		case "full_refresh":
+		default:
+			errs = append(errs, fmt.Errorf("stream %s: sync_mode %q is not full_refresh or incremental", r.key(), cs.SyncMode))
+		}
+		if cs.Stream.Name == "" {
+			errs = append(errs, errors.New("a configured stream without a name"))
+		}
+		if seen[r.key()] {
+			errs = append(errs, fmt.Errorf("stream %s is configured twice", r.key()))
+		}
+		seen[r.key()] = true
+		if props, ok := cs.Stream.JSONSchema["properties"].(map[string]any); ok && len(props) > 0 {
+			r.columns = map[string]bool{}
+			for k := range props {
+				r.columns[k] = true
+			}
+		}
+		out = append(out, r)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, &configError{fmt.Errorf("the configured catalog is not valid: %w", err)}
+	}
+	return out, nil
+}
+
+// read runs a sync: the incremental streams through the engine (backfill while streaming, until
+// caught up, the time budget, or a signal), then the full refresh streams, then a final state.
+func (s *source) read(ctx context.Context, catalogPath, statePath string) error {
+	streams, err := loadCatalog(catalogPath)
+	if err != nil {
+		return err
+	}
+	in, err := loadState(statePath)
+	if err != nil {
+		return err
+	}
+	for _, msg := range in.ignored {
+		s.log.Warn().Msg("state: ignored " + msg)
+	}
+	if in.migrated != "" {
+		s.log.Info().Str("from", in.migrated).Msg("state migrated from Airbyte's connector: finished streams carry on from its position, the others are backfilled")
+	}
+	var incremental []*readStream
+	for _, r := range streams {
+		if r.incremental {
+			incremental = append(incremental, r)
+		} else {
+			r.fr = in.fullRefresh[r.key()]
+		}
+		if in.pos != nil {
+			r.base = in.pos.Tables[r.key()]
+		}
+	}
+	if len(incremental) > 0 && !s.cfg.cdc() {
+		return configErrorf("stream %s is incremental, but replication_method is %s: Tidemark syncs incrementally with CDC only; choose CDC, or sync the streams as full refresh", incremental[0].key(), s.cfg.ReplicationMethod.Method)
+	}
+
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := s.resolve(ctx, conn, streams); err != nil {
+		return err
+	}
+
+	r := &reader{s: s, streams: streams, types: pgjson.NewRegistry(conn), conn: conn, pos: in.pos}
+	for _, st := range streams {
+		s.out.status(st.desc, "STARTED")
+	}
+	err = r.run(ctx, incremental)
+	final := "COMPLETE"
+	if err != nil {
+		final = "INCOMPLETE"
+	}
+	for _, st := range streams {
+		s.out.status(st.desc, final)
+	}
+	return err
+}
+
+// resolve finds which configured streams' tables exist; a missing one is reported and skipped.
+func (s *source) resolve(ctx context.Context, conn *pgx.Conn, streams []*readStream) error {
+	for _, st := range streams {
+		var ok bool
+		if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{st.schema, st.name}.Sanitize()).Scan(&ok); err != nil {
+			return fmt.Errorf("look up %s: %w", st.key(), err)
+		}
+		st.exists = ok
+		if !ok {
+			s.log.Warn().Str("stream", st.key()).Msg("the table of this stream no longer exists (or this role cannot see it); nothing is read for it: refresh the source schema")
+		}
+	}
+	return nil
+}
+
+// reader is one read's progress, shared by its phases.
+type reader struct {
+	s       *source
+	streams []*readStream
+	types   *pgjson.Registry // on conn
+	conn    *pgx.Conn        // the query connection: type lookups, full refresh reads
+
+	mu  sync.Mutex
+	pos *merge.Position // the last position: the input state's, then each checkpoint's
+}
+
+func (r *reader) run(ctx context.Context, incremental []*readStream) error {
+	s := r.s
+	for _, st := range r.streams {
+		s.out.status(st.desc, "RUNNING")
+	}
+	r.estimates(ctx)
+
+	// The state goes out again when nothing else did for a while (an idle source, a long chunk),
+	// so the platform never sees a silent source.
+	hctx, stopHeartbeat := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.heartbeat(hctx)
+	}()
+	if q := s.cfg.ReplicationMethod.HeartbeatActionQuery; q != "" && s.cfg.cdc() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.heartbeatQuery(hctx, q)
+		}()
+	}
+	defer func() {
+		stopHeartbeat()
+		wg.Wait()
+	}()
+
+	var tables []*readStream
+	for _, st := range incremental {
+		if st.exists {
+			tables = append(tables, st)
+		}
+	}
+	if len(tables) > 0 {
+		if err := r.capture(ctx, tables); err != nil {
+			return err
+		}
+	}
+	for _, st := range r.streams {
+		if st.incremental || !st.exists {
+			continue
+		}
+		if err := r.fullRefresh(ctx, st); err != nil {
+			return err
+		}
+	}
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	// The last message of the read is a state that covers every record.
+	return r.emitState()
+}
+
+// capture runs the engine over the incremental streams until it has caught up (or the budget
+// runs out), handling a state the slot has moved past as configured.
+func (r *reader) capture(ctx context.Context, tables []*readStream) error {
+	s := r.s
+	rm := s.cfg.ReplicationMethod
+	sig, _ := s.cfg.signalTable()
+	cfg := merge.Config{
+		Source: replicator.Config{
+			DSN: s.dsn, Slot: rm.ReplicationSlot, Publication: rm.Publication,
+			CreateSlot: s.cfg.createSlot(), Configure: s.configure, ApplicationName: "tidemark-airbyte",
+		},
+		SignalTable:        sig,
+		ChunkSize:          s.cfg.BackfillChunkSize,
+		CheckpointInterval: s.cfg.stateInterval(),
+		AckCheckpoints:     rm.LSNCommitBehaviour == commitWhileReading,
+		StopWhenCaughtUp:   !s.cfg.Continuous,
+		RereadPartial:      true,
+	}
+	for _, t := range tables {
+		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: t.schema, Name: t.name})
+	}
+	bctx, cancel := context.WithTimeoutCause(ctx, s.cfg.budget(), errBudget)
+	defer cancel()
+
+	from := r.position()
+	for attempt := 0; ; attempt++ {
+		sink := newRecordSink(r, tables)
+		engine, err := merge.New(cfg, sink, s.log)
+		if err != nil {
+			return &configError{err}
+		}
+		err = engine.Run(bctx, from)
+		if ferr := sink.flush(); err == nil {
+			err = ferr
+		}
+		if errors.Is(err, errBudget) && ctx.Err() == nil {
+			s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
+			return nil
+		}
+		var ahead *merge.PositionAheadError
+		if errors.As(err, &ahead) {
+			// Never acknowledged: the read ends with the state it was given and no records.
+			s.log.Warn().Str("state_lsn", ahead.Position).Str("server_lsn", ahead.Server).
+				Msg("the state's position is ahead of the server's WAL (a restored server, or a state of another server): nothing is read; reset the connection's state if the source was restored")
+			return nil
+		}
+		if attempt == 0 && from != nil && resyncable(err) {
+			if rm.InvalidCDCCursorBehaviour != invalidCursorResync {
+				return &configError{fmt.Errorf("%w; the changes in between are no longer in slot %q. Reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q to re-sync automatically", err, rm.ReplicationSlot, invalidCursorResync)}
+			}
+			s.log.Warn().Err(err).Msg("the state's position is no longer in the slot: every incremental stream is backfilled again (invalid_cdc_cursor_position_behavior: Re-sync data)")
+			s.out.trace(&traceMessage{Type: "ANALYTICS", Analytics: &analyticsTrace{Type: "cdc_cursor_invalid", Value: "1"}})
+			from = nil
+			r.mu.Lock()
+			r.pos = nil
+			r.mu.Unlock()
+			continue
+		}
+		return err
+	}
+}
+
+// resyncable reports an error that a new backfill of every stream from the slot's position
+// repairs.
+func resyncable(err error) bool {
+	return errors.Is(err, merge.ErrPositionBehindSlot) || errors.Is(err, merge.ErrSystemChanged)
+}
+
+func (r *reader) position() *merge.Position {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pos == nil {
+		return nil
+	}
+	return r.pos.Clone()
+}
+
+func (r *reader) setPosition(pos *merge.Position) {
+	r.mu.Lock()
+	r.pos = pos.Clone()
+	r.mu.Unlock()
+}
+
+// emitState writes the GLOBAL state: the position and every configured stream's progress.
+func (r *reader) emitState() error {
+	return r.s.out.state(r.stateMessage)
+}
+
+func (r *reader) stateMessage() *stateMessage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := &globalState{SharedState: encodeShared(r.pos), StreamStates: []streamState{}}
+	for _, st := range r.streams {
+		var ts tableState
+		switch {
+		case !st.incremental && st.fr != nil:
+			ts = *st.fr
+		case !st.incremental:
+			ts = tableState{SyncMode: "full_refresh"}
+		default:
+			ts.SyncMode = "incremental"
+			if r.pos != nil && r.pos.Tables[st.key()] != nil {
+				ts.TableProgress = *r.pos.Tables[st.key()]
+			} else if st.base != nil && r.pos != nil {
+				ts.TableProgress = *st.base
+			}
+		}
+		b, _ := json.Marshal(ts)
+		g.StreamStates = append(g.StreamStates, streamState{StreamDescriptor: st.desc, StreamState: b})
+	}
+	return &stateMessage{Type: "GLOBAL", Global: g}
+}
+
+// heartbeat repeats the last state when nothing went out for a state interval and no record is
+// waiting for a state: the platform counts states as signs of life.
+func (r *reader) heartbeat(ctx context.Context) {
+	interval := r.s.cfg.stateInterval()
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			idle, pending := r.s.out.idle()
+			if idle >= interval && !pending && r.position() != nil {
+				_ = r.emitState()
+			}
+		}
+	}
+}
+
+// heartbeatQuery runs the configured heartbeat_action_query at the start of the read and every
+// minute, on its own connection; a failure is logged, as Airbyte's connector does.
+func (s *source) heartbeatQuery(ctx context.Context, q string) {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn().Err(err).Msg("heartbeat_action_query: cannot connect")
+		}
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		if _, err := conn.Exec(ctx, q); err != nil && ctx.Err() == nil {
+			s.log.Warn().Err(err).Msg("heartbeat_action_query failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// estimates sends each stream's backfill row estimate (pg_class.reltuples less what is done).
+func (r *reader) estimates(ctx context.Context) {
+	for _, st := range r.streams {
+		if !st.exists {
+			continue
+		}
+		var done int64
+		if st.incremental {
+			p := st.base
+			if r.pos != nil && p != nil && p.Done {
+				continue
+			}
+			if p != nil && r.pos != nil {
+				done = p.Rows
+			}
+		} else if st.fr != nil && !st.fr.Done {
+			done = st.fr.Rows
+		}
+		var n float64
+		if err := r.conn.QueryRow(ctx, `SELECT greatest(reltuples, 0)::float8 FROM pg_class WHERE oid = to_regclass($1)`,
+			pgx.Identifier{st.schema, st.name}.Sanitize()).Scan(&n); err != nil {
+			continue
+		}
+		left := max(int64(n)-done, 0)
+		r.s.out.trace(&traceMessage{Type: "ESTIMATE", Estimate: &estimateTrace{Name: st.desc.Name, Namespace: st.desc.Namespace, Type: "STREAM", RowEstimate: left}})
+	}
+}
+
+// fullRefresh reads a full refresh stream: by key chunks, with a state after each (an attempt
+// that fails resumes within the job), or in one query when the relation has no usable key.
+func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
+	t, err := chunker.Discover(ctx, r.conn, st.schema, st.name, nil, "")
+	if err != nil {
+		if errors.Is(err, chunker.ErrNoKey) || errors.Is(err, chunker.ErrNoTable) {
+			return r.readAll(ctx, st)
+		}
+		return err
+	}
+	reader, err := chunker.NewReader(r.conn, chunker.Config{})
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if st.fr == nil || st.fr.Done || !equalKeys(st.fr.Key, t.KeyNames()) {
+		// A new read: a finished one is read again, as full refresh wants.
+		st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Key: t.KeyNames()}}
+	}
+	fr := st.fr
+	r.mu.Unlock()
+	if fr.MaxKey == nil {
+		max, err := reader.MaxKey(ctx, t)
+		if err != nil {
+			return err
+		}
+		if max == nil {
+			r.mu.Lock()
+			fr.Done = true
+			r.mu.Unlock()
+			return r.emitState()
+		}
+		r.mu.Lock()
+		fr.MaxKey = max
+		r.mu.Unlock()
+	}
+	enc := newRowEncoder(r.types, st)
+	var buf []byte
+	for {
+		chunk, err := reader.Next(ctx, t, fr.Cursor, fr.MaxKey, r.s.cfg.BackfillChunkSize)
+		if errors.Is(err, chunker.ErrSchemaChanged) {
+			if t, err = chunker.Discover(ctx, r.conn, st.schema, st.name, nil, ""); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		cols := chunkColumns(chunk.Table)
+		buf = buf[:0]
+		for _, row := range chunk.Rows {
+			if buf, err = enc.appendRow(ctx, buf, cols, row); err != nil {
+				return err
+			}
+		}
+		if err := r.s.out.writeRecords(buf, len(chunk.Rows)); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		fr.Rows += int64(len(chunk.Rows))
+		fr.Chunks++
+		if chunk.Last != nil {
+			fr.Cursor = chunk.Last
+		}
+		fr.Done = chunk.Done
+		r.mu.Unlock()
+		if err := r.emitState(); err != nil {
+			return err
+		}
+		if chunk.Done {
+			return nil
+		}
+		if err := context.Cause(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// readAll reads a relation without a usable key (a view, a table without a primary key) in one
+// query; it cannot resume mid-way.
+func (r *reader) readAll(ctx context.Context, st *readStream) error {
+	rows, err := r.conn.Query(ctx, "SELECT * FROM "+pgx.Identifier{st.schema, st.name}.Sanitize(), pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", st.key(), err)
+	}
+	defer rows.Close()
+	fds := rows.FieldDescriptions()
+	cols := &rowColumns{schema: st.schema, table: st.name}
+	for _, fd := range fds {
+		cols.names = append(cols.names, fd.Name)
+		cols.types = append(cols.types, fd.DataTypeOID)
+	}
+	enc := newRowEncoder(r.types, st)
+	var buf []byte
+	n, total := 0, int64(0)
+	vals := make(chunker.Row, len(fds))
+	flush := func() error {
+		err := r.s.out.writeRecords(buf, n)
+		buf, n = buf[:0], 0
+		return err
+	}
+	// The types are looked up before the rows are read: the connection is busy meanwhile.
+	if err := enc.prepare(ctx, cols); err != nil {
+		return err
+	}
+	for rows.Next() {
+		for i, v := range rows.RawValues() {
+			vals[i] = v
+		}
+		if buf, err = enc.appendRow(ctx, buf, cols, vals); err != nil {
+			return err
+		}
+		n++
+		total++
+		if len(buf) > 1<<20 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", st.key(), err)
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Done: true, Rows: total}}
+	r.mu.Unlock()
+	return r.emitState()
+}
+
+func equalKeys(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

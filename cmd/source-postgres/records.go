@@ -1,0 +1,346 @@
+package main
+
+import (
+	"context"
+	"hash/maphash"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// rowColumns names the columns of rows to encode.
+type rowColumns struct {
+	schema, table string
+	names         []string
+	types         []uint32
+}
+
+func chunkColumns(t *chunker.Table) *rowColumns {
+	c := &rowColumns{schema: t.Schema, table: t.Name}
+	for _, col := range t.Columns {
+		c.names = append(c.names, col.Name)
+		c.types = append(c.types, col.TypeOID)
+	}
+	return c
+}
+
+// plan is how the rows of one table definition become RECORD lines for one stream.
+type plan struct {
+	names   []string
+	types   []uint32
+	prefix  []byte         // {"type":"RECORD","record":{"namespace":...,"stream":...,"data":{
+	keys    [][]byte       // `"column":` per column
+	codecs  []*pgjson.Type // per column
+	include []bool         // the column is in the configured stream's schema
+	meta    [3]bool        // _ab_cdc_lsn, _ab_cdc_updated_at, _ab_cdc_deleted_at are in it
+}
+
+// rowEncoder encodes rows and events of one stream's table as RECORD lines: the configured
+// columns only, values in their type's JSON form (internal/pgjson, the same for the backfill and
+// the stream), and the CDC metadata columns.
+type rowEncoder struct {
+	types   *pgjson.Registry
+	st      *readStream
+	plans   []*plan // the table's definitions seen, latest last
+	changes []byte  // meta.changes of the record being encoded
+}
+
+func newRowEncoder(types *pgjson.Registry, st *readStream) *rowEncoder {
+	return &rowEncoder{types: types, st: st}
+}
+
+func (e *rowEncoder) prepare(ctx context.Context, c *rowColumns) error {
+	_, err := e.plan(ctx, c.names, c.types)
+	return err
+}
+
+func (e *rowEncoder) plan(ctx context.Context, names []string, types []uint32) (*plan, error) {
+	for i := len(e.plans) - 1; i >= 0; i-- {
+		if p := e.plans[i]; slices.Equal(p.names, names) && slices.Equal(p.types, types) {
+			return p, nil
+		}
+	}
+	st := e.st
+	p := &plan{names: names, types: types}
+	p.prefix = append(p.prefix, `{"type":"RECORD","record":{`...)
+	if st.desc.Namespace != nil {
+		p.prefix = append(pgjson.AppendString(append(p.prefix, `"namespace":`...), *st.desc.Namespace), ',')
+	}
+	p.prefix = append(pgjson.AppendString(append(p.prefix, `"stream":`...), st.desc.Name), `,"data":{`...)
+	for i, n := range names {
+		p.keys = append(p.keys, append(pgjson.AppendString(nil, n), ':'))
+		t, err := e.types.Type(ctx, types[i])
+		if err != nil {
+			return nil, err
+		}
+		p.codecs = append(p.codecs, t)
+		p.include = append(p.include, st.columns == nil || st.columns[n])
+	}
+	for i, n := range []string{colLSN, colUpdatedAt, colDeletedAt} {
+		p.meta[i] = st.columns == nil || st.columns[n]
+	}
+	if len(e.plans) >= 8 {
+		e.plans = e.plans[1:]
+	}
+	e.plans = append(e.plans, p)
+	return p, nil
+}
+
+// appendRow appends the RECORD of a row read by a full refresh (no CDC metadata).
+func (e *rowEncoder) appendRow(ctx context.Context, b []byte, c *rowColumns, row chunker.Row) ([]byte, error) {
+	p, err := e.plan(ctx, c.names, c.types)
+	if err != nil {
+		return b, err
+	}
+	b, _ = e.appendData(append(b, p.prefix...), p, func(i int) replicator.Value {
+		if row[i] == nil {
+			return replicator.Value{Kind: replicator.Null}
+		}
+		return replicator.Value{Kind: replicator.Text, Data: row[i]}
+	}, nil)
+	return e.finish(b, time.Now().UnixMilli()), nil
+}
+
+// appendEvent appends the RECORD of an engine event, with _ab_cdc_lsn (the transaction's commit
+// LSN, or the high watermark's for backfilled rows), _ab_cdc_updated_at (its commit time) and,
+// for a delete, _ab_cdc_deleted_at.
+func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event, emittedAt int64) ([]byte, error) {
+	c := ev.Columns
+	p, err := e.plan(ctx, c.Names, c.Types)
+	if err != nil {
+		return b, err
+	}
+	var isKey []bool
+	if ev.Op == merge.Delete {
+		isKey = make([]bool, len(c.Names))
+		for _, k := range c.Key {
+			isKey[k] = true
+		}
+	}
+	b, first := e.appendData(append(b, p.prefix...), p, ev.Col, isKey)
+	ts := ev.Time.UTC()
+	sep := func() {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+	}
+	if p.meta[0] {
+		sep()
+		b = strconv.AppendUint(append(b, `"_ab_cdc_lsn":`...), uint64(ev.LSN), 10)
+	}
+	if p.meta[1] {
+		sep()
+		b = append(ts.AppendFormat(append(b, `"_ab_cdc_updated_at":"`...), "2006-01-02T15:04:05.000000Z"), '"')
+	}
+	if p.meta[2] {
+		sep()
+		if ev.Op == merge.Delete {
+			b = append(ts.AppendFormat(append(b, `"_ab_cdc_deleted_at":"`...), "2006-01-02T15:04:05.000000Z"), '"')
+		} else {
+			b = append(b, `"_ab_cdc_deleted_at":null`...)
+		}
+	}
+	return e.finish(b, emittedAt), nil
+}
+
+// appendData appends the configured columns' values. For a delete (isKey set), only the key
+// columns and the values the old row carried are written. A value that has no exact JSON form
+// (numeric NaN) or cannot be encoded is written as null and listed in meta.changes; a TOASTed
+// value the server did not send (never expected: the engine re-reads such rows) is left out and
+// listed too.
+func (e *rowEncoder) appendData(b []byte, p *plan, col func(int) replicator.Value, isKey []bool) ([]byte, bool) {
+	e.changes = e.changes[:0]
+	first := true
+	for i := range p.names {
+		if !p.include[i] {
+			continue
+		}
+		v := col(i)
+		if isKey != nil && !isKey[i] && v.Kind != replicator.Text {
+			continue
+		}
+		if v.Kind == replicator.Unchanged {
+			e.change(p.names[i], "SOURCE_RETRIEVAL_ERROR")
+			continue
+		}
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, p.keys[i]...)
+		if v.Kind != replicator.Text {
+			b = append(b, "null"...)
+			continue
+		}
+		start := len(b)
+		out, lossy, err := p.codecs[i].Append(b, v.Data)
+		switch {
+		case err != nil:
+			b = append(b[:start], "null"...)
+			e.change(p.names[i], "SOURCE_SERIALIZATION_ERROR")
+		case lossy && string(out[start:]) == "null":
+			b = out
+			e.change(p.names[i], "SOURCE_SERIALIZATION_ERROR")
+		default:
+			b = out
+		}
+	}
+	return b, first
+}
+
+func (e *rowEncoder) change(field, reason string) {
+	if len(e.changes) > 0 {
+		e.changes = append(e.changes, ',')
+	}
+	e.changes = append(pgjson.AppendString(append(e.changes, `{"field":`...), field), `,"change":"NULLED","reason":"`...)
+	e.changes = append(append(e.changes, reason...), `"}`...)
+}
+
+func (e *rowEncoder) finish(b []byte, emittedAt int64) []byte {
+	b = strconv.AppendInt(append(b, `},"emitted_at":`...), emittedAt, 10)
+	if len(e.changes) > 0 {
+		b = append(append(append(b, `,"meta":{"changes":[`...), e.changes...), `]}`...)
+	}
+	return append(b, '}', '}', '\n')
+}
+
+// maxTxBytes bounds the records of one transaction held back to be collapsed per key.
+const maxTxBytes = 64 << 20
+
+// recordSink is the engine's sink in a read: events become RECORD lines, checkpoints STATE
+// messages. A transaction's records are held until it ends and collapsed to one record per key
+// (its last), since they share one _ab_cdc_lsn and a destination could not order them.
+type recordSink struct {
+	r        *reader
+	streams  map[string]*readStream
+	encoders map[*readStream]*rowEncoder
+
+	lsn     pglogrepl.LSN  // the transaction being held
+	lines   [][]byte       // its records, in order; nil where a later record of the key replaced it
+	index   map[string]int // key → index in lines
+	bytes   int
+	snap    []byte // backfilled rows of the current chunk (keys unique, no collapsing needed)
+	snapN   int
+	early   map[uint64]bool // keys of the transaction already written (it outgrew maxTxBytes)
+	earlyAt int64           // when they were written (ms)
+	seed    maphash.Seed
+	warned  map[string]bool
+}
+
+func newRecordSink(r *reader, tables []*readStream) *recordSink {
+	s := &recordSink{r: r, streams: map[string]*readStream{}, encoders: map[*readStream]*rowEncoder{},
+		index: map[string]int{}, seed: maphash.MakeSeed(), warned: map[string]bool{}}
+	for _, t := range tables {
+		s.streams[t.key()] = t
+		s.encoders[t] = newRowEncoder(r.types, t)
+	}
+	return s
+}
+
+// Emit encodes events; a transaction's records go out when it ends.
+func (s *recordSink) Emit(ctx context.Context, evs []merge.Event) error {
+	now := time.Now().UnixMilli()
+	for i := range evs {
+		ev := &evs[i]
+		st := s.streams[streamKey(ev.Columns.Schema, ev.Columns.Table)]
+		if st == nil {
+			continue
+		}
+		if ev.LSN != s.lsn {
+			if err := s.flush(); err != nil {
+				return err
+			}
+			s.lsn, s.early = ev.LSN, nil
+		}
+		if ev.Op == merge.Truncate {
+			if !s.warned[st.key()] {
+				s.warned[st.key()] = true
+				s.r.s.log.Warn().Str("stream", st.key()).Msg("TRUNCATE is not passed on (Airbyte records cannot express it): the destination keeps the rows; refresh the stream to remove them")
+			}
+			continue
+		}
+		enc := s.encoders[st]
+		if ev.Op == merge.Snapshot {
+			var err error
+			if s.snap, err = enc.appendEvent(ctx, s.snap, ev, now); err != nil {
+				return err
+			}
+			s.snapN++
+			continue
+		}
+		key := st.key() + "\x00" + string(ev.Key)
+		if s.early != nil && s.early[maphash.String(s.seed, key)] {
+			// An earlier record of this key in this transaction is already out: this one must
+			// be told apart by a later emitted_at (destinations break ties with it).
+			for now <= s.earlyAt {
+				time.Sleep(time.Millisecond)
+				now = time.Now().UnixMilli()
+			}
+		}
+		line, err := enc.appendEvent(ctx, nil, ev, now)
+		if err != nil {
+			return err
+		}
+		if j, ok := s.index[key]; ok {
+			s.bytes -= len(s.lines[j])
+			s.lines[j] = nil
+		}
+		s.index[key] = len(s.lines)
+		s.lines = append(s.lines, line)
+		s.bytes += len(line)
+		if s.bytes > maxTxBytes {
+			if s.early == nil {
+				s.early = map[uint64]bool{}
+			}
+			for k := range s.index {
+				s.early[maphash.String(s.seed, k)] = true
+			}
+			if err := s.flush(); err != nil {
+				return err
+			}
+			s.earlyAt = time.Now().UnixMilli()
+		}
+	}
+	return nil
+}
+
+// Checkpoint writes the held records and a STATE for pos.
+func (s *recordSink) Checkpoint(_ context.Context, pos *merge.Position) error {
+	if err := s.flush(); err != nil {
+		return err
+	}
+	s.r.setPosition(pos)
+	return s.r.emitState()
+}
+
+// flush writes the held records.
+func (s *recordSink) flush() error {
+	out := s.r.s.out
+	if s.snapN > 0 {
+		if err := out.writeRecords(s.snap, s.snapN); err != nil {
+			return err
+		}
+		s.snap, s.snapN = s.snap[:0], 0
+	}
+	if len(s.lines) == 0 {
+		return nil
+	}
+	var buf []byte
+	n := 0
+	for _, l := range s.lines {
+		if l != nil {
+			buf = append(buf, l...)
+			n++
+		}
+	}
+	clear(s.index)
+	s.lines, s.bytes = s.lines[:0], 0
+	return out.writeRecords(buf, n)
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+	"github.com/tidemark/tidemark/cmd/internal/preflight"
+	"github.com/tidemark/tidemark/internal/pgconf"
+)
+
+// source is one run of the connector against the configured database.
+type source struct {
+	cfg *config
+	out *output
+	log zerolog.Logger
+	dsn string  // the connection string (with the password: never printed)
+	tun *tunnel // nil without an SSH tunnel
+	tmp string  // the run's private directory (certificates); removed by close
+}
+
+// newSource prepares the connection: certificates into a private temporary directory, the SSH
+// tunnel when configured.
+func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger) (*source, error) {
+	s := &source{cfg: cfg, out: out, log: log}
+	var err error
+	if s.tmp, err = os.MkdirTemp("", "tidemark-source-"); err != nil {
+		return nil, fmt.Errorf("create a temporary directory (TMPDIR must be writable): %w", err)
+	}
+	if s.dsn, err = cfg.dsn(s.tmp); err != nil {
+		s.close()
+		return nil, err
+	}
+	_, ignored, _ := cfg.jdbcParams()
+	if len(ignored) > 0 {
+		log.Warn().Strs("params", ignored).Msg("jdbc_url_params not used by Tidemark")
+	}
+	if cfg.tunnelled() {
+		if s.tun, err = openTunnel(ctx, cfg.TunnelMethod, log); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *source) close() {
+	if s.tun != nil {
+		_ = s.tun.Close()
+	}
+	if s.tmp != "" {
+		_ = os.RemoveAll(s.tmp)
+	}
+}
+
+// configure adjusts a connection to the source (the SSH tunnel's dialer).
+func (s *source) configure(c *pgconn.Config) {
+	if s.tun != nil {
+		s.tun.configure(c)
+	}
+}
+
+// connConfig is the configuration of a query connection, with Tidemark's pinned settings.
+func (s *source) connConfig() (*pgx.ConnConfig, error) {
+	c, err := pgx.ParseConfig(s.dsn)
+	if err != nil {
+		return nil, configErrorf("the connection settings are not valid: %s", scrubParseError(err))
+	}
+	pgconf.Pin(&c.Config, "tidemark-airbyte")
+	pgconf.CancelOnContext(&c.Config)
+	s.configure(&c.Config)
+	return c, nil
+}
+
+// scrubParseError keeps pgx's reason and drops the connection string it may quote.
+func scrubParseError(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[i+2:]
+	}
+	return "invalid connection settings"
+}
+
+// connect opens a query connection.
+func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
+	c, err := s.connConfig()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, c)
+	if err != nil {
+		return nil, connectError(s.cfg, err)
+	}
+	return conn, nil
+}
+
+// connectError describes a failed connection with what to do, and makes authentication problems
+// config errors.
+func connectError(cfg *config, err error) error {
+	what := "connect to " + cfg.describe()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01":
+			return configErrorf("%s: the password or user name is wrong (%s)", what, pgErr.Message)
+		case "28000":
+			return configErrorf("%s: the server refused the connection (%s); the server's pg_hba.conf must allow this user from this address, with the ssl_mode used", what, pgErr.Message)
+		case "3D000":
+			return configErrorf("%s: the database does not exist (%s)", what, pgErr.Message)
+		}
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "tls:") || strings.Contains(msg, "x509:") || strings.Contains(msg, "server refused TLS") {
+		return configErrorf("%s: TLS failed (%s); check ssl_mode and its certificates", what, lastCause(err))
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// lastCause is the innermost message of err.
+func lastCause(err error) string {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			return err.Error()
+		}
+		err = u
+	}
+}
+
+// check tests the connection and every prerequisite of a read, and returns one error listing
+// every problem with its fix.
+func (s *source) check(ctx context.Context) error {
+	c, err := s.connConfig()
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, c)
+	if err != nil {
+		return connectError(s.cfg, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if !s.cfg.cdc() {
+		return configErrorf("replication_method %s: Tidemark reads changes with CDC only; with this method only full refresh streams can be synced. Choose \"Read Changes using Write-Ahead Log (CDC)\" to sync incrementally", s.cfg.ReplicationMethod.Method)
+	}
+	rm := s.cfg.ReplicationMethod
+	tables, err := s.publishedTables(ctx, conn)
+	if err != nil {
+		return err
+	}
+	findings := preflight.Check(ctx, c, preflight.Options{
+		Slot: rm.ReplicationSlot, Publication: rm.Publication, Tables: tables, CreateSlot: s.cfg.createSlot(),
+	})
+	problems := preflight.Problems(findings)
+	if len(problems) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problem(s) found on %s:", len(problems), s.cfg.describe())
+	for i, p := range problems {
+		fmt.Fprintf(&b, " (%d) %s", i+1, p.What)
+		if len(p.Fix) > 0 {
+			fmt.Fprintf(&b, "; fix: %s", strings.Join(p.Fix, " "))
+		}
+	}
+	return &configError{errors.New(b.String())}
+}
+
+// publishedTables lists the publication's tables within the configured schemas (none when the
+// publication does not exist: preflight reports that).
+func (s *source) publishedTables(ctx context.Context, conn *pgx.Conn) ([]pgx.Identifier, error) {
+	rows, err := conn.Query(ctx, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 AND schemaname = ANY($2) ORDER BY 1, 2`,
+		s.cfg.ReplicationMethod.Publication, s.cfg.Schemas)
+	if err != nil {
+		return nil, fmt.Errorf("list the publication's tables: %w", err)
+	}
+	var out []pgx.Identifier
+	sig, _ := s.cfg.signalTable()
+	for rows.Next() {
+		var schema, table string
+		if err := rows.Scan(&schema, &table); err != nil {
+			return nil, err
+		}
+		if schema == sig[0] && table == sig[1] {
+			continue
+		}
+		out = append(out, pgx.Identifier{schema, table})
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/tidemark/tidemark/merge"
+)
+
+// The connector's state is one GLOBAL state:
+//
+//	{"type":"GLOBAL","global":{
+//	   "shared_state":{"tidemark":1,"lsn":23456789,"lsn_text":"0/165E915","system_id":"7301...","slot":"airbyte_slot"},
+//	   "stream_states":[{"stream_descriptor":{"name":"users","namespace":"public"},
+//	                     "stream_state":{"sync_mode":"incremental","done":false,"cursor":["1000"],"max_key":["99999"],"key":["id"],"rows":1000,"chunks":1}}]},
+//	 "sourceStats":{"recordCount":1000.0}}
+//
+// shared_state holds the merge.Position's LSN (a number, the unit of _ab_cdc_lsn, and its text),
+// the cluster and the slot; each stream_state holds its table's backfill progress
+// (merge.TableProgress), or, for a full refresh stream, the progress of its current read.
+
+// sharedState is the GLOBAL state's shared part.
+type sharedState struct {
+	Tidemark int    `json:"tidemark"` // the format's version; its presence tells Tidemark's state from Airbyte's
+	LSN      uint64 `json:"lsn"`
+	LSNText  string `json:"lsn_text"`
+	SystemID string `json:"system_id,omitempty"`
+	Slot     string `json:"slot,omitempty"`
+}
+
+// tableState is one stream's state.
+type tableState struct {
+	SyncMode string `json:"sync_mode"` // incremental or full_refresh
+	merge.TableProgress
+}
+
+// inputState is what read starts from.
+type inputState struct {
+	pos         *merge.Position        // nil: no CDC position (a first sync)
+	fullRefresh map[string]*tableState // full refresh streams' progress, by "schema.table"
+	migrated    string                 // non-empty: the state came from Airbyte's connector, as described
+	ignored     []string               // parts of the state that could not be used, described
+}
+
+// streamKey names a stream's table.
+func streamKey(namespace, name string) string { return namespace + "." + name }
+
+// loadState reads the --state file: a JSON array of state messages (what the platform writes),
+// one state message, or a legacy state object; an empty array, {} and null are no state. Airbyte
+// source-postgres states (Debezium offsets) are migrated.
+func loadState(path string) (*inputState, error) {
+	st := &inputState{fullRefresh: map[string]*tableState{}}
+	if path == "" {
+		return st, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, configErrorf("read the state file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || string(b) == "null" || string(b) == "{}" || string(b) == "[]" {
+		return st, nil
+	}
+	var msgs []json.RawMessage
+	if b[0] == '[' {
+		if err := json.Unmarshal(b, &msgs); err != nil {
+			return nil, configErrorf("the state file %s is not valid: %s", filepath.Base(path), jsonProblem(err))
+		}
+	} else {
+		msgs = []json.RawMessage{b}
+	}
+	for _, raw := range msgs {
+		if err := st.add(raw); err != nil {
+			return nil, configErrorf("the state file %s is not a state this connector can resume from: %w; reset the connection's state (Airbyte: Settings, Reset or Clear data) to start over", filepath.Base(path), err)
+		}
+	}
+	return st, nil
+}
+
+func (st *inputState) add(raw json.RawMessage) error {
+	if string(bytes.TrimSpace(raw)) == "null" {
+		return nil
+	}
+	var m struct {
+		stateMessage
+		// A legacy object has none of a state message's fields.
+		CDC      *bool           `json:"cdc"`
+		CDCState json.RawMessage `json:"cdc_state"`
+		Streams  []struct {
+			Name      string  `json:"stream_name"`
+			Namespace *string `json:"stream_namespace"`
+		} `json:"streams"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return fmt.Errorf("%s", jsonProblem(err))
+	}
+	switch {
+	case m.Type == "GLOBAL" && m.Global != nil:
+		return st.addGlobal(m.Global)
+	case m.Type == "STREAM":
+		st.ignored = append(st.ignored, "a per-stream state (from a non-CDC replication method): streams are backfilled")
+		return nil
+	case m.Type == "LEGACY" || m.Type == "" && len(m.Data) > 0:
+		return st.add(m.Data)
+	case m.CDC != nil || m.CDCState != nil:
+		// Airbyte source-postgres's legacy state: {"cdc":true,"cdc_state":{"state":{...}},"streams":[...]}.
+		if len(m.CDCState) == 0 {
+			return nil
+		}
+		lsn, err := debeziumLSN(m.CDCState)
+		if err != nil {
+			return err
+		}
+		st.pos = &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
+		for _, s := range m.Streams {
+			ns := "public"
+			if s.Namespace != nil {
+				ns = *s.Namespace
+			}
+			st.pos.Tables[streamKey(ns, s.Name)] = &merge.TableProgress{Done: true}
+		}
+		st.migrated = fmt.Sprintf("Airbyte source-postgres legacy state at LSN %s, %d streams", lsn, len(m.Streams))
+		return nil
+	case m.Type == "":
+		return fmt.Errorf("a state message without a type")
+	default:
+		return fmt.Errorf("a %s state without its content", m.Type)
+	}
+}
+
+func (st *inputState) addGlobal(g *globalState) error {
+	var probe map[string]json.RawMessage
+	if len(g.SharedState) > 0 && string(g.SharedState) != "null" {
+		if err := json.Unmarshal(g.SharedState, &probe); err != nil {
+			return fmt.Errorf("shared_state: %s", jsonProblem(err))
+		}
+	}
+	switch {
+	case probe["tidemark"] != nil:
+		var s sharedState
+		if err := json.Unmarshal(g.SharedState, &s); err != nil {
+			return fmt.Errorf("shared_state: %s", jsonProblem(err))
+		}
+		if s.Tidemark != 1 {
+			return fmt.Errorf("shared_state has format version %d; this connector reads version 1 (was the image downgraded?)", s.Tidemark)
+		}
+		st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Slot: s.Slot, Tables: map[string]*merge.TableProgress{}}
+		for _, ss := range g.StreamStates {
+			if len(ss.StreamState) == 0 || string(ss.StreamState) == "null" {
+				continue // a reset stream: backfilled again
+			}
+			var ts tableState
+			if err := json.Unmarshal(ss.StreamState, &ts); err != nil {
+				return fmt.Errorf("stream_state of %s: %s", ss.StreamDescriptor.Name, jsonProblem(err))
+			}
+			name := streamKey(namespaceOr(ss.StreamDescriptor.Namespace), ss.StreamDescriptor.Name)
+			switch ts.SyncMode {
+			case "full_refresh":
+				st.fullRefresh[name] = &ts
+			default:
+				p := ts.TableProgress
+				st.pos.Tables[name] = &p
+			}
+		}
+		return nil
+	case probe["state"] != nil:
+		// Airbyte source-postgres (Debezium): shared_state {"state":{"[\"db\",{...}]":"{\"lsn\":...}"}}.
+		lsn, err := debeziumLSN(g.SharedState)
+		if err != nil {
+			return err
+		}
+		st.pos = &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
+		for _, ss := range g.StreamStates {
+			if airbyteStreamDone(ss.StreamState) {
+				st.pos.Tables[streamKey(namespaceOr(ss.StreamDescriptor.Namespace), ss.StreamDescriptor.Name)] = &merge.TableProgress{Done: true}
+			}
+		}
+		st.migrated = fmt.Sprintf("Airbyte source-postgres state at LSN %s, %d of %d streams past their initial load", lsn, len(st.pos.Tables), len(g.StreamStates))
+		return nil
+	case len(probe) == 0:
+		return nil // no shared state: nothing to resume
+	default:
+		return fmt.Errorf("shared_state is neither Tidemark's nor Airbyte source-postgres's")
+	}
+}
+
+// debeziumLSN reads the resume LSN of a Debezium offset as Airbyte's source-postgres stores it:
+// {"state":{"<key>":"<offset JSON text>"}}, where the offset's "lsn" is where it resumes.
+func debeziumLSN(raw json.RawMessage) (pglogrepl.LSN, error) {
+	var outer struct {
+		State map[string]string `json:"state"`
+	}
+	if err := json.Unmarshal(raw, &outer); err != nil {
+		return 0, fmt.Errorf("Debezium offset: %s", jsonProblem(err))
+	}
+	for _, v := range outer.State {
+		var off struct {
+			LSN json.Number `json:"lsn"`
+		}
+		if err := json.Unmarshal([]byte(v), &off); err != nil {
+			return 0, fmt.Errorf("Debezium offset: %s", jsonProblem(err))
+		}
+		n, err := strconv.ParseUint(off.LSN.String(), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("Debezium offset: lsn %q is not a number", off.LSN)
+		}
+		return pglogrepl.LSN(n), nil
+	}
+	return 0, fmt.Errorf("Debezium offset without an lsn")
+}
+
+// airbyteStreamDone reports whether an Airbyte source-postgres stream state says the stream's
+// initial load finished: a ctid state with a ctid is a load in progress, and a null state an
+// empty table.
+func airbyteStreamDone(raw json.RawMessage) bool {
+	if len(raw) == 0 || string(raw) == "null" {
+		return true
+	}
+	var s struct {
+		StateType string          `json:"state_type"`
+		CTID      json.RawMessage `json:"ctid"`
+	}
+	if json.Unmarshal(raw, &s) != nil {
+		return false
+	}
+	inLoad := strings.HasPrefix(s.StateType, "ctid") || s.StateType == "xmin"
+	return !inLoad || len(s.CTID) == 0 || string(s.CTID) == "null"
+}
+
+func namespaceOr(ns *string) string {
+	if ns == nil || *ns == "" {
+		return "public"
+	}
+	return *ns
+}
+
+// encodeShared encodes the shared state of pos.
+func encodeShared(pos *merge.Position) json.RawMessage {
+	if pos == nil {
+		return nil
+	}
+	b, _ := json.Marshal(sharedState{Tidemark: 1, LSN: uint64(pos.LSN), LSNText: pos.LSN.String(), SystemID: pos.SystemID, Slot: pos.Slot})
+	return b
+}
