@@ -94,6 +94,15 @@ func (n recordCount) MarshalJSON() ([]byte, error) {
 	return append(strconv.AppendInt(nil, int64(n), 10), ".0"...), nil
 }
 
+func (n *recordCount) UnmarshalJSON(b []byte) error {
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*n = recordCount(f)
+	return nil
+}
+
 type traceMessage struct {
 	Type         string             `json:"type"` // ERROR, ESTIMATE, STREAM_STATUS, ANALYTICS
 	EmittedAt    emittedAt          `json:"emitted_at"`

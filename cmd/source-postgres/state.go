@@ -142,15 +142,19 @@ func (st *inputState) addGlobal(g *globalState) error {
 		}
 	}
 	switch {
-	case probe["tidemark"] != nil:
-		var s sharedState
-		if err := json.Unmarshal(g.SharedState, &s); err != nil {
-			return fmt.Errorf("shared_state: %s", jsonProblem(err))
+	case probe["tidemark"] != nil || len(probe) == 0:
+		// Tidemark's state; without a shared state (no incremental stream yet), only full
+		// refresh progress.
+		if len(probe) > 0 {
+			var s sharedState
+			if err := json.Unmarshal(g.SharedState, &s); err != nil {
+				return fmt.Errorf("shared_state: %s", jsonProblem(err))
+			}
+			if s.Tidemark != 1 {
+				return fmt.Errorf("shared_state has format version %d; this connector reads version 1 (was the image downgraded?)", s.Tidemark)
+			}
+			st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Slot: s.Slot, Tables: map[string]*merge.TableProgress{}}
 		}
-		if s.Tidemark != 1 {
-			return fmt.Errorf("shared_state has format version %d; this connector reads version 1 (was the image downgraded?)", s.Tidemark)
-		}
-		st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Slot: s.Slot, Tables: map[string]*merge.TableProgress{}}
 		for _, ss := range g.StreamStates {
 			if len(ss.StreamState) == 0 || string(ss.StreamState) == "null" {
 				continue // a reset stream: backfilled again
@@ -160,10 +164,10 @@ func (st *inputState) addGlobal(g *globalState) error {
 				return fmt.Errorf("stream_state of %s: %s", ss.StreamDescriptor.Name, jsonProblem(err))
 			}
 			name := streamKey(namespaceOr(ss.StreamDescriptor.Namespace), ss.StreamDescriptor.Name)
-			switch ts.SyncMode {
-			case "full_refresh":
+			switch {
+			case ts.SyncMode == "full_refresh":
 				st.fullRefresh[name] = &ts
-			default:
+			case st.pos != nil:
 				p := ts.TableProgress
 				st.pos.Tables[name] = &p
 			}
@@ -183,8 +187,6 @@ func (st *inputState) addGlobal(g *globalState) error {
 		}
 		st.migrated = fmt.Sprintf("Airbyte source-postgres state at LSN %s, %d of %d streams past their initial load", lsn, len(st.pos.Tables), len(g.StreamStates))
 		return nil
-	case len(probe) == 0:
-		return nil // no shared state: nothing to resume
 	default:
 		return fmt.Errorf("shared_state is neither Tidemark's nor Airbyte source-postgres's")
 	}
