@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+// The image: conformance items 41 to 43 and 45. There is no Docker engine on the machines the
+// tests run on, so the Dockerfile is checked as text against what the platform needs, and the
+// binary is run the way the platform runs the image's entrypoint.
+
+// finalStage returns the instructions of the Dockerfile's last stage, joined continuation lines.
+func finalStage(t *testing.T) (from string, instr []string) {
+	b, err := os.ReadFile("../../Dockerfile")
+	require.NoError(t, err)
+	text := strings.ReplaceAll(string(b), "\\\n", " ")
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.HasPrefix(line, "FROM ") {
+			from, instr = strings.Fields(line)[1], nil
+			continue
+		}
+		instr = append(instr, line)
+	}
+	return from, instr
+}
+
+func TestItem41_DockerfileEntrypointEnvAndLabels(t *testing.T) {
+	from, instr := finalStage(t)
+	var entrypoint []string
+	env := map[string]string{}
+	labels := map[string]string{}
+	user := ""
+	var copied []string
+	for _, in := range instr {
+		verb, rest, _ := strings.Cut(in, " ")
+		switch verb {
+		case "ENTRYPOINT":
+			require.NoError(t, json.Unmarshal([]byte(rest), &entrypoint), "ENTRYPOINT in exec form")
+		case "ENV":
+			k, v, _ := strings.Cut(rest, "=")
+			env[k] = strings.Trim(v, `"`)
+		case "LABEL":
+			for _, m := range regexp.MustCompile(`([\w.]+)="([^"]*)"`).FindAllStringSubmatch(rest, -1) {
+				labels[m[1]] = m[2]
+			}
+		case "USER":
+			user = rest
+		case "COPY":
+			copied = append(copied, rest)
+		}
+	}
+	require.NotEmpty(t, entrypoint)
+	require.Equal(t, strings.Join(entrypoint, " "), env["AIRBYTE_ENTRYPOINT"], "AIRBYTE_ENTRYPOINT is the space-joined ENTRYPOINT")
+	require.Equal(t, "tidemark/source-postgres", labels["io.airbyte.name"])
+	require.NotEmpty(t, labels["io.airbyte.version"])
+	require.Equal(t, "1000:1000", user, "runs as uid/gid 1000")
+	require.True(t, strings.HasPrefix(from, "alpine:") || strings.HasPrefix(from, "debian:"), "the final image %s has /bin/sh", from)
+	found := false
+	for _, c := range copied {
+		if strings.Contains(c, "/out/source-postgres") && strings.HasSuffix(c, filepath.Dir(entrypoint[0])+"/") {
+			found = true
+		}
+	}
+	require.True(t, found, "the entrypoint %s is the copied connector", entrypoint[0])
+	b, _ := os.ReadFile("../../Dockerfile")
+	require.Contains(t, string(b), "CGO_ENABLED=0 go build", "a static binary")
+	require.Contains(t, string(b), "./cmd/source-postgres")
+	// The metadata names the same image.
+	md := metadata(t)
+	require.Equal(t, labels["io.airbyte.name"], md["dockerRepository"])
+}
+
+// asPlatformUser makes cmd run as uid/gid 1000 when the tests run as root, as the platform runs
+// connectors, with a private TMPDIR it can write.
+func asPlatformUser(t *testing.T, cmd *exec.Cmd, env ...string) {
+	tmp, err := os.MkdirTemp("", "tidemark-tmpdir-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if os.Geteuid() == 0 {
+		require.NoError(t, os.Chown(tmp, 1000, 1000))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
+	}
+	cmd.Env = append([]string{"TMPDIR=" + tmp, "AIRBYTE_ENTRYPOINT=" + binPath, "PATH=/usr/bin:/bin", "LOG_LEVEL=info"}, env...)
+	cmd.Dir = "/"
+}
+
+func TestItem42_ShellEvalOfTheEntrypoint(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", `eval "$AIRBYTE_ENTRYPOINT spec"`)
+	asPlatformUser(t, cmd)
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Len(t, lines, 1)
+	validate(t, "AirbyteMessage", []byte(lines[0]))
+	require.Contains(t, lines[0], `"type":"SPEC"`)
+}
+
+// TestItem43_PlatformInvocation reproduces the platform's sync pod: the inputs under a source
+// directory, stdout and stderr into named pipes the orchestrator reads, the exit code written
+// by the wrapper; a failing read's exit code propagates the same way.
+func TestItem43_PlatformInvocation(t *testing.T) {
+	e := ordersEnv(t, 500)
+	cat := e.catalog()
+	first := e.read(cat, nil)
+	e.db.Exec(`INSERT INTO orders VALUES (1000, 'new', 1)`)
+
+	run := func(withState bool, config map[string]any) (int, []msg, string) {
+		dir, err := os.MkdirTemp("", "tidemark-pod-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		src := filepath.Join(dir, "source")
+		require.NoError(t, os.Mkdir(src, 0o755))
+		b, _ := json.Marshal(config)
+		require.NoError(t, os.WriteFile(filepath.Join(src, "connectorConfig.json"), b, 0o644))
+		c, _ := os.ReadFile(cat)
+		require.NoError(t, os.WriteFile(filepath.Join(src, "catalog.json"), c, 0o644))
+		args := "read --config " + src + "/connectorConfig.json --catalog " + src + "/catalog.json"
+		if withState {
+			require.NoError(t, os.WriteFile(filepath.Join(src, "inputState.json"), first.lastState(t), 0o644))
+			args += " --state " + src + "/inputState.json"
+		}
+		for _, p := range []string{"stdout", "stderr"} {
+			require.NoError(t, syscall.Mkfifo(filepath.Join(dir, p), 0o666))
+		}
+		if os.Geteuid() == 0 {
+			require.NoError(t, filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, 1000, 1000) }))
+		}
+		script := fmt.Sprintf(`trap "touch %[1]s/TERMINATED" EXIT
+eval "$AIRBYTE_ENTRYPOINT %[2]s" > %[1]s/stdout 2> %[1]s/stderr
+code=$?
+echo $code > %[1]s/exitCode.txt
+exit $code`, dir, args)
+		cmd := exec.Command("/bin/sh", "-c", script)
+		asPlatformUser(t, cmd)
+		require.NoError(t, cmd.Start())
+		// The orchestrator's side: read both pipes to their end.
+		stderrDone := make(chan string)
+		go func() {
+			f, err := os.Open(filepath.Join(dir, "stderr"))
+			if err != nil {
+				stderrDone <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(f)
+			f.Close()
+			stderrDone <- string(b)
+		}()
+		f, err := os.Open(filepath.Join(dir, "stdout"))
+		require.NoError(t, err)
+		var msgs []msg
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		for sc.Scan() {
+			line := []byte(sc.Text())
+			validate(t, "AirbyteMessage", line)
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(line, &m))
+			msgs = append(msgs, msg{raw: line, Type: m["type"].(string), m: m})
+		}
+		f.Close()
+		stderr := <-stderrDone
+		err = cmd.Wait()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		written, err := os.ReadFile(filepath.Join(dir, "exitCode.txt"))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint(code), strings.TrimSpace(string(written)))
+		require.FileExists(t, filepath.Join(dir, "TERMINATED"))
+		return code, msgs, stderr
+	}
+
+	code, msgs, stderr := run(true, e.cfg)
+	require.Equal(t, 0, code, stderr)
+	records := 0
+	for _, m := range msgs {
+		if m.Type == "RECORD" {
+			records++
+		}
+	}
+	require.Equal(t, 1, records, "the change since the state")
+	require.Equal(t, "STATE", msgs[len(msgs)-1-len(lastTraces(msgs))].Type)
+
+	bad := clone(e.cfg)
+	bad["replication_method"].(map[string]any)["publication"] = "missing_publication"
+	code, msgs, _ = run(false, bad)
+	require.Equal(t, 1, code, "the connector's exit code propagates")
+	var failure string
+	for _, m := range msgs {
+		if m.Type == "TRACE" && m.m["trace"].(map[string]any)["type"] == "ERROR" {
+			failure = m.m["trace"].(map[string]any)["error"].(map[string]any)["failure_type"].(string)
+		}
+	}
+	require.Equal(t, "config_error", failure)
+}
+
+// lastTraces are the TRACE messages at the end of msgs.
+func lastTraces(msgs []msg) []msg {
+	i := len(msgs)
+	for i > 0 && msgs[i-1].Type == "TRACE" {
+		i--
+	}
+	return msgs[i:]
+}
+
+func metadata(t *testing.T) map[string]any {
+	b, err := os.ReadFile("metadata.yaml")
+	require.NoError(t, err)
+	var doc struct {
+		MetadataSpecVersion string         `yaml:"metadataSpecVersion"`
+		Data                map[string]any `yaml:"data"`
+	}
+	require.NoError(t, yaml.Unmarshal(b, &doc))
+	require.Equal(t, "1.0", doc.MetadataSpecVersion)
+	return doc.Data
+}
+
+// TestItem45_Metadata checks metadata.yaml against the required fields and enumerations of
+// Airbyte's ConnectorMetadataDefinitionV0 (reference/airbyte.md §2.5).
+func TestItem45_Metadata(t *testing.T) {
+	md := metadata(t)
+	for _, k := range []string{"name", "definitionId", "connectorType", "dockerRepository", "dockerImageTag", "license", "documentationUrl", "githubIssueLabel", "connectorSubtype", "releaseStage"} {
+		require.NotEmpty(t, md[k], "data.%s is required", k)
+	}
+	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`, md["definitionId"])
+	require.Equal(t, "source", md["connectorType"])
+	require.Equal(t, "database", md["connectorSubtype"])
+	require.Contains(t, []string{"alpha", "beta", "generally_available", "custom"}, md["releaseStage"])
+	require.Contains(t, []string{"community", "certified", "enterprise", "archived"}, md["supportLevel"])
+	require.Equal(t, 7200, md["maxSecondsBetweenMessages"])
+	hosts := md["allowedHosts"].(map[string]any)["hosts"].([]any)
+	require.Equal(t, []any{"${host}", "${tunnel_method.tunnel_host}"}, hosts)
+	require.Regexp(t, `^\d+\.\d+\.\d+$`, md["dockerImageTag"])
+	// The image's version label, the metadata's tag and the connector's version agree.
+	require.Equal(t, version, md["dockerImageTag"])
+	b, _ := os.ReadFile("../../Dockerfile")
+	require.Contains(t, string(b), "ARG VERSION="+version)
+}
