@@ -137,12 +137,13 @@ func (c *localCluster) initdb(ctx context.Context, password string, settings map
 	_ = os.Remove(pwfile)
 
 	all := maps.Clone(defaultSettings)
-	all["unix_socket_directories"] = "'" + c.dir + "'"
+	all["unix_socket_directories"] = c.dir
 	maps.Copy(all, settings)
 	var conf bytes.Buffer
 	conf.WriteString("\n# tidemark e2e harness\n")
 	for _, k := range slices.Sorted(maps.Keys(all)) {
-		fmt.Fprintf(&conf, "%s = %s\n", k, all[k])
+		// Every value quoted: paths and lists need it, numbers and words accept it.
+		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(strings.Trim(all[k], "'"), "'", "''"))
 	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {

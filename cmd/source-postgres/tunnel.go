@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 // is dialled (a direct-tcpip channel per connection). The database's host name is resolved by
 // the jump server, and TLS (verify-full included) runs end to end through the channel.
 type tunnel struct {
+	wg     sync.WaitGroup // the copying goroutines of the connections
 	mu     sync.Mutex
 	cfg    *ssh.ClientConfig
 	addr   string
@@ -121,13 +124,18 @@ func (t *tunnel) connect(ctx context.Context) (*ssh.Client, error) {
 		if isSSHAuthFailure(err) {
 			return nil, configErrorf("the SSH tunnel host %s refused user %q: check tunnel_user and its key or password", t.addr, t.cfg.User)
 		}
+		if strings.Contains(err.Error(), "tunnel_known_host") {
+			return nil, configErrorf("SSH tunnel host %s: %s", t.addr, lastCause(err))
+		}
 		return nil, &tunnelError{fmt.Errorf("SSH handshake with %s: %w", t.addr, err)}
 	}
 	_ = conn.SetDeadline(time.Time{})
 	t.client = ssh.NewClient(c, chans, reqs)
 	client := t.client
+	t.wg.Add(1)
 	go func() {
 		// The SSH connection's owner: when it ends, the next dial connects again.
+		defer t.wg.Done()
 		_ = client.Wait()
 		t.mu.Lock()
 		if t.client == client {
@@ -140,7 +148,7 @@ func (t *tunnel) connect(ctx context.Context) (*ssh.Client, error) {
 }
 
 func isSSHAuthFailure(err error) bool {
-	return err != nil && bytes.Contains([]byte(err.Error()), []byte("unable to authenticate"))
+	return err != nil && strings.Contains(err.Error(), "unable to authenticate")
 }
 
 // tunnelError is a failure to reach the jump server: transient, the platform retries.
@@ -155,11 +163,26 @@ func (t *tunnel) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := c.DialContext(ctx, "tcp", addr)
+	ch, err := c.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("open a channel to %s through the SSH tunnel: %w", addr, err)
 	}
-	return conn, nil
+	// An SSH channel has no deadlines, which the replication connection needs: the connection
+	// handed out is one end of a pipe, and two goroutines copy between the other end and the
+	// channel until either side closes.
+	local, remote := net.Pipe()
+	t.wg.Add(2)
+	go func() {
+		defer t.wg.Done()
+		_, _ = io.Copy(remote, ch)
+		remote.Close()
+	}()
+	go func() {
+		defer t.wg.Done()
+		_, _ = io.Copy(ch, remote)
+		ch.Close()
+	}()
+	return local, nil
 }
 
 // configure makes a connection go through the tunnel.
@@ -168,14 +191,15 @@ func (t *tunnel) configure(cfg *pgconn.Config) {
 	cfg.LookupFunc = func(_ context.Context, host string) ([]string, error) { return []string{host}, nil }
 }
 
-// Close ends the SSH connection.
+// Close ends the SSH connection, and with it every connection through it.
 func (t *tunnel) Close() error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.client == nil {
-		return nil
+	var err error
+	if t.client != nil {
+		err = t.client.Close()
+		t.client = nil
 	}
-	err := t.client.Close()
-	t.client = nil
+	t.mu.Unlock()
+	t.wg.Wait()
 	return err
 }
