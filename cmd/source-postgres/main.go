@@ -1,9 +1,3 @@
-// Command source-postgres is Tidemark's Airbyte source connector: spec, check, discover and read
-// of the Airbyte protocol (v0), over Tidemark's backfill-while-streaming engine. Its config is a
-// superset of Airbyte's own source-postgres config. See docs/airbyte.md.
-//
-// stdout carries protocol messages only, one per line; logs go to stderr, and warnings also as
-// LOG messages. Every failure ends in a TRACE ERROR with its failure_type and a non-zero exit.
 package main
 
 import (
