@@ -33,6 +33,8 @@
 //     that point: a chunk counts iff its H precedes the position. Windows and buffers are never
 //     persisted; a crash redoes the chunk in flight (I8). The slot is acknowledged only up to a
 //     position the sink made durable (AckCheckpoints) or the position Run resumed from (I12).
+//     A position beyond the server's flushed WAL is refused (ErrPositionAhead): confirming it
+//     would make the slot skip changes.
 //   - The backfill's upper key is captured at its start (I15); every chunk is one short
 //     transaction (I16).
 //
