@@ -812,3 +812,24 @@ func TestItem44_AcceptanceSuites(t *testing.T) {
 	}
 	require.Equal(t, 5, n)
 }
+
+// TestItem03_StdoutCarriesOnlyMessages: with the most verbose log level, every stdout line is one
+// protocol message of a valid type (env.check validates each against the protocol's schema), and
+// the log goes to stderr.
+func TestItem03_StdoutCarriesOnlyMessages(t *testing.T) {
+	e := ordersEnv(t, 2000)
+	e.cfg["backfill_chunk_size"] = 300
+	cat := e.catalog()
+	cmd := exec.Command(binPath, "read", "--config", e.config(), "--catalog", cat)
+	cmd.Env = append(os.Environ(), "LOG_LEVEL=trace")
+	r := e.startCmd(cmd).wait()
+	require.Equal(t, 0, r.code)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	require.Len(t, r.msgs, len(lines))
+	valid := map[string]bool{"RECORD": true, "STATE": true, "LOG": true, "TRACE": true}
+	for _, m := range r.msgs {
+		require.True(t, valid[m.Type], "a read writes records, states, logs and traces only: %s", m.raw)
+	}
+	require.Contains(t, r.stderr, `"level":"trace"`, "the log goes to stderr")
+	require.NotContains(t, r.stdout, `"level":`)
+}
