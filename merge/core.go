@@ -324,11 +324,17 @@ func (c *core) change(ch *replicator.Change) error {
 			c.emit(Delete, ts.cols, ch.Old, oldKey)
 			op = Insert
 		}
-		if partial && c.rereadPartial {
+		switch {
+		case partial && c.rereadPartial:
 			// The sink replaces whole rows: instead of a row without its unchanged TOASTed
 			// values, the row is read again whole, at a later position.
 			c.queueReread(ts, vals, newKey)
-		} else {
+		case partial && op == Insert:
+			// A key change that left TOASTed values alone: the new key has no row in the
+			// output for them to stay in, so the row is also read again whole.
+			c.emit(op, ts.cols, vals, newKey)
+			c.queueReread(ts, vals, newKey)
+		default:
 			c.emit(op, ts.cols, vals, newKey)
 		}
 	case replicator.Delete:

@@ -28,7 +28,9 @@
 //   - Each event has a position (LSN, Seq): the commit LSN of its transaction, or H's for
 //     snapshot rows; it increases along the output (I13). A key change is a delete of the old key
 //     and an insert of the new one. Unchanged TOASTed values are filled from the old row under
-//     REPLICA IDENTITY FULL and passed on as Unchanged otherwise, never as NULL.
+//     REPLICA IDENTITY FULL and passed on as Unchanged otherwise, never as NULL; a row that then
+//     has no whole copy in the output (a chunk row evicted by such an update, the new key of a
+//     key change) is read again whole (docs/adr/0005-unchanged-toast.md).
 //   - Positions are taken only at transaction boundaries and contain the backfill progress as of
 //     that point: a chunk counts iff its H precedes the position. Windows and buffers are never
 //     persisted; a crash redoes the chunk in flight (I8). The slot is acknowledged only up to a

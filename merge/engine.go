@@ -54,6 +54,10 @@ type Hooks struct {
 // Faults break the engine on purpose, for the chaos harness to prove it notices. Never set them
 // otherwise.
 type Faults struct {
+	// AckAhead acknowledges every emitted event's LSN to the slot at once, ahead of the sink's
+	// durable checkpoint, with frequent status updates, and resumes from a position the slot has
+	// passed without complaint: the classic bug of confirming what was received.
+	AckAhead          bool
 	NoVisibilityGuard bool // emit chunks the visibility guard would reject
 	NoEviction        bool // never drop chunk rows changed inside their window
 }
@@ -161,6 +165,9 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) ensureDefaults() {
+	if c.Faults.AckAhead {
+		c.Source.StatusInterval = 100 * time.Millisecond
+	}
 	if c.ChunkSize == 0 {
 		c.ChunkSize = 10000
 	}
@@ -339,7 +346,7 @@ func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[st
 		if from.LSN > sys.XLogPos {
 			return nil, &PositionAheadError{Position: from.LSN.String(), Server: sys.XLogPos.String()}
 		}
-		if from.LSN < slot.ConfirmedFlush {
+		if from.LSN < slot.ConfirmedFlush && !e.cfg.Faults.AckAhead {
 			return nil, &PositionBehindSlotError{Slot: slot.Name, Position: from.LSN.String(), ConfirmedFlush: slot.ConfirmedFlush.String()}
 		}
 		pos = from.Clone()
@@ -537,6 +544,9 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 	if n := len(m.core.out); n > 0 {
 		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
 			return fmt.Errorf("emit %d events: %w", n, err)
+		}
+		if m.e.cfg.Faults.AckAhead {
+			m.stream.Ack(m.core.out[n-1].LSN)
 		}
 		clear(m.core.out)
 		m.core.out = m.core.out[:0]

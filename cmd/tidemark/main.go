@@ -39,6 +39,7 @@ var commands = []command{
 	{"cleanup", "drop the slot, the publication and the signal table, once confirmed", runCleanup},
 	{"bench", "measure the backfill against COPY, and live-change latency during a backfill", runBench},
 	{"schema", "print the JSON schema of the rows sync writes for each table", runSchema},
+	{"chaos", "run the chaos harness: a live workload, the capture under faults, the output checked against the source", runChaos},
 	{"stream", "print the decoded change stream of a replication slot as JSON lines", runStream},
 }
 

@@ -37,7 +37,10 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	noBackfill := fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
 	quiet := fs.Bool("quiet", false, "no progress display")
+	signalTable := fs.String("signal-table", "public.tidemark_signal", "the watermark table, as schema.table; created when missing")
+	wmTimeout := fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
 	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
+	breakEngine := fs.String("testing-break", "", "testing: break the engine on purpose, for the chaos harness to catch: no-guard, no-eviction, ack-ahead")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -51,6 +54,22 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	tcs, err := parseTables(*tables)
 	if err != nil {
 		problems = append(problems, err.Error())
+	}
+	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
+	if !ok || sigSchema == "" || sigTable == "" {
+		problems = append(problems, "--signal-table must be schema.table")
+	}
+	var faults merge.Faults
+	switch *breakEngine {
+	case "":
+	case "no-guard":
+		faults.NoVisibilityGuard = true
+	case "no-eviction":
+		faults.NoEviction = true
+	case "ack-ahead":
+		faults.AckAhead = true
+	default:
+		problems = append(problems, "--testing-break must be no-guard, no-eviction or ack-ahead")
 	}
 	if len(problems) > 0 {
 		fs.Usage()
@@ -104,6 +123,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		AckCheckpoints:     true,
 		StopWhenCaughtUp:   *stopCaughtUp,
 		AddToPublication:   true,
+		SignalTable:        pgx.Identifier{sigSchema, sigTable},
+		WatermarkTimeout:   *wmTimeout,
+		Faults:             faults,
 	}
 	if *crashAt != "" {
 		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {

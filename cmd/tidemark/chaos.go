@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tidemark/tidemark/e2e/chaos"
+)
+
+// runChaos runs the chaos harness (e2e/chaos) in one mode or all, and prints a report per mode;
+// any violation makes the exit code 1.
+func runChaos(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("chaos", "chaos [--mode jsonl|postgres|airbyte|all] [--seed N] [--duration 10m] [flags]", e)
+	mode := fs.String("mode", "all", "what captures: jsonl (tidemark sync to a file), postgres (tidemark sync to PostgreSQL), airbyte (the connector in sync rounds), or all")
+	seed := fs.Uint64("seed", 0, "the seed of the workload and the fault schedule; 0: a random one, printed")
+	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
+	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
+	source := fs.String("source", "", "a staging database to run against (the run uses only its own schema tidemark_chaos, slot and publication); default a throwaway PostgreSQL")
+	target := fs.String("target", "", "postgres mode: the database to write to; default a second database of the throwaway PostgreSQL")
+	rows := fs.Int("rows", 20000, "rows of the main table before the run (backfilled under the faults)")
+	chunk := fs.Int("chunk-size", 1000, "backfill chunk size")
+	connector := fs.String("connector", "", "airbyte mode: the source-postgres binary; default beside this one, on the PATH, or built with go")
+	dir := fs.String("dir", "", "where the run's files go; default a temporary directory, kept when a run fails")
+	keep := fs.Bool("keep", false, "keep the scratch schema, slot and publication of a staging database")
+	breakEngine := fs.String("break", "", "testing: break the engine on purpose (no-guard, no-eviction, ack-ahead) to see the harness catch it")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	modes := []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte}
+	switch *mode {
+	case "all":
+		if *breakEngine != "" {
+			modes = modes[:2]
+		}
+	case "jsonl", "postgres", "airbyte":
+		modes = []chaos.Mode{chaos.Mode(*mode)}
+	default:
+		fs.Usage()
+		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte or all", errUsage)
+	}
+	if *seed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		*seed = binary.LittleEndian.Uint64(b[:])%1_000_000_000 + 1
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	failed := false
+	for _, m := range modes {
+		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
+			Tidemark: self, Rows: *rows, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log}
+		if *dir != "" {
+			cfg.Dir = filepath.Join(*dir, string(m))
+			if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+				return err
+			}
+		}
+		if m == chaos.Airbyte {
+			if cfg.Connector, err = findConnector(ctx, *connector, self); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(e.stdout, "# tidemark chaos --mode %s --seed %d --duration %s\n", m, *seed, *duration)
+		rep, err := chaos.Run(ctx, cfg)
+		if rep != nil {
+			rep.Write(e.stdout)
+			failed = failed || !rep.OK()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if failed {
+		return fmt.Errorf("%w: the harness found violations (replay with --seed %d)", errProblems, *seed)
+	}
+	return nil
+}
+
+// findConnector finds the source-postgres binary: the flag, beside this binary, on the PATH, or
+// built from the module this command runs in.
+func findConnector(ctx context.Context, flag, self string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	if p := filepath.Join(filepath.Dir(self), "source-postgres"); isExecutable(p) {
+		return p, nil
+	}
+	if p, err := exec.LookPath("source-postgres"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("cmd/source-postgres"); err == nil {
+		out := filepath.Join(os.TempDir(), "tidemark-chaos-source-postgres")
+		if b, err := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/source-postgres").CombinedOutput(); err != nil {
+			return "", fmt.Errorf("build the connector: %v: %s", err, strings.TrimSpace(string(b)))
+		}
+		return out, nil
+	}
+	return "", errors.New("the airbyte mode needs the source-postgres binary: give --connector, or run from the repository's root")
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}

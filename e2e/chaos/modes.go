@@ -1,0 +1,535 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// syncCapture runs `tidemark sync` to a JSON lines file or to PostgreSQL.
+type syncCapture struct {
+	r    *run
+	toPG bool
+	out  string // the JSON lines file
+
+	mu   sync.Mutex
+	seen map[string]time.Time // txlog id → when its insert first appeared in the output
+	at   map[string]time.Time // txlog id → when it was written
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+func (c *syncCapture) prepare(ctx context.Context) error {
+	c.seen, c.at = map[string]time.Time{}, map[string]time.Time{}
+	if !c.toPG {
+		// Live changes are timed as they reach the file.
+		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c.stop = cancel
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.tailFile(tctx)
+		}()
+	}
+	return nil
+}
+
+func (c *syncCapture) args(final bool) []string {
+	r := c.r
+	var tabs []string
+	for _, t := range tables {
+		tabs = append(tabs, Schema+"."+t.name)
+	}
+	to := c.out
+	if c.toPG {
+		to = r.target
+	}
+	source := r.via
+	if final {
+		source = r.dsn
+	}
+	args := []string{"sync", "--source", source, "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
+		"--to", to, "--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
+		"--signal-table", Schema + ".signal", "--watermark-timeout", "500ms"}
+	if c.toPG {
+		args = append(args, "--audit")
+	}
+	if r.cfg.Break != "" {
+		args = append(args, "--testing-break", r.cfg.Break)
+	}
+	if final {
+		args = append(args, "--stop-when-caught-up")
+	}
+	return args
+}
+
+func (c *syncCapture) start(ctx context.Context) (*process, error) {
+	cmd := exec.Command(c.r.cfg.Tidemark, c.args(false)...)
+	return spawn(cmd, nil)
+}
+
+func (c *syncCapture) slow(ctx context.Context, d time.Duration) string {
+	if c.toPG {
+		// The target is slow: a lock holds its writes.
+		conn, err := pgx.Connect(ctx, c.r.target)
+		if err != nil {
+			return "target unreachable"
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return "no transaction"
+		}
+		_, err = tx.Exec(ctx, `LOCK TABLE `+Schema+`.accounts IN ACCESS EXCLUSIVE MODE`)
+		sleep(ctx, d)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if err != nil {
+			return "target table not there yet"
+		}
+		return "target locked for " + d.String()
+	}
+	p := c.r.sup.current()
+	if p == nil {
+		return "no capture running"
+	}
+	p.freeze(ctx, d)
+	return "capture frozen for " + d.String()
+}
+
+// finish runs sync until it has caught up, without faults, retrying while an earlier process's
+// session still holds the slot.
+func (c *syncCapture) finish(ctx context.Context) error {
+	var last string
+	for range 20 {
+		cmd := exec.CommandContext(ctx, c.r.cfg.Tidemark, c.args(true)...)
+		p, err := spawn(cmd, nil)
+		if err != nil {
+			return err
+		}
+		t := time.NewTimer(5 * time.Minute)
+		select {
+		case <-p.done:
+		case <-t.C:
+			p.kill()
+			<-p.done
+			return errors.New("sync did not catch up within 5 minutes")
+		}
+		t.Stop()
+		if p.err == nil {
+			if c.stop != nil {
+				time.Sleep(300 * time.Millisecond) // the tail reads the end of the file
+				c.stop()
+				c.wg.Wait()
+			}
+			return nil
+		}
+		last = p.failure()
+		sleep(ctx, time.Second)
+	}
+	return errors.New(last)
+}
+
+func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
+	if c.toPG {
+		return c.verifyPG(ctx, rep)
+	}
+	b, err := os.ReadFile(c.out + ".checkpoint")
+	if err != nil {
+		return err
+	}
+	var cp struct{ Offset int64 }
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return err
+	}
+	f, err := os.Open(c.out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	recs, err := e2e.ParseJSONL(io.LimitReader(f, cp.Offset), keys())
+	if err != nil {
+		return err
+	}
+	o := e2e.NewOracle("ver")
+	for _, rec := range recs {
+		o.Apply(rec)
+	}
+	if err := c.r.checkOracle(ctx, o, rep); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, seen := range c.seen {
+		if at, ok := c.at[id]; ok {
+			rep.Latency = append(rep.Latency, seen.Sub(at))
+		}
+	}
+	slices.Sort(rep.Latency)
+	return nil
+}
+
+// verifyPG compares the target's tables with the source's, and checks the audit ledger: every
+// source transaction (each wrote one txlog row) was applied once.
+func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
+	src, err := c.r.sourceTables(ctx)
+	if err != nil {
+		return err
+	}
+	for name, key := range keys() {
+		dst, err := e2e.SourceRowsJSON(ctx, c.r.target, Schema, strings.TrimPrefix(name, Schema+"."), key)
+		if err != nil {
+			return err
+		}
+		rep.Records += len(dst)
+		if d := e2e.Diff(dst, src[name]); d != "" {
+			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: target %s differs from the source: %s", name, d))
+		}
+	}
+	conn, err := pgx.Connect(ctx, c.r.target)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var logged, applied int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+Schema+`.txlog`).Scan(&logged); err != nil {
+		return err
+	}
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`).Scan(&applied); err != nil {
+		return err
+	}
+	if applied != logged {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("audit: %d source transactions, %d applied", logged, applied))
+	}
+	rows, err := conn.Query(ctx, `SELECT extract(epoch FROM l.applied_at - t.at) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var s float64
+		if err := rows.Scan(&s); err != nil {
+			return err
+		}
+		rep.Latency = append(rep.Latency, time.Duration(s*float64(time.Second)))
+	}
+	slices.Sort(rep.Latency)
+	return rows.Err()
+}
+
+// tailFile follows the output file and notes when each txlog insert first appears in it.
+func (c *syncCapture) tailFile(ctx context.Context) {
+	var off int64
+	var partial []byte
+	for ctx.Err() == nil {
+		sleep(ctx, 100*time.Millisecond)
+		f, err := os.Open(c.out)
+		if err != nil {
+			continue
+		}
+		fi, err := f.Stat()
+		if err == nil && fi.Size() < off {
+			off, partial = fi.Size(), nil // cut back to a checkpoint on a restart
+		}
+		if _, err := f.Seek(off, io.SeekStart); err == nil {
+			b, _ := io.ReadAll(f)
+			off += int64(len(b))
+			now := time.Now()
+			partial = append(partial, b...)
+			for {
+				i := bytes.IndexByte(partial, '\n')
+				if i < 0 {
+					break
+				}
+				c.noteLine(partial[:i], now)
+				partial = partial[i+1:]
+			}
+		}
+		f.Close()
+	}
+}
+
+func (c *syncCapture) noteLine(line []byte, now time.Time) {
+	if !bytes.Contains(line, []byte(`"table":"`+Schema+`.txlog"`)) {
+		return
+	}
+	var ev struct {
+		Op    string                     `json:"op"`
+		After map[string]json.RawMessage `json:"after"`
+	}
+	if json.Unmarshal(line, &ev) != nil || ev.Op != "insert" {
+		return
+	}
+	id, at := string(ev.After["id"]), parseTime(ev.After["at"])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seen[id]; !ok && !at.IsZero() {
+		c.seen[id], c.at[id] = now, at
+	}
+}
+
+// parseTime reads a timestamptz in its JSON form.
+func parseTime(raw json.RawMessage) time.Time {
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return time.Time{}
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05.999999-07", "2006-01-02 15:04:05.999999Z07:00"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
+}
+
+// airbyteCapture runs the connector's read in rounds, handing each round the last state of the
+// one before, as the platform does; a round's records count once its state arrives (the
+// destination commits up to the state it echoes).
+type airbyteCapture struct {
+	r       *run
+	config  string
+	catalog string
+
+	mu       sync.Mutex
+	state    []byte // the last state, as the platform keeps it
+	oracle   *e2e.Oracle
+	pause    time.Time // the consumer reads nothing until then
+	seen     map[string]time.Time
+	at       map[string]time.Time
+	rounds   int
+	complete int // rounds that ended with exit 0
+}
+
+func newAirbyteCapture(r *run) *airbyteCapture {
+	return &airbyteCapture{r: r, oracle: e2e.NewOracle("ver"), seen: map[string]time.Time{}, at: map[string]time.Time{}}
+}
+
+func (c *airbyteCapture) prepare(ctx context.Context) error {
+	pc, err := pgx.ParseConfig(c.r.via)
+	if err != nil {
+		return err
+	}
+	cfg := map[string]any{
+		"host": pc.Host, "port": pc.Port, "database": pc.Database, "username": pc.User, "password": pc.Password,
+		"ssl_mode":           map[string]any{"mode": "disable"},
+		"replication_method": map[string]any{"method": "CDC", "replication_slot": c.r.slot, "publication": c.r.slot},
+		"signal_table":       Schema + ".signal", "backfill_chunk_size": c.r.cfg.ChunkSize, "state_interval_seconds": 1,
+	}
+	var streams []any
+	for _, t := range tables {
+		var pk [][]string
+		for _, k := range t.key {
+			pk = append(pk, []string{k})
+		}
+		streams = append(streams, map[string]any{
+			"stream": map[string]any{"name": t.name, "namespace": Schema, "json_schema": map[string]any{"type": "object"},
+				"supported_sync_modes": []string{"full_refresh", "incremental"}, "source_defined_cursor": true,
+				"default_cursor_field": []string{"_ab_cdc_lsn"}, "source_defined_primary_key": pk},
+			"sync_mode": "incremental", "destination_sync_mode": "append_dedup", "primary_key": pk,
+		})
+	}
+	write := func(name string, v any) (string, error) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return "", err
+		}
+		path := filepath.Join(c.r.cfg.Dir, name)
+		return path, os.WriteFile(path, b, 0o600)
+	}
+	if c.config, err = write("config.json", cfg); err != nil {
+		return err
+	}
+	c.catalog, err = write("catalog.json", map[string]any{"streams": streams})
+	return err
+}
+
+// round starts one read from the last state.
+func (c *airbyteCapture) round(ctx context.Context, cfgPath string) (*process, error) {
+	args := []string{"read", "--config", cfgPath, "--catalog", c.catalog}
+	c.mu.Lock()
+	if c.state != nil {
+		path := filepath.Join(c.r.cfg.Dir, "state.json")
+		if err := os.WriteFile(path, c.state, 0o600); err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
+		args = append(args, "--state", path)
+	}
+	c.rounds++
+	c.mu.Unlock()
+	cmd := exec.Command(c.r.cfg.Connector, args...)
+	cmd.Env = append(os.Environ(), "LOG_LEVEL=info")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	p, err := spawn(cmd, func(err error) {
+		wg.Wait()
+		if err == nil {
+			c.mu.Lock()
+			c.complete++
+			c.mu.Unlock()
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.consume(ctx, out)
+	}()
+	return p, nil
+}
+
+func (c *airbyteCapture) start(ctx context.Context) (*process, error) { return c.round(ctx, c.config) }
+
+// consume reads a round's messages: records wait for the next state, which commits them.
+func (c *airbyteCapture) consume(ctx context.Context, out io.Reader) {
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	var pending []e2e.Record
+	for {
+		c.mu.Lock()
+		until := c.pause
+		c.mu.Unlock()
+		if d := time.Until(until); d > 0 {
+			sleep(ctx, d)
+		}
+		if !sc.Scan() {
+			return
+		}
+		line := sc.Bytes()
+		var m struct {
+			Type   string          `json:"type"`
+			State  json.RawMessage `json:"state"`
+			Record struct {
+				Namespace string                     `json:"namespace"`
+				Stream    string                     `json:"stream"`
+				Data      map[string]json.RawMessage `json:"data"`
+			} `json:"record"`
+		}
+		if json.Unmarshal(line, &m) != nil {
+			continue // a line cut by a kill
+		}
+		switch m.Type {
+		case "RECORD":
+			rec := toRecord(m.Record.Namespace+"."+m.Record.Stream, m.Record.Data)
+			pending = append(pending, rec)
+			if m.Record.Stream == "txlog" {
+				id := string(m.Record.Data["id"])
+				c.mu.Lock()
+				if _, ok := c.seen[id]; !ok {
+					c.seen[id], c.at[id] = time.Now(), parseTime(m.Record.Data["at"])
+				}
+				c.mu.Unlock()
+			}
+		case "STATE":
+			for _, rec := range pending {
+				c.oracle.Apply(rec)
+			}
+			pending = pending[:0]
+			st, _ := json.Marshal([]json.RawMessage{m.State})
+			c.mu.Lock()
+			c.state = st
+			c.mu.Unlock()
+		}
+	}
+}
+
+// toRecord makes an Airbyte record an oracle record: a delete when _ab_cdc_deleted_at is set,
+// the whole row otherwise.
+func toRecord(table string, data map[string]json.RawMessage) e2e.Record {
+	rec := e2e.Record{Table: table, Op: "insert", Values: map[string]*string{}}
+	var kv []string
+	for _, k := range keys()[table] {
+		kv = append(kv, string(data[k]))
+	}
+	rec.Key = strings.Join(kv, e2e.KeySep)
+	if d, ok := data["_ab_cdc_deleted_at"]; ok && string(d) != "null" {
+		rec.Op = "delete"
+	}
+	if l, ok := data["_ab_cdc_lsn"]; ok {
+		rec.LSN, _ = strconv.ParseUint(string(l), 10, 64)
+	}
+	for k, v := range data {
+		if strings.HasPrefix(k, "_ab_cdc_") {
+			continue
+		}
+		s := string(v)
+		rec.Values[k] = &s
+	}
+	return rec
+}
+
+func (c *airbyteCapture) slow(ctx context.Context, d time.Duration) string {
+	c.mu.Lock()
+	c.pause = time.Now().Add(d)
+	c.mu.Unlock()
+	return "output not read for " + d.String()
+}
+
+// finish runs rounds without faults, straight to the server, until one ends well.
+func (c *airbyteCapture) finish(ctx context.Context) error {
+	direct := c.config
+	pc, err := pgx.ParseConfig(c.r.dsn)
+	if err != nil {
+		return err
+	}
+	b, _ := os.ReadFile(c.config)
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return err
+	}
+	cfg["host"], cfg["port"] = pc.Host, pc.Port
+	b, _ = json.Marshal(cfg)
+	direct = filepath.Join(c.r.cfg.Dir, "config-direct.json")
+	if err := os.WriteFile(direct, b, 0o600); err != nil {
+		return err
+	}
+	var last string
+	for range 20 {
+		p, err := c.round(ctx, direct)
+		if err != nil {
+			return err
+		}
+		<-p.done
+		if p.err == nil {
+			return nil
+		}
+		last = p.failure()
+		sleep(ctx, time.Second)
+	}
+	return errors.New(last)
+}
+
+func (c *airbyteCapture) verify(ctx context.Context, rep *Report) error {
+	if err := c.r.checkOracle(ctx, c.oracle, rep); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, seen := range c.seen {
+		if at, ok := c.at[id]; ok && !at.IsZero() {
+			rep.Latency = append(rep.Latency, seen.Sub(at))
+		}
+	}
+	slices.Sort(rep.Latency)
+	c.r.log.Info().Int("rounds", c.rounds).Int("complete", c.complete).Msg("airbyte rounds")
+	return nil
+}
