@@ -23,6 +23,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	seed := fs.Uint64("seed", 0, "the seed of the workload and the fault schedule; 0: a random one, printed")
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
+	faults := fs.String("faults", "", "only these faults, comma-separated: "+strings.Join(chaos.FaultKinds(), ", ")+"; default all")
 	source := fs.String("source", "", "a staging database to run against (the run uses only its own schema tidemark_chaos, slot and publication); default a throwaway PostgreSQL")
 	target := fs.String("target", "", "postgres mode: the database to write to; default a second database of the throwaway PostgreSQL")
 	rows := fs.Int("rows", 20000, "rows of the main table before the run (backfilled under the faults)")
@@ -58,7 +59,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	failed := false
 	for _, m := range modes {
 		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
-			Tidemark: self, Rows: *rows, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log}
+			Tidemark: self, Rows: *rows, Faults: splitList(*faults), ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log}
 		if *dir != "" {
 			cfg.Dir = filepath.Join(*dir, string(m))
 			if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
@@ -111,4 +112,14 @@ func findConnector(ctx context.Context, flag, self string) (string, error) {
 func isExecutable(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -52,6 +52,8 @@ type Config struct {
 	Duration time.Duration // how long the workload runs under faults. Zero: 1 minute
 	// FaultEvery is the mean time between faults. Zero: 3s.
 	FaultEvery time.Duration
+	// Faults restricts the faults to these kinds (FaultKinds); empty: all of them.
+	Faults []string
 	// Source is a staging database to run against (its role must create schemas, slots and
 	// publications); empty: a throwaway PostgreSQL started for the run, which also allows the
 	// faults that restart or reconfigure the server.
@@ -185,6 +187,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	default:
 		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte)", cfg.Mode)
+	}
+	for _, f := range cfg.Faults {
+		if !slices.Contains(FaultKinds(), f) {
+			return nil, fmt.Errorf("chaos: unknown fault %q (%s)", f, strings.Join(FaultKinds(), ", "))
+		}
 	}
 	start := time.Now()
 	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,13 +33,29 @@ var faultKinds = []struct {
 	{"slow-consumer", 12, false}, // the output is not consumed for 1-4 s
 }
 
+// FaultKinds are the names of the faults.
+func FaultKinds() []string {
+	var out []string
+	for _, k := range faultKinds {
+		out = append(out, k.name)
+	}
+	return out
+}
+
 // faultLoop injects faults at random times (drawn from the seed) until end.
 func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
+	enabled := func(k string, embedded bool) bool {
+		return (!embedded || r.srv != nil) && (len(r.cfg.Faults) == 0 || slices.Contains(r.cfg.Faults, k))
+	}
 	var total int
 	for _, k := range faultKinds {
-		if !k.embedded || r.srv != nil {
+		if enabled(k.name, k.embedded) {
 			total += k.weight
 		}
+	}
+	if total == 0 {
+		sleep(ctx, time.Until(end))
+		return
 	}
 	mean := float64(r.cfg.FaultEvery)
 	for ctx.Err() == nil {
@@ -50,7 +67,7 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 		sleep(ctx, wait)
 		n := r.rng.IntN(total)
 		for _, k := range faultKinds {
-			if k.embedded && r.srv == nil {
+			if !enabled(k.name, k.embedded) {
 				continue
 			}
 			if n -= k.weight; n < 0 {
@@ -90,9 +107,17 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		d = d * 3 / 4
 		r.exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'tidemark_chaos_absent_standby'`)
 		r.exec(ctx, `SELECT pg_reload_conf()`)
+		// Another client's transaction touches rows all over the main table meanwhile: streamed
+		// at once, visible only when the stall ends, it is what the visibility guard is for.
+		spray := make(chan struct{})
+		go func() {
+			defer close(spray)
+			r.exec(context.WithoutCancel(ctx), fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20)))
+		}()
 		sleep(ctx, d)
 		r.exec(context.WithoutCancel(ctx), `ALTER SYSTEM RESET synchronous_standby_names`)
 		r.exec(context.WithoutCancel(ctx), `SELECT pg_reload_conf()`)
+		<-spray
 		return "commits held back for " + d.String()
 	case "slow-consumer":
 		return capt.slow(ctx, d)
