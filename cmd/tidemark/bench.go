@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +38,8 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	chunk := fs.Int("chunk-size", 10000, "backfill chunk size")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	verbose := fs.Bool("v", false, "log the engine's progress")
+	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
+	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -52,9 +55,17 @@ func runBench(ctx context.Context, args []string, e *env) error {
 		defer pprof.StopCPUProfile()
 	}
 	if *quick {
-		*rows, *reps = 200_000, 1
+		*rows, *reps, *changes = 200_000, 1, 100_000
 	}
-	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, log: e.log.Level(zerolog.WarnLevel)}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	conn, err := findConnector(ctx, *connector, self)
+	if err != nil {
+		return err
+	}
+	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, changes: *changes, connector: conn, log: e.log.Level(zerolog.WarnLevel)}
 	if *verbose {
 		b.log = e.log
 	}
@@ -62,15 +73,17 @@ func runBench(ctx context.Context, args []string, e *env) error {
 }
 
 type bench struct {
-	e     *env
-	rows  int
-	reps  int
-	chunk int
-	log   zerolog.Logger
-	srv   *e2e.Server
-	dsn   string
-	slots int
-	types *pgjson.Registry
+	e         *env
+	changes   int
+	connector string
+	rows      int
+	reps      int
+	chunk     int
+	log       zerolog.Logger
+	srv       *e2e.Server
+	dsn       string
+	slots     int
+	types     *pgjson.Registry
 }
 
 func (b *bench) printf(format string, args ...any) { fmt.Fprintf(b.e.stdout, format, args...) }
@@ -163,6 +176,62 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.line("sync.tidemark_postgres", pgS, float64(b.rows), copyMB, fmt.Sprintf("time_ratio_to_native=%.2f", pgS.Seconds()/nativeS.Seconds()))
 
+	// Tidemark's exactly-once sync against pgcopydb, when it is installed.
+	if _, err := exec.LookPath("pgcopydb"); err == nil {
+		cpS, err := b.median(func() (time.Duration, error) { return b.pgcopydb(ctx) })
+		if err != nil {
+			return err
+		}
+		b.line("sync.pgcopydb_clone", cpS, float64(b.rows), copyMB, fmt.Sprintf("(pgcopydb clone: schema, data, indexes) tidemark_time_ratio=%.2f", pgS.Seconds()/cpS.Seconds()))
+	} else {
+		b.printf("%-24s skipped: pgcopydb is not installed (apt-get install pgcopydb)\n", "sync.pgcopydb_clone")
+	}
+
+	// The Airbyte connector's first sync of the same table, its output discarded.
+	var abMB float64
+	var abRSS int64
+	abS, err := b.median(func() (time.Duration, error) { return b.airbyteRead(ctx, &abMB, &abRSS) })
+	if err != nil {
+		return err
+	}
+	b.line("airbyte.read", abS, float64(b.rows), abMB, fmt.Sprintf("ratio_to_copy=%.2f peak_rss_MB=%.0f", copyS.Seconds()/abS.Seconds(), float64(abRSS)/1e3))
+
+	// Memory does not grow with the table: the same backfill of a fifth of it.
+	if err := execAll(ctx, b.dsn, fmt.Sprintf(`CREATE TABLE bench_fifth AS SELECT * FROM bench_rows WHERE id <= %d; ALTER TABLE bench_fifth ADD PRIMARY KEY (id); ALTER PUBLICATION bench ADD TABLE bench_fifth`, b.rows/5)); err != nil {
+		return err
+	}
+	var fifthPeak uint64
+	if _, err := b.median(func() (time.Duration, error) {
+		s := &discardSink{enc: eventEncoder{types: b.types}}
+		d, err := b.backfillTable(ctx, "bench_fifth", b.chunk, s)
+		fifthPeak = max(fifthPeak, s.peakHeap)
+		return d, err
+	}); err != nil {
+		return err
+	}
+	b.printf("%-24s rows=%d peak_heap_MB=%.0f rows=%d peak_heap_MB=%.0f ratio=%.2f\n", "memory.peak_heap", b.rows/5, float64(fifthPeak)/1e6,
+		b.rows, float64(peak)/1e6, float64(peak)/float64(max(fifthPeak, 1)))
+
+	// Streaming: changes decoded by pg_recvlogical (pgoutput, written to /dev/null) against
+	// Tidemark's stream, decoded and encoded as JSON lines.
+	recvS, tmStreamS, err := b.streaming(ctx)
+	if err != nil {
+		return err
+	}
+	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f\n", "stream.pg_recvlogical", b.changes, recvS.Seconds(), float64(b.changes)/recvS.Seconds())
+	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f ratio_to_pg_recvlogical=%.2f\n", "stream.tidemark", b.changes, tmStreamS.Seconds(),
+		float64(b.changes)/tmStreamS.Seconds(), recvS.Seconds()/tmStreamS.Seconds())
+
+	// Where the default chunk size comes from: the backfill at several sizes (one chunk is in
+	// flight at a time by design: its window is what makes the merge exact).
+	for _, size := range []int{1000, 5000, 10000, 50000} {
+		d, err := b.backfillTable(ctx, "bench_rows", size, nullSink{})
+		if err != nil {
+			return err
+		}
+		b.line(fmt.Sprintf("sweep.chunk_%d", size), d, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", copyS.Seconds()/d.Seconds()))
+	}
+
 	// Live-change latency while a backfill runs: single-row inserts at 200/s, commit to output.
 	lat := &latencySink{discardSink: discardSink{enc: eventEncoder{types: b.types}}}
 	stop := b.writer(ctx, 200)
@@ -219,9 +288,13 @@ func (b *bench) psqlCopy(ctx context.Context, sql string, mb *float64) (time.Dur
 
 // backfill runs one bounded backfill of bench_rows into sink, on a slot of its own.
 func (b *bench) backfill(ctx context.Context, sink merge.Sink, live *latencySink) (time.Duration, error) {
+	return b.backfillOf(ctx, "bench_rows", sink, live)
+}
+
+func (b *bench) backfillOf(ctx context.Context, table string, sink merge.Sink, live *latencySink) (time.Duration, error) {
 	b.slots++
 	slot := fmt.Sprintf("bench_%d", b.slots)
-	tables := []merge.TableConfig{{Schema: "public", Name: "bench_rows"}}
+	tables := []merge.TableConfig{{Schema: "public", Name: table}}
 	if live != nil {
 		tables = append(tables, merge.TableConfig{Schema: "public", Name: "bench_live", NoBackfill: true})
 	}
@@ -423,4 +496,186 @@ func (s *latencySink) stats() (p50, p99, maxL float64, n int) {
 	slices.Sort(l)
 	at := func(q float64) float64 { return l[min(len(l)-1, int(q*float64(len(l))))] }
 	return at(0.5), at(0.99), l[len(l)-1], len(l)
+}
+
+// backfillTable runs one bounded backfill of table with chunk size into sink, on a slot of its own.
+func (b *bench) backfillTable(ctx context.Context, table string, chunk int, sink merge.Sink) (time.Duration, error) {
+	saved := b.chunk
+	b.chunk = chunk
+	defer func() { b.chunk = saved }()
+	return b.backfillOf(ctx, table, sink, nil)
+}
+
+// pgcopydb times `pgcopydb clone` of the bench database into a fresh one.
+func (b *bench) pgcopydb(ctx context.Context) (time.Duration, error) {
+	b.slots++
+	db := fmt.Sprintf("bench_pgcopydb_%d", b.slots)
+	if err := b.srv.CreateDatabase(ctx, db); err != nil {
+		return 0, err
+	}
+	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
+	bin, err := e2e.FindBinDir()
+	if err != nil {
+		return 0, err
+	}
+	dir, err := os.MkdirTemp("", "tidemark-pgcopydb-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.CommandContext(ctx, "pgcopydb", "clone", "--source", pgURL(b.dsn), "--target", pgURL(b.srv.DSN(db)),
+		"--dir", dir, "--table-jobs", "2", "--index-jobs", "2", "--no-owner", "--no-acl")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("pgcopydb: %w: %s", err, tailOf(out.String()))
+	}
+	return time.Since(start), nil
+}
+
+func tailOf(s string) string {
+	if len(s) > 1500 {
+		return s[len(s)-1500:]
+	}
+	return s
+}
+
+// pgURL turns a key=value connection string into a URL (pgcopydb wants one).
+func pgURL(dsn string) string {
+	c, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return dsn
+	}
+	return fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", c.User, c.Password, c.Host, c.Port, c.Database)
+}
+
+// airbyteRead times the connector's first sync of bench_rows, its output discarded.
+func (b *bench) airbyteRead(ctx context.Context, mb *float64, rss *int64) (time.Duration, error) {
+	b.slots++
+	slot := fmt.Sprintf("bench_ab_%d", b.slots)
+	c, err := pgx.ParseConfig(b.dsn)
+	if err != nil {
+		return 0, err
+	}
+	dir, err := os.MkdirTemp("", "tidemark-bench-ab-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	config := fmt.Sprintf(`{"host":%q,"port":%d,"database":%q,"username":%q,"password":%q,"ssl_mode":{"mode":"disable"},
+		"replication_method":{"method":"CDC","replication_slot":%q,"publication":"bench"},"backfill_chunk_size":%d}`,
+		c.Host, c.Port, c.Database, c.User, c.Password, slot, b.chunk)
+	catalog := `{"streams":[{"stream":{"name":"bench_rows","namespace":"public","json_schema":{"type":"object"},"supported_sync_modes":["full_refresh","incremental"]},
+		"sync_mode":"incremental","destination_sync_mode":"append_dedup"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o600); err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "catalog.json"), []byte(catalog), 0o600); err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, b.connector, "read", "--config", filepath.Join(dir, "config.json"), "--catalog", filepath.Join(dir, "catalog.json"))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	n, _ := io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("connector read: %w: %s", err, tailOf(stderr.String()))
+	}
+	d := time.Since(start)
+	*mb = float64(n) / 1e6
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		*rss = max(*rss, ru.Maxrss)
+	}
+	_ = execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_drop_replication_slot('%s')`, slot))
+	return d, nil
+}
+
+// streaming writes b.changes inserts in transactions of 1000 rows with two slots waiting, then
+// times pg_recvlogical and Tidemark reading them (each the median of the repetitions, on slots
+// of their own).
+func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err error) {
+	if err := execAll(ctx, b.dsn, `CREATE TABLE bench_stream (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz); CREATE PUBLICATION bench_stream FOR TABLE bench_stream`); err != nil {
+		return 0, 0, err
+	}
+	var recvSlots, tmSlots []string
+	for i := range b.reps {
+		for _, kind := range []string{"recv", "tm"} {
+			slot := fmt.Sprintf("bench_stream_%s_%d", kind, i)
+			if err := execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot)); err != nil {
+				return 0, 0, err
+			}
+			if kind == "recv" {
+				recvSlots = append(recvSlots, slot)
+			} else {
+				tmSlots = append(tmSlots, slot)
+			}
+		}
+	}
+	conn, err := pgx.Connect(ctx, b.dsn)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for from := 1; from <= b.changes; from += 1000 {
+		if _, err := conn.Exec(ctx, `INSERT INTO bench_stream SELECT g, md5(g::text), g * 1.5, now() FROM generate_series($1::int, $2::int) g`, from, min(from+999, b.changes)); err != nil {
+			return 0, 0, err
+		}
+	}
+	var end string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		return 0, 0, err
+	}
+	bin, err := e2e.FindBinDir()
+	if err != nil {
+		return 0, 0, err
+	}
+	i := 0
+	recv, err = b.median(func() (time.Duration, error) {
+		slot := recvSlots[i]
+		i++
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_recvlogical"), "-d", b.dsn, "--slot", slot, "--start", "--endpos", end,
+			"-o", "proto_version=1", "-o", "publication_names=bench_stream", "--no-loop", "-f", "/dev/null")
+		start := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("pg_recvlogical: %w: %s", err, out)
+		}
+		return time.Since(start), nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	j := 0
+	tm, err = b.median(func() (time.Duration, error) {
+		slot := tmSlots[j]
+		j++
+		s := &discardSink{enc: eventEncoder{types: b.types}}
+		cfg := merge.Config{
+			Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench_stream"},
+			Tables:           []merge.TableConfig{{Schema: "public", Name: "bench_stream", NoBackfill: true}},
+			AckCheckpoints:   true,
+			StopWhenCaughtUp: true,
+		}
+		eng, err := merge.New(cfg, s, b.log)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		if err := eng.Run(ctx, nil); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	})
+	for _, slot := range append(recvSlots, tmSlots...) {
+		_ = execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_drop_replication_slot('%s')`, slot))
+	}
+	return recv, tm, err
 }

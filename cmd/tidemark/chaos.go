@@ -99,14 +99,21 @@ func findConnector(ctx context.Context, flag, self string) (string, error) {
 	if p, err := exec.LookPath("source-postgres"); err == nil {
 		return p, nil
 	}
-	if _, err := os.Stat("cmd/source-postgres"); err == nil {
-		out := filepath.Join(os.TempDir(), "tidemark-chaos-source-postgres")
-		if b, err := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/source-postgres").CombinedOutput(); err != nil {
+	// In the repository (go run, go test): build it.
+	dir, _ := os.Getwd()
+	for ; dir != filepath.Dir(dir); dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "cmd", "source-postgres", "main.go")); err != nil {
+			continue
+		}
+		out := filepath.Join(os.TempDir(), "tidemark-source-postgres")
+		build := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/source-postgres")
+		build.Dir = dir
+		if b, err := build.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("build the connector: %v: %s", err, strings.TrimSpace(string(b)))
 		}
 		return out, nil
 	}
-	return "", errors.New("the airbyte mode needs the source-postgres binary: give --connector, or run from the repository's root")
+	return "", errors.New("the source-postgres binary is needed: give --connector, or run inside the repository")
 }
 
 func isExecutable(p string) bool {

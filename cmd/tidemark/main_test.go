@@ -132,7 +132,8 @@ func TestBenchQuick(t *testing.T) {
 	}
 	e, out, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"bench", "--quick"}, e), errOut.String())
-	for _, figure := range []string{"scan.copy_text", "backfill.tidemark", "backfill.not_encoded", "latency.during_backfill"} {
+	for _, figure := range []string{"scan.copy_text", "backfill.tidemark", "backfill.not_encoded", "sync.native_subscription", "sync.tidemark_postgres",
+		"airbyte.read", "memory.peak_heap", "stream.pg_recvlogical", "stream.tidemark", "sweep.chunk_10000", "latency.during_backfill"} {
 		require.Contains(t, out.String(), figure)
 	}
 	t.Log(out.String())
