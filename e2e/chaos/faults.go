@@ -29,7 +29,7 @@ var faultKinds = []struct {
 	{"drop", 8, false},           // the proxy closes every connection
 	{"reset", 7, false},          // the proxy resets every connection (RST)
 	{"stall", 8, false},          // the proxy forwards nothing for 1-4 s
-	{"commit-stall", 8, true},    // commits wait 1-3 s for a synchronous standby that does not exist
+	{"commit-stall", 8, true},    // a committed transaction stays invisible for 1-3 s (see commitStall)
 	{"slow-consumer", 12, false}, // the output is not consumed for 1-4 s
 }
 
@@ -104,25 +104,72 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		r.proxy.stall(ctx, d)
 		return "connections stalled for " + d.String()
 	case "commit-stall":
-		d = d * 3 / 4
-		r.exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'tidemark_chaos_absent_standby'`)
-		r.exec(ctx, `SELECT pg_reload_conf()`)
-		// Another client's transaction touches rows all over the main table meanwhile: streamed
-		// at once, visible only when the stall ends, it is what the visibility guard is for.
-		spray := make(chan struct{})
-		go func() {
-			defer close(spray)
-			r.exec(context.WithoutCancel(ctx), fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20)))
-		}()
-		sleep(ctx, d)
-		r.exec(context.WithoutCancel(ctx), `ALTER SYSTEM RESET synchronous_standby_names`)
-		r.exec(context.WithoutCancel(ctx), `SELECT pg_reload_conf()`)
-		<-spray
-		return "commits held back for " + d.String()
+		return r.commitStall(ctx, d*3/4)
 	case "slow-consumer":
 		return capt.slow(ctx, d)
 	}
 	return ""
+}
+
+// commitStall holds a transaction between its commit record and its visibility for d: the
+// window in which PostgreSQL has streamed a transaction that new snapshots do not see yet, which
+// the visibility guard (algorithm reference §1.6) is for. The window is normally microseconds
+// long; here it lasts: a client updates one in twenty rows all over the main table, its commit
+// waits for a synchronous standby that does not exist (its commit record is flushed and streamed
+// by then), its backend is stopped (SIGSTOP) while it waits, and the standby requirement is
+// lifted so that every other commit, watermarks included, goes on. Chunks read meanwhile have
+// the stopped transaction in their snapshot's running list although it precedes their low
+// watermark in the stream. SIGCONT ends it. Sending signals to the server's backends needs the
+// harness to run as root or as the server's OS user; without that every commit waits for d.
+func (r *run) commitStall(ctx context.Context, d time.Duration) string {
+	bg := context.WithoutCancel(ctx)
+	conn, err := pgx.Connect(ctx, r.dsn)
+	if err != nil {
+		return "commit stall: " + err.Error()
+	}
+	defer conn.Close(bg)
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return "commit stall: " + err.Error()
+	}
+	r.exec(bg, `ALTER SYSTEM SET synchronous_standby_names = 'tidemark_chaos_absent_standby'`)
+	r.exec(bg, `SELECT pg_reload_conf()`)
+	lift := func() {
+		r.exec(bg, `ALTER SYSTEM RESET synchronous_standby_names`)
+		r.exec(bg, `SELECT pg_reload_conf()`)
+	}
+	sql := fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20))
+	spray := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(bg, sql)
+		spray <- err
+	}()
+	// Wait until the spraying commit waits for the standby.
+	waiting := false
+	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline) && ctx.Err() == nil; {
+		waiting = r.exec(bg, `SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'`, pid) == 1
+		if !waiting {
+			sleep(ctx, 20*time.Millisecond)
+		}
+	}
+	if !waiting {
+		lift()
+		<-spray
+		return "commit stall: the spraying transaction never waited for the standby"
+	}
+	stopped := syscall.Kill(pid, syscall.SIGSTOP) == nil
+	if !stopped {
+		// Not allowed to signal the backend: hold every commit instead.
+		sleep(ctx, d)
+		lift()
+		<-spray
+		return "commits held back for " + d.String() + " (the backend could not be stopped)"
+	}
+	lift()
+	sleep(ctx, d)
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	<-spray
+	return "a committed transaction kept invisible for " + d.String()
 }
 
 // exec runs a statement on the source, directly, and returns the rows it affected or returned.
