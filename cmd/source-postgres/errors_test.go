@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -64,4 +66,19 @@ func TestScrubber(t *testing.T) {
 	require.Equal(t, "x **** y", s.Replace("x pw1234 y"))
 	require.Equal(t, "k=****", s.Replace("k="+key))
 	require.Equal(t, `{"m":"****"}`, s.Replace(`{"m":"-----BEGIN KEY-----\nabc\"def\n-----END KEY-----"}`))
+}
+
+// TestCPUProfile: TIDEMARK_CPUPROFILE's file is a profile once the run ends; an unwritable path
+// is reported, not fatal.
+func TestCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	stop := startProfile(path)
+	for i := 0; i < 1e6; i++ {
+		_ = fmt.Sprint(i)
+	}
+	stop()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NotEmpty(t, b, "the profile was written")
+	startProfile(filepath.Join(t.TempDir(), "missing", "cpu.prof"))()
 }
