@@ -25,7 +25,8 @@
 // input function of the column each is compared with.
 //
 // Reader.Next reads one chunk in one short REPEATABLE READ READ ONLY transaction with a
-// statement timeout and a lock timeout. Its first query captures pg_current_snapshot() (the
+// statement timeout, a lock timeout and enable_sort off (a chunk comes from the key's index in
+// key order, even when missing statistics make the planner guess otherwise). Its first query captures pg_current_snapshot() (the
 // transaction's snapshot, which the merge's visibility guard checks) and compares the table's
 // columns with the discovered ones (ErrSchemaChanged when they differ). No transaction stays
 // open across chunks, so the backfill never holds back the xmin horizon.
