@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/merge"
@@ -51,6 +52,9 @@ type pgSink struct {
 	lastAudit pglogrepl.LSN
 	copyBuf   bytes.Buffer
 	applied   int64 // events applied (for the summary)
+	// Backfilled rows copied straight into their table, and those upserted after a direct copy
+	// met a key the target had.
+	directRows, fallbackRows int64
 }
 
 // targetTable is a target table as the sink knows it.
@@ -61,6 +65,9 @@ type targetTable struct {
 	stage   string          // quoted temporary staging table
 	batch   *tableBatch
 	columns *merge.Columns // the Columns the batch's rows have
+	// skipDirect counts the batches that go through the staging table before a direct copy is
+	// tried again, after directFails failed in a row on a key the target already had.
+	skipDirect, directFails int
 }
 
 // tableBatch is a table's pending changes, one final state per key.
@@ -71,9 +78,10 @@ type tableBatch struct {
 }
 
 type pendingRow struct {
-	deleted bool
-	keyVals []replicator.Value
-	vals    []replicator.Value // nil for a delete; Unchanged: leave the column as it is
+	deleted  bool
+	snapshot bool // its state comes from a backfill chunk
+	keyVals  []replicator.Value
+	vals     []replicator.Value // nil for a delete; Unchanged: leave the column as it is
 }
 
 func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string, audit bool, log zerolog.Logger) (*pgSink, *merge.Position, error) {
@@ -168,6 +176,7 @@ func (s *pgSink) pend(t *targetTable, ev *merge.Event) {
 	for _, k := range ev.Columns.Key {
 		r.keyVals = append(r.keyVals, ev.Col(k))
 	}
+	r.snapshot = ev.Op == merge.Snapshot
 	switch ev.Op {
 	case merge.Delete:
 		r.deleted, r.vals = true, nil
@@ -225,6 +234,7 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 
 // Close rolls back what was not checkpointed.
 func (s *pgSink) Close(ctx context.Context) {
+	s.log.Debug().Int64("direct_rows", s.directRows).Int64("fallback_rows", s.fallbackRows).Msg("backfilled rows written to the target")
 	if s.tx != nil {
 		_ = s.tx.Rollback(ctx)
 		s.tx = nil
@@ -255,7 +265,8 @@ func (s *pgSink) flushTable(ctx context.Context, t *targetTable) error {
 }
 
 // apply writes a batch: the deleted keys, then the rows, grouped by the columns they set, each
-// group copied into the staging table and upserted from it.
+// group copied into the staging table and upserted from it. A group of backfilled rows is first
+// copied straight into the table (see direct).
 func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 	t, cols := b.t, b.t.columns
 	var deletes [][]replicator.Value
@@ -268,6 +279,9 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 			continue
 		}
 		var sig strings.Builder
+		if r.snapshot {
+			sig.WriteByte('s')
+		}
 		for _, v := range r.vals {
 			if v.Kind == replicator.Unchanged {
 				sig.WriteByte('u')
@@ -285,7 +299,7 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 		keyNames[i] = cols.Names[k]
 	}
 	if len(deletes) > 0 {
-		if err := s.copyRows(ctx, t, keyNames, deletes); err != nil {
+		if err := s.copyRows(ctx, t, t.stage, keyNames, deletes); err != nil {
 			return err
 		}
 		var conds []string
@@ -304,7 +318,8 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 		rows := groups[sig]
 		var names []string
 		var idx []int
-		for i, c := range sig {
+		snapshot := strings.HasPrefix(sig, "s")
+		for i, c := range strings.TrimPrefix(sig, "s") {
 			if c == 'v' {
 				names = append(names, cols.Names[i])
 				idx = append(idx, i)
@@ -318,7 +333,16 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 			}
 			vals[j] = row
 		}
-		if err := s.copyRows(ctx, t, names, vals); err != nil {
+		if snapshot && len(idx) == len(cols.Names) {
+			done, err := s.direct(ctx, t, names, vals)
+			if err != nil {
+				return err
+			}
+			if done {
+				continue
+			}
+		}
+		if err := s.copyRows(ctx, t, t.stage, names, vals); err != nil {
 			return err
 		}
 		quoted := make([]string, len(names))
@@ -349,9 +373,45 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 	return nil
 }
 
-// copyRows copies rows of text values into the table's staging table, in COPY's text format:
-// PostgreSQL's text output of each value is valid input for its type.
-func (s *pgSink) copyRows(ctx context.Context, t *targetTable, names []string, rows [][]replicator.Value) error {
+// direct copies whole backfilled rows straight into the table, which costs the target about
+// 60% of staging and upserting them: a chunk's keys are usually not on the target yet. When one
+// is (the stream applied a change to it before the chunk was read, or the table was not empty),
+// the table's unique key fails the copy, which is undone to a savepoint, and the caller upserts
+// the rows instead; after n failures in a row, the next 2^(n-1) batches of the table (at most 64)
+// skip the attempt. It reports whether the rows were written.
+func (s *pgSink) direct(ctx context.Context, t *targetTable, names []string, rows [][]replicator.Value) (bool, error) {
+	if t.skipDirect > 0 {
+		t.skipDirect--
+		return false, nil
+	}
+	if _, err := s.tx.Exec(ctx, "SAVEPOINT tidemark_direct"); err != nil {
+		return false, err
+	}
+	err := s.copyRows(ctx, t, t.ident, names, rows)
+	if err == nil {
+		if _, err := s.tx.Exec(ctx, "RELEASE SAVEPOINT tidemark_direct"); err != nil {
+			return false, err
+		}
+		s.directRows += int64(len(rows))
+		t.directFails = 0
+		return true, nil
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "23505" {
+		return false, err
+	}
+	if _, rerr := s.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT tidemark_direct"); rerr != nil {
+		return false, rerr
+	}
+	t.directFails++
+	t.skipDirect = 1 << min(t.directFails-1, 6)
+	s.fallbackRows += int64(len(rows))
+	s.log.Debug().Str("table", t.ident).Int("rows", len(rows)).Msg("a backfilled key is already on the target: the batch is upserted")
+	return false, nil
+}
+
+// copyRows copies rows of text values into dst (the table's staging table, or the table), in
+// COPY's text format: PostgreSQL's text output of each value is valid input for its type.
+func (s *pgSink) copyRows(ctx context.Context, t *targetTable, dst string, names []string, rows [][]replicator.Value) error {
 	buf := &s.copyBuf
 	buf.Reset()
 	for _, row := range rows {
@@ -384,7 +444,7 @@ func (s *pgSink) copyRows(ctx context.Context, t *targetTable, names []string, r
 	for i, n := range names {
 		quoted[i] = pgx.Identifier{n}.Sanitize()
 	}
-	_, err := s.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf.Bytes()), "COPY "+t.stage+" ("+strings.Join(quoted, ", ")+") FROM STDIN")
+	_, err := s.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf.Bytes()), "COPY "+dst+" ("+strings.Join(quoted, ", ")+") FROM STDIN")
 	if err != nil {
 		return fmt.Errorf("copy %d rows for %s: %w", len(rows), t.ident, err)
 	}
