@@ -114,16 +114,17 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 		breaks string
 		faults []string
 		rows   int
+		every  time.Duration
 	}{
 		// Rows changed inside a chunk's window are emitted stale: versions go back. A stalled
 		// connection holds a window open for seconds (the snapshot is taken, the rows or the high
 		// watermark wait) while the workload, connected directly, goes on changing rows.
-		{"no-eviction", []string{"stall"}, 100000},
+		{"no-eviction", []string{"stall"}, 100000, 0},
 		// The slot is confirmed past the durable checkpoint: a kill loses changes.
-		{"ack-ahead", []string{"kill"}, 0},
+		{"ack-ahead", []string{"kill"}, 0, 0},
 		// A chunk that missed a transaction streamed before its low watermark is kept: commits
 		// held back by a synchronous standby provoke it during a long backfill.
-		{"no-guard", []string{"commit-stall"}, 100000},
+		{"no-guard", []string{"commit-stall"}, 100000, time.Second},
 	}
 	var cfgs []chaos.Config
 	for _, tc := range cases {
@@ -135,6 +136,9 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 		cfg.Break, cfg.Faults = tc.breaks, tc.faults
 		if tc.rows > 0 {
 			cfg.Rows = tc.rows
+		}
+		if tc.every > 0 {
+			cfg.FaultEvery = tc.every
 		}
 		cfgs = append(cfgs, cfg)
 	}

@@ -132,21 +132,36 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return "commit stall: " + err.Error()
 	}
+	// The update takes its row locks before commits wait for the standby: a workload transaction
+	// waiting for it with a lock the update needs would block the update until the stall ends.
+	sql := fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20))
+	if _, err := conn.Exec(ctx, "BEGIN; "+sql); err != nil {
+		return "commit stall: " + err.Error()
+	}
 	r.exec(bg, `ALTER SYSTEM SET synchronous_standby_names = 'tidemark_chaos_absent_standby'`)
 	r.exec(bg, `SELECT pg_reload_conf()`)
 	lift := func() {
 		r.exec(bg, `ALTER SYSTEM RESET synchronous_standby_names`)
 		r.exec(bg, `SELECT pg_reload_conf()`)
 	}
-	sql := fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20))
+	// The setting reaches the backends and the checkpointer (which tells commits to wait)
+	// asynchronously.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
+		var v string
+		if conn.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&v) != nil || v != "" {
+			break
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+	sleep(ctx, 200*time.Millisecond)
 	spray := make(chan error, 1)
 	go func() {
-		_, err := conn.Exec(bg, sql)
+		_, err := conn.Exec(bg, "COMMIT")
 		spray <- err
 	}()
 	// Wait until the spraying commit waits for the standby.
 	waiting := false
-	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline) && ctx.Err() == nil; {
+	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline) && ctx.Err() == nil && len(spray) == 0; {
 		waiting = r.exec(bg, `SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'`, pid) == 1
 		if !waiting {
 			sleep(ctx, 20*time.Millisecond)
@@ -155,7 +170,7 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 	if !waiting {
 		lift()
 		<-spray
-		return "commit stall: the spraying transaction never waited for the standby"
+		return "commit stall: the spraying transaction did not wait for the standby"
 	}
 	stopped := syscall.Kill(pid, syscall.SIGSTOP) == nil
 	if !stopped {
