@@ -84,10 +84,11 @@ type Report struct {
 	Duration     time.Duration // the whole run, setup and checks included
 	Transactions int64         // workload transactions committed
 	Faults       map[string]int
-	Starts       int    // capture processes started
-	Failures     int    // capture processes that failed on their own (not killed by the harness)
-	LastFailure  string // the last one's error
-	Records      int    // output records checked
+	Void         map[string]int // faults of Faults that could not be applied (a restart that failed...)
+	Starts       int            // capture processes started
+	Failures     int            // capture processes that failed on their own (not killed by the harness)
+	LastFailure  string         // the last one's error
+	Records      int            // output records checked
 	Duplicates   int
 	Latency      []time.Duration // commit to delivery of live changes, sorted
 	Violations   []string
@@ -115,7 +116,16 @@ func (r *Report) Write(w io.Writer) {
 		total += n
 	}
 	sort.Strings(kinds)
-	fmt.Fprintf(w, "faults: %d (%s)\n", total, strings.Join(kinds, " "))
+	fmt.Fprintf(w, "faults: %d (%s)", total, strings.Join(kinds, " "))
+	if len(r.Void) > 0 {
+		var void []string
+		for k, n := range r.Void {
+			void = append(void, fmt.Sprintf("%s=%d", k, n))
+		}
+		sort.Strings(void)
+		fmt.Fprintf(w, ", without effect: %s", strings.Join(void, " "))
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "capture: %d starts, %d restarts, %d failed on their own", r.Starts, max(r.Starts-1, 0), r.Failures)
 	if r.LastFailure != "" {
 		fmt.Fprintf(w, " (last: %.200s)", r.LastFailure)
@@ -155,6 +165,7 @@ type run struct {
 
 	mu     sync.Mutex
 	faults map[string]int
+	void   map[string]int // faults without effect
 	sup    *supervisor
 }
 
@@ -194,7 +205,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	start := time.Now()
-	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{},
+	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{}, void: map[string]int{},
 		report: &Report{Mode: cfg.Mode, Seed: cfg.Seed},
 		rng:    rand.New(rand.NewPCG(cfg.Seed, 2)),
 		slot:   fmt.Sprintf("tidemark_chaos_%d", cfg.Seed%1000000)}
@@ -214,7 +225,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer r.close(ctx)
 	err := r.execute(ctx)
 	r.report.Duration = time.Since(start)
-	r.report.Faults = r.faults
+	r.report.Faults, r.report.Void = r.faults, r.void
 	if err != nil {
 		return r.report, err
 	}

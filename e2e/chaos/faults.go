@@ -33,6 +33,10 @@ var faultKinds = []struct {
 	{"slow-consumer", 12, false}, // the output is not consumed for 1-4 s
 }
 
+// noEffect starts the description of a fault that could not be applied (counted apart in the
+// report).
+const noEffect = "no effect: "
+
 // FaultKinds are the names of the faults.
 func FaultKinds() []string {
 	var out []string
@@ -75,6 +79,9 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 				what := r.inject(ctx, k.name, d, capt)
 				r.mu.Lock()
 				r.faults[k.name]++
+				if strings.HasPrefix(what, noEffect) {
+					r.void[k.name]++
+				}
 				r.mu.Unlock()
 				r.log.Info().Str("fault", k.name).Str("what", what).Msg("fault")
 				break
@@ -90,7 +97,7 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		return r.sup.kill()
 	case "restart":
 		if err := r.srv.Restart(ctx, true); err != nil {
-			return "restart failed: " + err.Error()
+			return noEffect + "restart failed: " + err.Error()
 		}
 		return "immediate restart"
 	case "walsender":
@@ -125,18 +132,18 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 	bg := context.WithoutCancel(ctx)
 	conn, err := pgx.Connect(ctx, r.dsn)
 	if err != nil {
-		return "commit stall: " + err.Error()
+		return noEffect + err.Error()
 	}
 	defer conn.Close(bg)
 	var pid int
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		return "commit stall: " + err.Error()
+		return noEffect + err.Error()
 	}
 	// The update takes its row locks before commits wait for the standby: a workload transaction
 	// waiting for it with a lock the update needs would block the update until the stall ends.
 	sql := fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20))
 	if _, err := conn.Exec(ctx, "BEGIN; "+sql); err != nil {
-		return "commit stall: " + err.Error()
+		return noEffect + err.Error()
 	}
 	r.exec(bg, `ALTER SYSTEM SET synchronous_standby_names = 'tidemark_chaos_absent_standby'`)
 	r.exec(bg, `SELECT pg_reload_conf()`)
@@ -170,7 +177,7 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 	if !waiting {
 		lift()
 		<-spray
-		return "commit stall: the spraying transaction did not wait for the standby"
+		return noEffect + "the spraying transaction did not wait for the standby"
 	}
 	stopped := syscall.Kill(pid, syscall.SIGSTOP) == nil
 	if !stopped {
