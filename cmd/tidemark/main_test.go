@@ -240,6 +240,19 @@ func TestHelpMatchesDocs(t *testing.T) {
 	}
 }
 
+// targetDatabase creates a second database to sync db into, dropped when the test ends, and
+// returns its DSN and a connection to it.
+func targetDatabase(t *testing.T, db *e2e.TestDB) (string, *pgx.Conn) {
+	ctx := context.Background()
+	name := db.Name + "_tgt"
+	require.NoError(t, server.CreateDatabase(ctx, name))
+	t.Cleanup(func() { _ = server.DropDatabase(context.Background(), name) })
+	conn, err := pgx.Connect(ctx, server.DSN(name))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return server.DSN(name), conn
+}
+
 // TestSyncDirectCopy: backfilled rows are copied straight into the target table; a chunk with a
 // key the target already has (a row left there before, as the stream would leave one) falls back
 // to the upsert for that batch, and the target ends equal to the source.
@@ -248,26 +261,21 @@ func TestSyncDirectCopy(t *testing.T) {
 	db.Exec(`CREATE TABLE d (id int PRIMARY KEY, v text, n numeric)`)
 	db.Exec(`INSERT INTO d SELECT g, md5(g::text), g * 1.5 FROM generate_series(1, 5000) g`)
 	ctx := context.Background()
-	tgtName := db.Name + "_tgt"
-	require.NoError(t, server.CreateDatabase(ctx, tgtName))
-	t.Cleanup(func() { _ = server.DropDatabase(context.Background(), tgtName) })
-	tgt, err := pgx.Connect(ctx, server.DSN(tgtName))
-	require.NoError(t, err)
-	defer tgt.Close(ctx)
-	_, err = tgt.Exec(ctx, `CREATE TABLE d (id int PRIMARY KEY, v text, n numeric); INSERT INTO d VALUES (2500, 'stale', 0), (9999, 'target only', 0)`)
+	tgtDSN, tgt := targetDatabase(t, db)
+	_, err := tgt.Exec(ctx, `CREATE TABLE d (id int PRIMARY KEY, v text, n numeric); INSERT INTO d VALUES (2500, 'stale', 0), (9999, 'target only', 0)`)
 	require.NoError(t, err)
 
 	var logBuf syncBuffer
 	e, _, errOut := testEnv(t)
 	e.log = zerolog.New(&logBuf).Level(zerolog.DebugLevel)
 	require.Equal(t, 0, run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
-		"--tables", "public.d", "--to", server.DSN(tgtName), "--chunk-size", "1000", "--stop-when-caught-up"}, e), errOut.String())
+		"--tables", "public.d", "--to", tgtDSN, "--chunk-size", "1000", "--stop-when-caught-up"}, e), errOut.String())
 
 	src, err := e2e.SourceRows(ctx, db.DSN, "public", "d", []string{"id"})
 	require.NoError(t, err)
 	_, err = tgt.Exec(ctx, `DELETE FROM d WHERE id = 9999`)
 	require.NoError(t, err)
-	dst, err := e2e.SourceRows(ctx, server.DSN(tgtName), "public", "d", []string{"id"})
+	dst, err := e2e.SourceRows(ctx, tgtDSN, "public", "d", []string{"id"})
 	require.NoError(t, err)
 	require.Empty(t, e2e.Diff(dst, src))
 
@@ -282,4 +290,26 @@ func TestSyncDirectCopy(t *testing.T) {
 	// skips the attempt after that failure.
 	require.Equal(t, int64(3000), direct)
 	require.Equal(t, int64(1000), fallback)
+}
+
+// TestSyncTargetWithoutKey: an existing target table without a unique index on the key is
+// refused with what to do (rows copied into it could not be applied exactly once), and nothing
+// is written to it.
+func TestSyncTargetWithoutKey(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE d (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO d SELECT g, md5(g::text) FROM generate_series(1, 100) g`)
+	ctx := context.Background()
+	tgtDSN, tgt := targetDatabase(t, db)
+	_, err := tgt.Exec(ctx, `CREATE TABLE d (id int, v text); CREATE UNIQUE INDEX ON d (id) WHERE id > 0`)
+	require.NoError(t, err)
+
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.d", "--to", tgtDSN, "--stop-when-caught-up"}, e), errOut.String())
+	require.Contains(t, errOut.String(), `"public"."d" has no unique index on its key (id)`)
+	require.Contains(t, errOut.String(), `ALTER TABLE "public"."d" ADD PRIMARY KEY ("id")`)
+	var n int
+	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*) FROM d`).Scan(&n))
+	require.Zero(t, n)
 }

@@ -482,6 +482,9 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 		for _, n := range names {
 			t.cols[n] = true
 		}
+		if err := s.checkKey(ctx, t); err != nil {
+			return nil, err
+		}
 		if err := s.addColumns(ctx, t, c); err != nil {
 			return nil, err
 		}
@@ -496,6 +499,32 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 }
 
 // typeNames returns the SQL names of the columns' types, as the source spells them.
+// checkKey requires an existing target table to have a unique index on exactly the key's
+// columns (no expression, no predicate): the upsert's ON CONFLICT needs it, and a direct copy
+// relies on it to refuse a key the table already has.
+func (s *pgSink) checkKey(ctx context.Context, t *targetTable) error {
+	key := slices.Sorted(slices.Values(t.key))
+	var ok bool
+	err := s.tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i
+		WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+		AND i.indnkeyatts = cardinality($2::text[])
+		AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text) FROM pg_attribute a
+			WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey[0:i.indnkeyatts - 1])) = $2::text[])`, t.ident, key).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("read the indexes of target table %s: %w", t.ident, err)
+	}
+	if !ok {
+		quoted := make([]string, len(t.key))
+		for i, k := range t.key {
+			quoted[i] = pgx.Identifier{k}.Sanitize()
+		}
+		return fmt.Errorf("target table %s has no unique index on its key (%s), so changes cannot be applied to it exactly once: "+
+			"add one (ALTER TABLE %s ADD PRIMARY KEY (%s)), or sync into a schema of its own with --target-schema",
+			t.ident, strings.Join(t.key, ", "), t.ident, strings.Join(quoted, ", "))
+	}
+	return nil
+}
+
 func (s *pgSink) typeNames(ctx context.Context, c *merge.Columns) ([]string, error) {
 	names := make([]string, len(c.Names))
 	for i := range c.Names {
