@@ -23,11 +23,9 @@ import (
 func background(t *testing.T, fn func(ctx context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		fn(ctx)
-	}()
+	})
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(stop)
@@ -287,11 +285,9 @@ func TestE27ForeignWatermarks(t *testing.T) {
 		cfg  merge.Config
 		sink *memSink
 	}{{a, sa}, {b, sb}} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = runEngine(t, run.cfg, run.sink, nil)
-		}()
+		})
 	}
 	wg.Wait()
 	require.NoError(t, errs[0])
@@ -417,6 +413,12 @@ func TestE42ColumnAddedInsideWindow(t *testing.T) {
 // workload runs a random mix of transactions on t(id, v, ver) until stopped: inserts, updates,
 // deletes, primary-key updates, multi-row updates, several statements per transaction.
 func workload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func() {
+	return workloadWith(t, db, seed, maxID, "", 0)
+}
+
+// workloadWith is workload with an extra statement at the end of every transaction ("" for
+// none) and a pause between transactions.
+func workloadWith(t *testing.T, db *e2e.TestDB, seed uint64, maxID int, extra string, pause time.Duration) func() {
 	conn := db.Connect()
 	r := rand.New(rand.NewPCG(seed, seed+1))
 	return background(t, func(ctx context.Context) {
@@ -438,11 +440,17 @@ func workload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func() {
 					stmts = append(stmts, fmt.Sprintf(`UPDATE t SET v = 'multi', ver = nextval('ver') WHERE id BETWEEN %d AND %d`, id, id+5))
 				}
 			}
+			if extra != "" {
+				stmts = append(stmts, extra)
+			}
 			_, err := conn.Exec(ctx, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT")
 			if err != nil && ctx.Err() == nil {
 				// Key collisions of random primary-key updates are expected; the transaction
 				// rolled back.
 				_, _ = conn.Exec(context.Background(), "ROLLBACK")
+			}
+			if pause > 0 {
+				time.Sleep(pause)
 			}
 		}
 	})

@@ -2,11 +2,9 @@ package e2e_test
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -31,34 +29,7 @@ func auditedWorkload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func(
 	// In the publication before the workload: pgoutput decides membership as of each
 	// transaction's commit, so log rows written before would reach the target only by backfill.
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE txlog`)
-	conn := db.Connect()
-	r := rand.New(rand.NewPCG(seed, seed+1))
-	return background(t, func(ctx context.Context) {
-		for ctx.Err() == nil {
-			var stmts []string
-			for range 1 + r.IntN(4) {
-				id := 1 + r.IntN(maxID)
-				switch n := r.IntN(10); {
-				case n < 3:
-					stmts = append(stmts, fmt.Sprintf(`INSERT INTO t (id, v) VALUES (%d, 'ins') ON CONFLICT (id) DO NOTHING`, maxID+r.IntN(maxID)))
-				case n < 6:
-					stmts = append(stmts, fmt.Sprintf(upd, "upd", id))
-				case n < 8:
-					stmts = append(stmts, fmt.Sprintf(`DELETE FROM t WHERE id = %d`, id))
-				case n < 9:
-					to := 1 + r.IntN(2*maxID)
-					stmts = append(stmts, fmt.Sprintf(`UPDATE t SET id = %d, ver = nextval('ver') WHERE id = %d AND NOT EXISTS (SELECT 1 FROM t WHERE id = %d)`, to, id, to))
-				default:
-					stmts = append(stmts, fmt.Sprintf(`UPDATE t SET v = 'multi', ver = nextval('ver') WHERE id BETWEEN %d AND %d`, id, id+5))
-				}
-			}
-			stmts = append(stmts, `INSERT INTO txlog DEFAULT VALUES`)
-			if _, err := conn.Exec(ctx, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT"); err != nil && ctx.Err() == nil {
-				_, _ = conn.Exec(context.Background(), "ROLLBACK")
-			}
-			time.Sleep(time.Millisecond)
-		}
-	})
+	return workloadWith(t, db, seed, maxID, `INSERT INTO txlog DEFAULT VALUES`, time.Millisecond)
 }
 
 // startSync starts `tidemark sync` in the background and returns a function that kills it.
@@ -71,6 +42,18 @@ func startSync(t *testing.T, db *e2e.TestDB, to string, args ...string) (kill fu
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
 			t.Errorf("sync was not running when killed: %v", err)
 		}
+	}
+}
+
+// killSyncRepeatedly starts sync 20 times and kills it with SIGKILL after 0.2-1.7 s each time
+// (the moments drawn from seed).
+func killSyncRepeatedly(t *testing.T, db *e2e.TestDB, to string, args []string, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	for i := range 20 {
+		kill := startSync(t, db, to, args...)
+		time.Sleep(time.Duration(200+r.IntN(1500)) * time.Millisecond)
+		kill()
+		t.Logf("kill %d", i+1)
 	}
 }
 
@@ -87,13 +70,7 @@ func TestSyncPostgresKill9(t *testing.T) {
 	createSlot(t, db)
 	stop := auditedWorkload(t, db, 11, 20000)
 	args := []string{"--tables", "public.t,public.txlog", "--chunk-size", "1000", "--audit"}
-	r := rand.New(rand.NewPCG(5, 6))
-	for i := range 20 {
-		kill := startSync(t, db, tgt, args...)
-		time.Sleep(time.Duration(200+r.IntN(1500)) * time.Millisecond)
-		kill()
-		t.Logf("kill %d", i+1)
-	}
+	killSyncRepeatedly(t, db, tgt, args, 5)
 	stop()
 	killed, err := runSyncTo(t, db, tgt, append(args, "--stop-when-caught-up")...)
 	require.NoError(t, err)
@@ -124,13 +101,7 @@ func TestSyncJSONLKill9(t *testing.T) {
 	stop := auditedWorkload(t, db, 12, 20000)
 	out := filepath.Join(t.TempDir(), "out.jsonl")
 	args := []string{"--tables", "public.t,public.txlog", "--chunk-size", "1000"}
-	r := rand.New(rand.NewPCG(7, 8))
-	for i := range 20 {
-		kill := startSync(t, db, out, args...)
-		time.Sleep(time.Duration(200+r.IntN(1500)) * time.Millisecond)
-		kill()
-		t.Logf("kill %d", i+1)
-	}
+	killSyncRepeatedly(t, db, out, args, 7)
 	stop()
 	_, err := runSyncTo(t, db, out, append(args, "--stop-when-caught-up")...)
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -366,7 +367,7 @@ func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[st
 		key := t.KeyNames()
 		p := pos.Tables[name]
 		// A progress without a cursor needs no key (a migrated state of a finished table).
-		if p != nil && !equalStrings(p.Key, key) && (len(p.Key) > 0 || p.Cursor != nil || p.MaxKey != nil || p.Reread != nil) {
+		if p != nil && !slices.Equal(p.Key, key) && (len(p.Key) > 0 || p.Cursor != nil || p.MaxKey != nil || p.Reread != nil) {
 			e.log.Warn().Str("table", name).Strs("was", p.Key).Strs("now", key).Msg("key changed since the position was taken: the backfill starts over")
 			p = nil
 		}
@@ -377,18 +378,6 @@ func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[st
 		p.Key = key
 	}
 	return pos, nil
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // sendEvent queues a stream event for the merge loop. While the queue is full (a slow sink), it

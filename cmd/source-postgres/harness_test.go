@@ -486,6 +486,17 @@ func (d *destination) equalsSource(t testing.TB, e *env, stream string) {
 	require.Empty(t, e2e.Diff(d.table(stream), src), "destination %s differs from the source", stream)
 }
 
+// replayEqualsSource applies the records of the reads, in order, to a destination that
+// deduplicates stream on key, and requires the result to equal the source table.
+func replayEqualsSource(t testing.TB, e *env, stream, key string, reads ...*result) {
+	t.Helper()
+	d := newDestination(map[string][]string{stream: {key}})
+	for _, r := range reads {
+		d.apply(t, r.records())
+	}
+	d.equalsSource(t, e, stream)
+}
+
 func parseDSN(t testing.TB, dsn string) *pgx.ConnConfig {
 	t.Helper()
 	c, err := pgx.ParseConfig(dsn)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -171,17 +172,13 @@ func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 	// so the platform never sees a silent source.
 	hctx, stopHeartbeat := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		r.heartbeat(hctx)
-	}()
+	})
 	if q := s.cfg.ReplicationMethod.HeartbeatActionQuery; q != "" && s.cfg.cdc() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			s.heartbeatQuery(hctx, q)
-		}()
+		})
 	}
 	defer func() {
 		stopHeartbeat()
@@ -414,7 +411,7 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 		return err
 	}
 	r.mu.Lock()
-	if st.fr == nil || st.fr.Done || !equalKeys(st.fr.Key, t.KeyNames()) {
+	if st.fr == nil || st.fr.Done || !slices.Equal(st.fr.Key, t.KeyNames()) {
 		// A new read: a finished one is read again, as full refresh wants.
 		st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Key: t.KeyNames()}}
 	}
@@ -530,16 +527,4 @@ func (r *reader) readAll(ctx context.Context, st *readStream) error {
 	st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Done: true, Rows: total}}
 	r.mu.Unlock()
 	return r.emitState()
-}
-
-func equalKeys(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

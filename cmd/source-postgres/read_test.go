@@ -312,10 +312,7 @@ func TestItem23_NoRecordWithANullKey(t *testing.T) {
 		require.NotEqual(t, "null", string(data["id"]))
 		require.Contains(t, data, "id")
 	}
-	d := newDestination(map[string][]string{"public.orders": {"id"}})
-	d.apply(t, r.records())
-	d.apply(t, r2.records())
-	d.equalsSource(t, e, "public.orders")
+	replayEqualsSource(t, e, "public.orders", "id", r, r2)
 }
 
 func TestItem24_NoTOASTPlaceholders(t *testing.T) {
@@ -336,10 +333,7 @@ func TestItem24_NoTOASTPlaceholders(t *testing.T) {
 		require.NotContains(t, string(m.raw), "unavailable")
 		require.Nil(t, m.get("record", "meta"))
 	}
-	d := newDestination(map[string][]string{"public.docs": {"id"}})
-	d.apply(t, r.records())
-	d.apply(t, r2.records())
-	d.equalsSource(t, e, "public.docs")
+	replayEqualsSource(t, e, "public.docs", "id", r, r2)
 }
 
 func TestItem25_UnencodableValuesAreNulledAndListed(t *testing.T) {
@@ -588,10 +582,7 @@ func TestItem33_AStateBehindTheSlot(t *testing.T) {
 	r2 := e.read(cat, state)
 	require.Len(t, r2.records(), 101, "every row again")
 	require.NotEmpty(t, r2.traces("ANALYTICS"))
-	d := newDestination(map[string][]string{"public.orders": {"id"}})
-	d.apply(t, r.records())
-	d.apply(t, r2.records())
-	d.equalsSource(t, e, "public.orders")
+	replayEqualsSource(t, e, "public.orders", "id", r, r2)
 }
 
 func TestItem34_SlotAcknowledgedToTheIncomingState(t *testing.T) {

@@ -231,9 +231,7 @@ func startSSHServer(t *testing.T, userName, password string, authorized ssh.Publ
 		ln.Close()
 		wg.Wait()
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -245,7 +243,7 @@ func startSSHServer(t *testing.T, userName, password string, authorized ssh.Publ
 				s.serve(c, cfg)
 			}()
 		}
-	}()
+	})
 	return s
 }
 

@@ -400,9 +400,7 @@ func (b *bench) syncPostgres(ctx context.Context) (time.Duration, error) {
 func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		conn, err := pgx.Connect(ctx, b.dsn)
 		if err != nil {
 			return
@@ -418,7 +416,7 @@ func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
 				_, _ = conn.Exec(ctx, `INSERT INTO bench_live DEFAULT VALUES`)
 			}
 		}
-	}()
+	})
 	return func() { cancel(); wg.Wait() }
 }
 

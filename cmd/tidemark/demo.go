@@ -81,11 +81,9 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	workCtx, stopWork := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var txns, workErr = 0, error(nil)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		txns, workErr = demoWorkload(workCtx, src, *rows, *rate)
-	}()
+	})
 	defer func() { stopWork(); wg.Wait() }()
 
 	srcConn, err := connectPinned(ctx, src)
@@ -117,12 +115,10 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	// the target has caught up with the source.
 	syncCtx, stopSync := context.WithCancelCause(ctx)
 	var caught error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		caught = demoWatch(syncCtx, stats, srcConn, *live, stopWork)
 		stopSync(errDemoDone)
-	}()
+	})
 	fmt.Fprintf(e.stderr, "Syncing into a second database while the workload runs (%d transactions/s)...\n", *rate)
 	syncStart := time.Now()
 	err = runWithProgress(syncCtx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, src, "", false)

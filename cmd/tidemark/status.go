@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -29,11 +30,7 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *source == "" {
-		fs.Usage()
-		return fmt.Errorf("%w: --source is required", errUsage)
-	}
-	conn, err := connectPinned(ctx, *source)
+	conn, err := connectSource(ctx, fs, *source)
 	if err != nil {
 		return err
 	}
@@ -126,6 +123,15 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 	return nil
 }
 
+// connectSource connects to the --source of a command that needs one, or explains its usage.
+func connectSource(ctx context.Context, fs *flag.FlagSet, source string) (*pgx.Conn, error) {
+	if source == "" {
+		fs.Usage()
+		return nil, fmt.Errorf("%w: --source is required", errUsage)
+	}
+	return connectPinned(ctx, source)
+}
+
 func runCleanup(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("cleanup", "cleanup --source DSN [--slot NAME] [--publication NAME] [--yes]", e)
 	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string; default $TIDEMARK_SOURCE")
@@ -135,11 +141,7 @@ func runCleanup(ctx context.Context, args []string, e *env) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *source == "" {
-		fs.Usage()
-		return fmt.Errorf("%w: --source is required", errUsage)
-	}
-	conn, err := connectPinned(ctx, *source)
+	conn, err := connectSource(ctx, fs, *source)
 	if err != nil {
 		return err
 	}

@@ -158,11 +158,9 @@ func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.S
 	stats.estimates(ctx, pollConn)
 	sideCtx, stopSide := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); stats.poll(sideCtx, pollConn, cfg.Source.Slot) }()
+	wg.Go(func() { stats.poll(sideCtx, pollConn, cfg.Source.Slot) })
 	if !quiet {
-		wg.Add(1)
-		go func() { defer wg.Done(); stats.display(sideCtx, e.stderr, e.terminal, e.log) }()
+		wg.Go(func() { stats.display(sideCtx, e.stderr, e.terminal, e.log) })
 	}
 	stopMetrics := func() error { return nil }
 	if metricsAddr != "" {

@@ -356,18 +356,14 @@ func (r *run) execute(ctx context.Context) error {
 	w := &workload{dsn: r.dsn, rng: rand.New(rand.NewPCG(r.cfg.Seed, 1)), rows: r.cfg.Rows}
 	wctx, stopWorkload := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		w.run(wctx)
-	}()
+	})
 	r.sup = &supervisor{start: capt.start, log: r.log}
 	sctx, stopCapture := context.WithCancel(ctx)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		r.sup.run(sctx)
-	}()
+	})
 	r.faultLoop(ctx, capt, time.Now().Add(r.cfg.Duration))
 	stopWorkload()
 	stopCapture()

@@ -72,11 +72,9 @@ func concurrently(t *testing.T, cfgs []chaos.Config) []*chaos.Report {
 	errs := make([]error, len(cfgs))
 	var wg sync.WaitGroup
 	for i, cfg := range cfgs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			reps[i], errs[i] = chaos.Run(context.Background(), cfg)
-		}()
+		})
 	}
 	wg.Wait()
 	for i, rep := range reps {

@@ -41,11 +41,9 @@ func (c *syncCapture) prepare(ctx context.Context) error {
 		// Live changes are timed as they reach the file.
 		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		c.stop = cancel
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
+		c.wg.Go(func() {
 			c.tailFile(tctx)
-		}()
+		})
 	}
 	return nil
 }
@@ -389,11 +387,9 @@ func (c *airbyteCapture) round(ctx context.Context, cfgPath string) (*process, e
 	if err != nil {
 		return nil, err
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		c.consume(ctx, out)
-	}()
+	})
 	return p, nil
 }
 

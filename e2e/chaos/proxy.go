@@ -29,11 +29,9 @@ func newProxy(target string) (*proxy, error) {
 		return nil, err
 	}
 	p := &proxy{ln: ln, target: target, conns: map[*proxyConn]bool{}, stalled: closedChan()}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
+	p.wg.Go(func() {
 		p.accept()
-	}()
+	})
 	return p, nil
 }
 
