@@ -80,7 +80,7 @@ func NewReader(conn *pgx.Conn, cfg Config) (*Reader, error) {
 // the stream carries, cannot stretch the backfill.
 func (r *Reader) MaxKey(ctx context.Context, t *Table) ([]string, error) {
 	var key []string
-	err := r.inTx(ctx, t, false, func(ctx context.Context) error {
+	err := r.inTx(ctx, func(ctx context.Context) error {
 		rr := r.conn.PgConn().ExecParams(ctx, MaxKeySQL(t), nil, nil, nil, nil)
 		for rr.NextRow() {
 			for _, v := range rr.Values() {
@@ -104,20 +104,12 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 	if limit < 1 {
 		return nil, fmt.Errorf("chunk limit %d: must be positive", limit)
 	}
-	var args [][]byte
-	for _, k := range [][]string{after, upper} {
-		if k == nil {
-			continue
-		}
-		if len(k) != len(t.Key) {
-			return nil, fmt.Errorf("chunk bound %q of %s: the key has %d columns", k, t, len(t.Key))
-		}
-		for _, v := range k {
-			args = append(args, []byte(v))
-		}
+	args, err := boundArgs(t, after, upper)
+	if err != nil {
+		return nil, err
 	}
 	c := &Chunk{Table: t, After: after}
-	err := r.inTx(ctx, t, true, func(ctx context.Context) error {
+	err = r.inTx(ctx, func(ctx context.Context) error {
 		snap, err := r.snapshot(ctx, t)
 		if err != nil {
 			return err
@@ -132,17 +124,32 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 	return c, nil
 }
 
-// Explain returns the plan of the chunk query Next would run, in the transaction Next would run
-// it in (for tests and diagnostics).
-func (r *Reader) Explain(ctx context.Context, t *Table, after, upper []string, limit int) (string, error) {
+// boundArgs are the parameters of a chunk query: the bounds' text values that are present.
+func boundArgs(t *Table, after, upper []string) ([][]byte, error) {
 	var args [][]byte
 	for _, k := range [][]string{after, upper} {
+		if k == nil {
+			continue
+		}
+		if len(k) != len(t.Key) {
+			return nil, fmt.Errorf("chunk bound %q of %s: the key has %d columns", k, t, len(t.Key))
+		}
 		for _, v := range k {
 			args = append(args, []byte(v))
 		}
 	}
+	return args, nil
+}
+
+// Explain returns the plan of the chunk query Next would run, in the transaction Next would run
+// it in (for tests and diagnostics).
+func (r *Reader) Explain(ctx context.Context, t *Table, after, upper []string, limit int) (string, error) {
+	args, err := boundArgs(t, after, upper)
+	if err != nil {
+		return "", err
+	}
 	var plan []string
-	err := r.inTx(ctx, t, false, func(ctx context.Context) error {
+	err = r.inTx(ctx, func(ctx context.Context) error {
 		res := r.conn.PgConn().ExecParams(ctx, "EXPLAIN "+ChunkSQL(t, after != nil, upper != nil, limit), args, nil, nil, nil).Read()
 		if res.Err != nil {
 			return res.Err
@@ -167,7 +174,7 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 		}
 	}
 	c := &Chunk{Table: t, Done: true}
-	err := r.inTx(ctx, t, true, func(ctx context.Context) error {
+	err := r.inTx(ctx, func(ctx context.Context) error {
 		snap, err := r.snapshot(ctx, t)
 		if err != nil {
 			return err
@@ -182,14 +189,14 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 }
 
 // inTx runs fn in a short REPEATABLE READ READ ONLY transaction with the statement and lock
-// timeouts; with check, it first compares the table's published columns with t.
+// timeouts.
 //
 // enable_sort is off in it: a chunk must come from the key's index in key order. Without
 // statistics (a table just loaded, not analyzed yet) the planner guesses that a key range holds
 // 0.5% of the table, fewer rows than a chunk, and prefers to read the whole rest of the range and
 // sort it, for every chunk. The setting only makes a sort the last resort: a key whose index
 // order differs from the ORDER BY (an index with another collation) is still sorted.
-func (r *Reader) inTx(ctx context.Context, t *Table, check bool, fn func(context.Context) error) (err error) {
+func (r *Reader) inTx(ctx context.Context, fn func(context.Context) error) (err error) {
 	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SET LOCAL enable_sort = off",
 		r.cfg.StatementTimeout.Milliseconds(), r.cfg.LockTimeout.Milliseconds())
 	if _, err := r.conn.PgConn().Exec(ctx, begin).ReadAll(); err != nil {
