@@ -269,42 +269,45 @@ func (s *pgSink) flushTable(ctx context.Context, t *targetTable) error {
 // copied straight into the table (see direct).
 func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 	t, cols := b.t, b.t.columns
+	// A group: rows from a chunk or not, and which columns they set ('v') or leave ('u').
+	type group struct {
+		snapshot bool
+		sig      string
+	}
 	var deletes [][]replicator.Value
-	groups := map[string][]*pendingRow{}
-	var groupOrder []string
+	groups := map[group][]*pendingRow{}
+	var groupOrder []group
 	for _, k := range b.order {
 		r := b.rows[k]
 		if r.deleted {
 			deletes = append(deletes, r.keyVals)
 			continue
 		}
-		var sig strings.Builder
-		if r.snapshot {
-			sig.WriteByte('s')
-		}
-		for _, v := range r.vals {
+		sig := make([]byte, len(r.vals))
+		for i, v := range r.vals {
+			sig[i] = 'v'
 			if v.Kind == replicator.Unchanged {
-				sig.WriteByte('u')
-			} else {
-				sig.WriteByte('v')
+				sig[i] = 'u'
 			}
 		}
-		if _, ok := groups[sig.String()]; !ok {
-			groupOrder = append(groupOrder, sig.String())
+		g := group{r.snapshot, string(sig)}
+		if _, ok := groups[g]; !ok {
+			groupOrder = append(groupOrder, g)
 		}
-		groups[sig.String()] = append(groups[sig.String()], r)
+		groups[g] = append(groups[g], r)
 	}
 	keyNames := make([]string, len(cols.Key))
+	conflict := make([]string, len(cols.Key)) // quoted
 	for i, k := range cols.Key {
 		keyNames[i] = cols.Names[k]
+		conflict[i] = pgx.Identifier{keyNames[i]}.Sanitize()
 	}
 	if len(deletes) > 0 {
 		if err := s.copyRows(ctx, t, t.stage, keyNames, deletes); err != nil {
 			return err
 		}
 		var conds []string
-		for _, k := range keyNames {
-			q := pgx.Identifier{k}.Sanitize()
+		for _, q := range conflict {
 			conds = append(conds, "t."+q+" = s."+q)
 		}
 		if _, err := s.tx.Exec(ctx, "DELETE FROM "+t.ident+" t USING "+t.stage+" s WHERE "+strings.Join(conds, " AND ")); err != nil {
@@ -314,12 +317,11 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 			return err
 		}
 	}
-	for _, sig := range groupOrder {
-		rows := groups[sig]
+	for _, g := range groupOrder {
+		rows := groups[g]
 		var names []string
 		var idx []int
-		snapshot := strings.HasPrefix(sig, "s")
-		for i, c := range strings.TrimPrefix(sig, "s") {
+		for i, c := range g.sig {
 			if c == 'v' {
 				names = append(names, cols.Names[i])
 				idx = append(idx, i)
@@ -333,7 +335,7 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 			}
 			vals[j] = row
 		}
-		if snapshot && len(idx) == len(cols.Names) {
+		if g.snapshot { // a chunk's rows are whole
 			done, err := s.direct(ctx, t, names, vals)
 			if err != nil {
 				return err
@@ -352,10 +354,6 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 			if !slices.Contains(keyNames, n) {
 				sets = append(sets, quoted[i]+" = EXCLUDED."+quoted[i])
 			}
-		}
-		var conflict []string
-		for _, k := range keyNames {
-			conflict = append(conflict, pgx.Identifier{k}.Sanitize())
 		}
 		action := "DO NOTHING"
 		if len(sets) > 0 {
