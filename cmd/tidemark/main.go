@@ -1,5 +1,3 @@
-// Command tidemark captures changes from PostgreSQL and backfills tables while the changes keep
-// flowing. Run `tidemark help` for its commands.
 package main
 
 import (

@@ -1,18 +1,3 @@
-// Package chaos is Tidemark's chaos harness: a seeded workload against PostgreSQL, the capture
-// (tidemark sync to JSON lines or to PostgreSQL, or the Airbyte connector in sync rounds) run
-// under faults chosen by the seed (kill -9, immediate restarts of PostgreSQL, walsender
-// terminations, connections dropped, reset and stalled by a proxy, commits held back by a
-// synchronous standby that does not exist, a slow consumer), and an oracle that checks the
-// output against the source at the end:
-//
-//   - I1: replaying the output gives exactly the source tables;
-//   - I2, I3: per key, the emitted versions never go back, and a deleted key never comes back
-//     with an older version (the workload's ver column only grows);
-//   - duplicates (a version emitted twice) are counted, not hidden;
-//   - PostgreSQL target: the audit ledger holds every source transaction once.
-//
-// A run only touches its own scratch schema (Schema), its slot and publication (named after the
-// seed), and, for the PostgreSQL target, the target database; it drops them at the end.
 package chaos
 
 import (
