@@ -389,21 +389,7 @@ func TestItem27_RecordCountsAreExact(t *testing.T) {
 	e.db.Exec(`INSERT INTO fr SELECT generate_series(1, 2500)`)
 	cat := e.catalog("public.orders", "public.fr")
 	e.cfg["backfill_chunk_size"] = 100
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		conn := e.db.Connect()
-		defer conn.Close(context.Background())
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			_, _ = conn.Exec(context.Background(), `UPDATE orders SET v = v || '.' WHERE id = $1`, i%3000+1)
-		}
-	}()
+	stop, done := workload(t, e, "orders", 3000)
 	r := e.read(cat, nil)
 	close(stop)
 	<-done
