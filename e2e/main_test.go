@@ -123,6 +123,7 @@ func (s *streamer) next(timeout time.Duration) txn {
 	case tx := <-s.txns:
 		return tx
 	case err := <-s.done:
+		s.done <- err // for stop, which waits for it
 		s.t.Fatalf("stream ended early: %v", err)
 	case <-time.After(timeout):
 		s.t.Fatalf("no transaction within %s", timeout)

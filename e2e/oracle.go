@@ -151,11 +151,10 @@ func SourceRowsJSON(ctx context.Context, dsn, schema, table string, key []string
 }
 
 func sourceRows(ctx context.Context, dsn, schema, table string, key []string, asJSON bool) (map[string]map[string]*string, error) {
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := pgconf.Parse(dsn, "tidemark-oracle")
 	if err != nil {
 		return nil, err
 	}
-	pgconf.Pin(&cfg.Config, "tidemark-oracle")
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

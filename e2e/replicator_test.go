@@ -445,3 +445,29 @@ func TestStreamStopsOnCancel(t *testing.T) {
 	}
 	require.True(t, strings.HasPrefix(db.Slot, "s_"))
 }
+
+// TestPublicationCreatedBeforeSlot: when Open creates both, the publication must exist before
+// the slot's consistent point. A slot created first decodes the writes committed between the two
+// with a catalog that has no publication, and the walsender fails on every start with
+// "publication does not exist", so the slot can never advance. Writers commit all along here.
+func TestPublicationCreatedBeforeSlot(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE w (id bigserial PRIMARY KEY, v text)`)
+	stop := background(t, func(ctx context.Context) {
+		conn := db.Connect()
+		for ctx.Err() == nil {
+			_, _ = conn.Exec(ctx, `INSERT INTO w (v) VALUES ('x')`)
+		}
+	})
+	st, err := openStream(t, db, func(c *replicator.Config) {
+		c.CreateSlot, c.CreatePublication = true, true
+		c.PublicationTables = []pgx.Identifier{{"public", "w"}}
+	})
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+	stop()
+	s := runStream(t, st, 0)
+	tx := s.next(20 * time.Second)
+	require.NotEmpty(t, tx.Changes, "the writes after the slot's start stream")
+	s.stop()
+}

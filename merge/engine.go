@@ -208,11 +208,10 @@ var errFinished = errors.New("finished")
 // ctx ends, Run finishes the transaction in progress if it can, takes a last checkpoint, and
 // returns context.Cause(ctx).
 func (e *Engine) Run(ctx context.Context, from *Position) error {
-	qcfg, err := pgx.ParseConfig(e.cfg.Source.DSN)
+	qcfg, err := pgconf.Parse(e.cfg.Source.DSN, "tidemark")
 	if err != nil {
-		return fmt.Errorf("parse source connection string: %w", err)
+		return fmt.Errorf("source: %w", err)
 	}
-	pgconf.Pin(&qcfg.Config, "tidemark")
 	if e.cfg.Source.Configure != nil {
 		e.cfg.Source.Configure(&qcfg.Config)
 	}

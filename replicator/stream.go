@@ -61,11 +61,10 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 	cfg.ensureDefaults()
 	log = log.With().Str("component", "replicator").Str("slot", cfg.Slot).Logger()
 
-	qcfg, err := pgx.ParseConfig(cfg.DSN)
+	qcfg, err := pgconf.Parse(cfg.DSN, cfg.ApplicationName)
 	if err != nil {
-		return nil, fmt.Errorf("parse source connection string: %w", err)
+		return nil, fmt.Errorf("source: %w", err)
 	}
-	pgconf.Pin(&qcfg.Config, cfg.ApplicationName)
 	if cfg.Configure != nil {
 		cfg.Configure(&qcfg.Config)
 	}
@@ -117,10 +116,13 @@ func (s *Stream) preflight(ctx context.Context, qcfg *pgx.ConnConfig) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if err := s.checkSlot(ctx, conn, db); err != nil {
+	// The publication comes first: a slot decodes every change after its consistent point with
+	// the catalog of that moment, so a slot created before its publication would meet the writes
+	// committed in between with no publication to look up, and fail on every start.
+	if err := s.checkPublication(ctx, conn, db); err != nil {
 		return err
 	}
-	return s.checkPublication(ctx, conn, db)
+	return s.checkSlot(ctx, conn, db)
 }
 
 func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error {

@@ -67,11 +67,10 @@ func (s *source) configure(c *pgconn.Config) {
 
 // connConfig is the configuration of a query connection, with Tidemark's pinned settings.
 func (s *source) connConfig() (*pgx.ConnConfig, error) {
-	c, err := pgx.ParseConfig(s.dsn)
+	c, err := pgconf.Parse(s.dsn, "tidemark-airbyte")
 	if err != nil {
 		return nil, configErrorf("the connection settings are not valid: %s", scrubParseError(err))
 	}
-	pgconf.Pin(&c.Config, "tidemark-airbyte")
 	pgconf.CancelOnContext(&c.Config)
 	s.configure(&c.Config)
 	return c, nil

@@ -187,11 +187,10 @@ func isDSN(s string) bool {
 
 // connectPinned opens a query connection with the pinned session settings.
 func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := pgconf.Parse(dsn, "tidemark")
 	if err != nil {
-		return nil, fmt.Errorf("parse source connection string: %w", err)
+		return nil, err
 	}
-	pgconf.Pin(&cfg.Config, "tidemark")
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to source %s: %w", pgconf.Describe(&cfg.Config), err)

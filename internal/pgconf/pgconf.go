@@ -1,5 +1,6 @@
 // Package pgconf holds the connection facts every Tidemark connection shares: the session settings
-// pinned on each connection, and the redaction of connection strings for messages.
+// pinned on each connection, the one way to parse a connection string with them, and the
+// redaction of connection strings for messages.
 //
 // # Why the settings are pinned
 //
@@ -8,23 +9,43 @@
 // bytea on bytea_output, money on lc_monetary. The replication connection (pgoutput sends values in
 // text form, produced by the walsender with its own session settings) and the query connections
 // (chunk SELECTs) must produce the same text for the same stored value, or a key read by the
-// backfill would not equal the same key seen in the stream (invariant I9 of the algorithm
-// reference), and a value would have two JSON forms. So every connection sets them in its startup
-// packet, before any query runs, whatever the server's or the role's defaults say.
+// backfill would not equal the same key seen in the stream (docs/invariants.md, key identity),
+// and a value would have two JSON forms. So every connection sets them in its startup packet,
+// before any query runs, whatever the server's or the role's defaults say.
+//
+// row_security is pinned off, as pg_dump does: a row-level security policy that applies to the
+// capture's role must make a chunk read fail, not silently return fewer rows.
+//
+// # How a pin can be lost, and why it cannot here
+//
+// Setting names are case-insensitive on the server, but the startup parameters are a map on the
+// client: a connection string's "timezone" (or the PGTZ environment variable, which pgx maps to
+// "timezone") would be sent beside the pinned "TimeZone", in random order, and the last one the
+// server reads wins. Pin removes every spelling of a pinned name before setting it, and Parse
+// checks on each new connection that the server reports the pinned values (an "options"
+// parameter, a role's ALTER ROLE SET or a proxy could still interfere), failing the connection
+// with ErrPinned otherwise.
 package pgconf
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
-// Settings are the session settings pinned on every connection Tidemark opens.
+// Settings are the session settings pinned on every connection Tidemark opens, with the value the
+// server reports for each once it is set.
 var Settings = map[string]string{
 	"TimeZone":           "UTC",
 	"DateStyle":          "ISO, MDY",
@@ -33,13 +54,26 @@ var Settings = map[string]string{
 	"bytea_output":       "hex",
 	"lc_monetary":        "C",
 	"client_encoding":    "UTF8",
+	"row_security":       "off",
 }
 
-// Pin sets Settings on cfg, overriding what the connection string asked for, and names the
-// application so that pg_stat_activity shows who is connected.
+// ErrPinned reports a connection on which a pinned setting did not take its value.
+var ErrPinned = errors.New("a pinned session setting was overridden")
+
+// Pin sets Settings on cfg, replacing what the connection string or the environment asked for
+// under any spelling of the same names, checks them on every connection cfg opens (Verify, before
+// any AfterConnect cfg already had), and names the application so that pg_stat_activity shows
+// who is connected.
 func Pin(cfg *pgconn.Config, application string) {
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
+	}
+	for k := range cfg.RuntimeParams {
+		for name := range Settings {
+			if strings.EqualFold(k, name) {
+				delete(cfg.RuntimeParams, k)
+			}
+		}
 	}
 	for k, v := range Settings {
 		cfg.RuntimeParams[k] = v
@@ -47,6 +81,62 @@ func Pin(cfg *pgconn.Config, application string) {
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok && application != "" {
 		cfg.RuntimeParams["application_name"] = application
 	}
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		if err := Verify(ctx, c); err != nil {
+			return err
+		}
+		if after != nil {
+			return after(ctx, c)
+		}
+		return nil
+	}
+}
+
+// Parse parses a connection string (URL or key=value pairs, with the PG* environment variables
+// pgx reads) and pins Settings on it. Errors never contain the password.
+func Parse(dsn, application string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse connection string: %w", err)
+	}
+	Pin(&cfg.Config, application)
+	return cfg, nil
+}
+
+// verifySQL reads every pinned setting in one round trip; it runs on replication connections too
+// (replication=database accepts SQL).
+var verifySQL, verifyNames = func() (string, []string) {
+	names := slices.Sorted(maps.Keys(Settings))
+	var cols []string
+	for _, n := range names {
+		cols = append(cols, "current_setting('"+n+"')")
+	}
+	return "SELECT " + strings.Join(cols, ", "), names
+}()
+
+// Verify checks that the session on c has every pinned setting's value. It uses the simple query
+// protocol, the only one a replication connection accepts.
+func Verify(ctx context.Context, c *pgconn.PgConn) error {
+	results, err := c.Exec(ctx, verifySQL).ReadAll()
+	if err != nil {
+		return fmt.Errorf("read the session settings: %w", err)
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != len(verifyNames) {
+		return errors.New("read the session settings: no row")
+	}
+	row := results[0].Rows[0]
+	var bad []string
+	for i, name := range verifyNames {
+		if got := string(row[i]); got != Settings[name] {
+			bad = append(bad, fmt.Sprintf("%s is %q, not %q", name, got, Settings[name]))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %s; Tidemark pins these settings so that both of its paths print values alike: remove them from the connection's options (PGOPTIONS, the options parameter) or from the proxy in between",
+			ErrPinned, strings.Join(bad, "; "))
+	}
+	return nil
 }
 
 // CancelOnContext makes a query connection answer a cancelled context by sending PostgreSQL a
