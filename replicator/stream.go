@@ -176,6 +176,11 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 	return nil
 }
 
+// PublicationComment is the comment on a publication that Open created for slot
+// (Config.CreatePublication). A publication carrying it was made by Tidemark for that slot; any
+// other was made by someone else, and is theirs to drop.
+func PublicationComment(slot string) string { return "created by tidemark for slot " + slot }
+
 func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string) error {
 	name := s.cfg.Publication
 	var ins, upd, del, trunc bool
@@ -197,7 +202,16 @@ func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string
 		if len(s.cfg.PublicationTables) == 0 {
 			create = "CREATE PUBLICATION " + quoteIdent(name)
 		}
-		if _, err := conn.Exec(ctx, create); err != nil {
+		// The comment, in the same transaction, is how `tidemark cleanup` tells a publication
+		// created for this slot (which it may drop) from one a DBA or another capture created.
+		comment := "COMMENT ON PUBLICATION " + quoteIdent(name) + " IS " + quoteLiteral(PublicationComment(s.cfg.Slot))
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, create); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, comment)
+			return err
+		}); err != nil {
 			return fmt.Errorf("create publication %q: %w", name, err)
 		}
 		s.log.Info().Str("publication", name).Int("tables", len(s.cfg.PublicationTables)).Msg("publication created")

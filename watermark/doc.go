@@ -10,6 +10,11 @@
 // marks of other slots (another engine sharing the table) and of earlier runs (windows are never
 // persisted; after a restart their marks are stale).
 //
+// Every mark is written with the capture role's rights, so Ensure refuses a signal table that
+// carries triggers or rules, or whose owner is neither that role nor a superuser (an owner can
+// add a trigger at any time): code of someone else's choosing would run as the capture, and
+// could forge marks.
+//
 // # Invariants
 //
 //   - A mark is committed in a transaction of its own, with synchronous_commit = on: the walsender

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,12 +100,14 @@ func (c *Config) EnsureDefaults() {
 	}
 }
 
-// ErrSetup reports a signal table that is missing, misshapen, not in the publication or not
-// writable, with the SQL a DBA should run.
+// ErrSetup reports a signal table that is missing, misshapen, not in the publication, not
+// writable, or not trusted (another owner, triggers, rules), with the SQL a DBA should run.
 var ErrSetup = errors.New("signal table is not ready")
 
 // Ensure creates the signal table when it is missing and adds it to the publication when it is
 // not in it. When the role may not do either, the error prints the exact SQL a DBA should run.
+// An existing table is refused when it carries triggers or rules, or is owned by a role other
+// than this one or a superuser (see checkTrusted).
 func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
 	cfg.EnsureDefaults()
 	name := cfg.Table.Sanitize()
@@ -131,6 +134,9 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger)
 	}
 	if cols != 5 {
 		return fmt.Errorf("%w: %s exists but is not a Tidemark signal table (it lacks the columns slot, run, chunk, kind, written_at); choose another signal table name", ErrSetup, name)
+	}
+	if err := checkTrusted(ctx, conn, name); err != nil {
+		return err
 	}
 	var writable bool
 	if err := conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'INSERT, UPDATE')`, name).Scan(&writable); err != nil {
@@ -165,6 +171,52 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger)
 	}
 	log.Info().Str("table", name).Str("publication", cfg.Publication).Msg("signal table added to the publication")
 	return nil
+}
+
+// checkTrusted refuses a signal table that someone other than this role could turn against it.
+// Every mark is an INSERT or UPDATE by this role, so a trigger (or a rule) on the table runs
+// code of its author's choosing with this role's rights (REPLICATION, SELECT on the captured
+// tables, or a superuser's), and could also change or forge marks, corrupting the backfill. So
+// the table may carry no trigger and no rule, and its owner must be a role that could not gain
+// anything that way, because it can already act as this role: this role itself, or a superuser.
+// Membership in the owner is not enough: every other member of that role could add a trigger.
+// A table a DBA (superuser) created and granted is therefore accepted, one an application role
+// created, in a schema where everybody may create, is not.
+func checkTrusted(ctx context.Context, conn *pgx.Conn, name string) error {
+	var owner, self string
+	var superuser bool
+	var triggers, rules []string
+	err := conn.QueryRow(ctx, `SELECT r.rolname::text, current_user::text, r.rolsuper,
+			array(SELECT tgname::text FROM pg_trigger WHERE tgrelid = c.oid AND NOT tgisinternal ORDER BY tgname),
+			array(SELECT rulename::text FROM pg_rewrite WHERE ev_class = c.oid ORDER BY rulename)
+		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = to_regclass($1)`, name).
+		Scan(&owner, &self, &superuser, &triggers, &rules)
+	if err != nil {
+		return fmt.Errorf("read the owner and triggers of signal table %s: %w", name, err)
+	}
+	var problems, fixes []string
+	if owner != self && !superuser {
+		problems = append(problems, fmt.Sprintf("it is owned by role %s, which is neither this role (%s) nor a superuser, "+
+			"and could add a trigger that runs with this role's rights on every mark", quoteIdent(owner), quoteIdent(self)))
+		fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s OWNER TO %s;", name, quoteIdent(self)))
+	}
+	if len(triggers) > 0 {
+		problems = append(problems, fmt.Sprintf("it has triggers (%s), which would run with this role's rights on every mark", strings.Join(triggers, ", ")))
+		for _, t := range triggers {
+			fixes = append(fixes, fmt.Sprintf("DROP TRIGGER %s ON %s;", quoteIdent(t), name))
+		}
+	}
+	if len(rules) > 0 {
+		problems = append(problems, fmt.Sprintf("it has rules (%s), which would rewrite every mark", strings.Join(rules, ", ")))
+		for _, r := range rules {
+			fixes = append(fixes, fmt.Sprintf("DROP RULE %s ON %s;", quoteIdent(r), name))
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is refused: %s; after checking that nothing else relies on them, its owner or a superuser should run:\n  %s\nor choose another signal table",
+		ErrSetup, name, strings.Join(problems, "; "), strings.Join(fixes, "\n  "))
 }
 
 // createdConcurrently reports the error of a CREATE TABLE IF NOT EXISTS that raced another

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -53,14 +54,17 @@ type sslMode struct {
 }
 
 type tunnelMethod struct {
-	Method     string `json:"tunnel_method"`
-	Host       string `json:"tunnel_host"`
-	Port       *int   `json:"tunnel_port"`
-	User       string `json:"tunnel_user"`
-	SSHKey     string `json:"ssh_key"`
-	Password   string `json:"tunnel_user_password"`
-	KnownHost  string `json:"tunnel_known_host"`
-	portNumber int
+	Method    string `json:"tunnel_method"`
+	Host      string `json:"tunnel_host"`
+	Port      *int   `json:"tunnel_port"`
+	User      string `json:"tunnel_user"`
+	SSHKey    string `json:"ssh_key"`
+	Password  string `json:"tunnel_user_password"`
+	KnownHost string `json:"tunnel_known_host"`
+	// AcceptUnknownHostKey trusts the key the jump server presents when tunnel_known_host pins
+	// none (it never overrides a pinned or @revoked key). Nothing is remembered between runs.
+	AcceptUnknownHostKey bool `json:"tunnel_accept_unknown_host_key"`
+	portNumber           int
 }
 
 type replicationMethod struct {
@@ -114,7 +118,17 @@ func loadConfig(path string) (*config, error) {
 func jsonProblem(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return fmt.Sprintf("%s must be a %s, not a %s", te.Field, te.Type, te.Value)
+		want := "a " + te.Type.String()
+		switch te.Type.Kind() {
+		case reflect.Int, reflect.Int64:
+			// A number too large for an int (or with a fraction) is refused here.
+			want = "a whole number within the key's range (docs/airbyte.md)"
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "true or false"
+		}
+		return fmt.Sprintf("%s must be %s, not a %s", te.Field, want, te.Value)
 	}
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
@@ -137,8 +151,8 @@ func (c *config) check() error {
 	if c.Port == nil {
 		p := 5432
 		c.Port = &p
-	} else if *c.Port <= 0 || *c.Port > 65535 {
-		errs = append(errs, fmt.Errorf("port %d is not a TCP port", *c.Port))
+	} else if err := inRange("port", *c.Port, 1, 65535, 0); err != nil {
+		errs = append(errs, err)
 	}
 	if len(c.Schemas) == 0 {
 		c.Schemas = []string{"public"}
@@ -180,8 +194,11 @@ func (c *config) check() error {
 			if t.Port != nil {
 				t.portNumber = *t.Port
 			}
-			if t.Host == "" || t.User == "" || t.portNumber <= 0 || t.portNumber > 65535 {
+			if t.Host == "" || t.User == "" {
 				errs = append(errs, fmt.Errorf("tunnel_method %s needs tunnel_host, tunnel_port and tunnel_user", t.Method))
+			}
+			if err := inRange("tunnel_port", t.portNumber, 1, 65535, 0); err != nil {
+				errs = append(errs, err)
 			}
 			if t.Method == "SSH_KEY_AUTH" && t.SSHKey == "" {
 				errs = append(errs, errors.New("tunnel_method SSH_KEY_AUTH needs ssh_key"))
@@ -230,9 +247,8 @@ func (c *config) check() error {
 	}
 	if r.InitialLoadTimeoutHours == 0 {
 		r.InitialLoadTimeoutHours = 8
-	}
-	if r.InitialLoadTimeoutHours < 0 {
-		errs = append(errs, errors.New("initial_load_timeout_hours must not be negative"))
+	} else if err := inRange("initial_load_timeout_hours", r.InitialLoadTimeoutHours, 4, 24, 8); err != nil {
+		errs = append(errs, err)
 	}
 	if c.SignalTable == "" {
 		c.SignalTable = "public.tidemark_signal"
@@ -242,20 +258,38 @@ func (c *config) check() error {
 	}
 	if c.BackfillChunkSize == 0 {
 		c.BackfillChunkSize = 10000
+	} else if err := inRange("backfill_chunk_size", c.BackfillChunkSize, 1, 1_000_000, 10000); err != nil {
+		errs = append(errs, err)
 	}
-	if c.BackfillChunkSize < 0 {
-		errs = append(errs, errors.New("backfill_chunk_size must be positive"))
+	if c.SyncTimeBudgetSeconds != 0 {
+		if err := inRange("sync_time_budget_seconds", c.SyncTimeBudgetSeconds, 1, 365*24*3600, 0); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if c.SyncTimeBudgetSeconds < 0 {
-		errs = append(errs, errors.New("sync_time_budget_seconds must not be negative"))
-	}
-	if c.StateIntervalSeconds < 0 {
-		errs = append(errs, errors.New("state_interval_seconds must not be negative"))
+	if c.StateIntervalSeconds != 0 {
+		if err := inRange("state_interval_seconds", c.StateIntervalSeconds, 1, 3600, int(defaultStateInterval/time.Second)); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if _, _, err := c.jdbcParams(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// inRange reports a numeric key whose value v is outside [lo, hi], naming the key and its range
+// (and the default that 0 stands for, when def is not 0). The ranges are the spec's (a test
+// holds them equal), and keep every duration made from a key far below time.Duration's limit,
+// which a product such as n * time.Second would otherwise overflow into a negative or wrong
+// duration without a word.
+func inRange(key string, v, lo, hi, def int) error {
+	if v >= lo && v <= hi {
+		return nil
+	}
+	if def != 0 {
+		return fmt.Errorf("%s %d is out of range: give %d to %d, or leave it out for the default (%d)", key, v, lo, hi, def)
+	}
+	return fmt.Errorf("%s %d is out of range: give %d to %d", key, v, lo, hi)
 }
 
 func (c *config) cdc() bool { return c.ReplicationMethod.Method == "CDC" }
@@ -310,8 +344,10 @@ func (c *config) jdbcParams() (map[string]string, []string, error) {
 		}
 		switch strings.ToLower(k) {
 		case "connecttimeout", "connect_timeout":
-			if _, err := strconv.Atoi(v); err != nil {
-				return nil, nil, fmt.Errorf("jdbc_url_params: connectTimeout %q is not a number of seconds", v)
+			// libpq's connect_timeout, in seconds: pgx multiplies it into a time.Duration.
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 3600 {
+				return nil, nil, fmt.Errorf("jdbc_url_params: connectTimeout %q is not a number of seconds from 0 (no limit) to 3600", v)
 			}
 			out["connect_timeout"] = v
 		case "applicationname", "application_name":

@@ -16,12 +16,14 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
 
 	"github.com/tidemark/tidemark/e2e"
 )
@@ -340,7 +342,8 @@ func TestSSHTunnel(t *testing.T) {
 	require.Greater(t, bastion.opened(), before+1, "the read's connections, the replication one included, went through the tunnel")
 
 	e.cfg = clone(good)
-	e.cfg["tunnel_method"] = map[string]any{"tunnel_method": "SSH_PASSWORD_AUTH", "tunnel_host": host, "tunnel_port": p, "tunnel_user": "jump", "tunnel_user_password": tunnelPassword}
+	e.cfg["tunnel_method"] = map[string]any{"tunnel_method": "SSH_PASSWORD_AUTH", "tunnel_host": host, "tunnel_port": p, "tunnel_user": "jump", "tunnel_user_password": tunnelPassword,
+		"tunnel_known_host": knownhosts.Line([]string{knownhosts.Normalize(bastion.addr)}, bastion.hostKey)}
 	e.db.Exec(`INSERT INTO orders VALUES (1000, 'x', 1)`)
 	r = e.read(cat, r.lastState(t))
 	require.Len(t, r.records(), 1)
@@ -358,4 +361,77 @@ func TestSSHTunnel(t *testing.T) {
 	status, msg = e.checkStatus()
 	require.Equal(t, "FAILED", status)
 	require.Contains(t, msg, "host key")
+}
+
+// TestSSHHostKeys: the bastion's host key is checked against tunnel_known_host. A key it does not
+// list is refused with a config_error that gives the key's fingerprint and the exact line to
+// paste, unless tunnel_accept_unknown_host_key asks to trust it; a key listed @revoked is
+// refused always; a key other than the pinned one is refused even then.
+func TestSSHHostKeys(t *testing.T) {
+	e := ordersEnv(t, 10)
+	cat := e.catalog()
+	const tunnelPassword = "tunnel-password-88"
+	bastion := startSSHServer(t, "jump", tunnelPassword, nil)
+	host, port, _ := net.SplitHostPort(bastion.addr)
+	p, _ := strconv.Atoi(port)
+	e.secrets = append(e.secrets, tunnelPassword)
+	e.cfg["host"] = "localhost"
+	line := knownhosts.Line([]string{knownhosts.Normalize(bastion.addr)}, bastion.hostKey)
+	bare := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(bastion.hostKey)))
+	fingerprint := ssh.FingerprintSHA256(bastion.hostKey)
+	_, otherPriv, _ := ed25519.GenerateKey(rand.Reader)
+	otherSigner, _ := ssh.NewSignerFromKey(otherPriv)
+	other := knownhosts.Line([]string{knownhosts.Normalize(bastion.addr)}, otherSigner.PublicKey())
+	tunnel := func(extra map[string]any) {
+		m := map[string]any{"tunnel_method": "SSH_PASSWORD_AUTH", "tunnel_host": host, "tunnel_port": p, "tunnel_user": "jump", "tunnel_user_password": tunnelPassword}
+		for k, v := range extra {
+			m[k] = v
+		}
+		e.cfg["tunnel_method"] = m
+	}
+
+	// Unknown: refused, with what to paste.
+	tunnel(nil)
+	status, msg := e.checkStatus()
+	require.Equal(t, "FAILED", status)
+	require.Contains(t, msg, fingerprint)
+	require.Contains(t, msg, line, "the known_hosts line to paste")
+	require.Contains(t, msg, "tunnel_known_host")
+	require.Contains(t, msg, "tunnel_accept_unknown_host_key")
+	r := e.run("read", "--config", e.config(), "--catalog", cat)
+	require.NotEqual(t, 0, r.code)
+	errs := r.traces("ERROR")
+	require.Len(t, errs, 1, r.stdout)
+	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"), "the user must act: not retried")
+	require.Empty(t, r.records())
+
+	// Trusted on first use when asked; pinned by the line (or the bare key).
+	tunnel(map[string]any{"tunnel_accept_unknown_host_key": true})
+	status, msg = e.checkStatus()
+	require.Equal(t, "SUCCEEDED", status, msg)
+	for _, known := range []string{line, bare, "# the bastion\n\n" + line + "\n"} {
+		tunnel(map[string]any{"tunnel_known_host": known})
+		status, msg = e.checkStatus()
+		require.Equal(t, "SUCCEEDED", status, "%q: %s", known, msg)
+	}
+
+	// Revoked: refused, whatever else the config says.
+	for _, known := range []string{"@revoked " + line, line + "\n@revoked * " + bare, "@revoked " + bare} {
+		tunnel(map[string]any{"tunnel_known_host": known, "tunnel_accept_unknown_host_key": true})
+		status, msg = e.checkStatus()
+		require.Equal(t, "FAILED", status, known)
+		require.Contains(t, msg, "revoked", known)
+		require.Contains(t, msg, fingerprint)
+	}
+	// Another key pinned: the server's key changed, which is never trusted on first use.
+	tunnel(map[string]any{"tunnel_known_host": other, "tunnel_accept_unknown_host_key": true})
+	status, msg = e.checkStatus()
+	require.Equal(t, "FAILED", status)
+	require.Contains(t, msg, fingerprint)
+	require.Contains(t, msg, ssh.FingerprintSHA256(otherSigner.PublicKey()))
+	// Markers it does not support are refused rather than misread as host keys.
+	tunnel(map[string]any{"tunnel_known_host": "@cert-authority * " + bare})
+	status, msg = e.checkStatus()
+	require.Equal(t, "FAILED", status)
+	require.Contains(t, msg, "@cert-authority")
 }

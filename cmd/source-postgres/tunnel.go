@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
 )
 
 // tunnel is an SSH connection to a jump server through which every connection to the database
@@ -47,10 +48,12 @@ func openTunnel(ctx context.Context, t *tunnelMethod, log zerolog.Logger) (*tunn
 	case "SSH_PASSWORD_AUTH":
 		auth = ssh.Password(t.Password)
 	}
-	hostKey, err := hostKeyCallback(t.KnownHost, log)
+	keys, err := parseKnownHosts(t.KnownHost)
 	if err != nil {
 		return nil, err
 	}
+	keys.acceptUnknown = t.AcceptUnknownHostKey
+	hostKey := keys.callback(log)
 	tun := &tunnel{
 		cfg: &ssh.ClientConfig{
 			User:            t.User,
@@ -67,38 +70,111 @@ func openTunnel(ctx context.Context, t *tunnelMethod, log zerolog.Logger) (*tunn
 	return tun, nil
 }
 
-// hostKeyCallback checks the jump server's host key against known (a known_hosts line, or the
-// key alone), or accepts any key and logs its fingerprint when known is empty.
-func hostKeyCallback(known string, log zerolog.Logger) (ssh.HostKeyCallback, error) {
-	if known == "" {
-		return func(host string, _ net.Addr, key ssh.PublicKey) error {
-			log.Warn().Str("tunnel_host", host).Str("fingerprint", ssh.FingerprintSHA256(key)).
-				Msg("SSH host key accepted without verification; set tunnel_known_host to pin it")
-			return nil
-		}, nil
-	}
-	var want ssh.PublicKey
-	rest := []byte(known)
-	for len(rest) > 0 && want == nil {
-		var err error
-		_, _, want, _, rest, err = ssh.ParseKnownHosts(rest)
+// hostKeys is what tunnel_known_host says about host keys, with tunnel_accept_unknown_host_key.
+type hostKeys struct {
+	pinned        []ssh.PublicKey // accepted; when there are any, no other key is
+	revoked       []ssh.PublicKey // refused always (@revoked)
+	acceptUnknown bool            // accept any key when none is pinned (trust on first use)
+}
+
+// parseKnownHosts reads tunnel_known_host: known_hosts lines ("host ssh-ed25519 AAAA..."),
+// optionally marked @revoked, or bare public keys ("ssh-ed25519 AAAA..."), one per line; blank
+// lines and # comments are skipped. The host patterns of a line are not matched: the config
+// names one jump server, and every key listed is about it.
+func parseKnownHosts(known string) (*hostKeys, error) {
+	var k hostKeys
+	for i, line := range strings.Split(known, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		marker := ""
+		if strings.HasPrefix(line, "@") {
+			marker, line, _ = strings.Cut(line, " ")
+			line = strings.TrimSpace(line)
+		}
+		key, err := parseHostKeyLine(line)
 		if err != nil {
-			break
+			return nil, configErrorf("tunnel_known_host line %d is not a known_hosts line or a public key (for example \"ssh-ed25519 AAAA...\")", i+1)
+		}
+		switch marker {
+		case "":
+			k.pinned = append(k.pinned, key)
+		case "@revoked":
+			k.revoked = append(k.revoked, key)
+		default:
+			return nil, configErrorf("tunnel_known_host line %d: %s lines are not supported; give the jump server's host key itself", i+1, marker)
 		}
 	}
-	if want == nil {
-		k, _, _, _, err := ssh.ParseAuthorizedKey([]byte(known))
-		if err != nil {
-			return nil, configErrorf("tunnel_known_host is not a known_hosts line or a public key (for example \"ssh-ed25519 AAAA...\")")
-		}
-		want = k
+	return &k, nil
+}
+
+// parseHostKeyLine parses a known_hosts entry without its marker, or a bare public key.
+func parseHostKeyLine(line string) (ssh.PublicKey, error) {
+	if _, _, key, _, _, err := ssh.ParseKnownHosts([]byte(line)); err == nil {
+		return key, nil
 	}
+	key, _, _, _, err := ssh.ParseAuthorizedKey([]byte(line))
+	return key, err
+}
+
+// hostKeyError is a jump server presenting a host key the config does not accept: the key is
+// revoked, another key is pinned (it changed, or this is not the server), or no key is pinned
+// and trust on first use is off. The user must act, so it is a config_error.
+type hostKeyError struct {
+	host    string          // host:port, as dialled
+	key     ssh.PublicKey   // the key presented
+	revoked bool            // listed @revoked
+	pinned  []ssh.PublicKey // the keys tunnel_known_host accepts; empty: the key is unknown
+}
+
+func (e *hostKeyError) Error() string {
+	fp := ssh.FingerprintSHA256(e.key)
+	switch {
+	case e.revoked:
+		return fmt.Sprintf("the SSH server %s presented host key %s, which tunnel_known_host lists as @revoked: it is refused; find out why the jump server uses it", e.host, fp)
+	case len(e.pinned) > 0:
+		var want []string
+		for _, k := range e.pinned {
+			want = append(want, ssh.FingerprintSHA256(k))
+		}
+		return fmt.Sprintf("the SSH server %s presented host key %s, not the one in tunnel_known_host (%s): the jump server's key changed, or another server answers; "+
+			"if its administrator confirms the new key, put this line in tunnel_known_host:\n  %s", e.host, fp, strings.Join(want, ", "), e.line())
+	}
+	return fmt.Sprintf("the SSH server %s presented host key %s, and tunnel_known_host does not list it: check the fingerprint with the jump server's administrator "+
+		"(ssh-keygen -lf on its host key), then put this line in tunnel_known_host:\n  %s\n"+
+		"(or set tunnel_accept_unknown_host_key to trust whatever key it presents, which lets anyone on the path pose as it)", e.host, fp, e.line())
+}
+
+// line is the known_hosts line that pins the key presented.
+func (e *hostKeyError) line() string {
+	return knownhosts.Line([]string{knownhosts.Normalize(e.host)}, e.key)
+}
+
+// callback checks the key a jump server presents against k. A revoked key is refused always;
+// with keys pinned, only those are accepted; with none, the key is accepted only when trust on
+// first use is on, and then logged with the line that pins it.
+func (k *hostKeys) callback(log zerolog.Logger) ssh.HostKeyCallback {
+	same := func(a, b ssh.PublicKey) bool { return a.Type() == b.Type() && bytes.Equal(a.Marshal(), b.Marshal()) }
 	return func(host string, _ net.Addr, key ssh.PublicKey) error {
-		if key.Type() != want.Type() || !bytes.Equal(key.Marshal(), want.Marshal()) {
-			return fmt.Errorf("the SSH server %s presented host key %s, not the one in tunnel_known_host (%s)", host, ssh.FingerprintSHA256(key), ssh.FingerprintSHA256(want))
+		for _, r := range k.revoked {
+			if same(r, key) {
+				return &hostKeyError{host: host, key: key, revoked: true}
+			}
 		}
+		for _, p := range k.pinned {
+			if same(p, key) {
+				return nil
+			}
+		}
+		if len(k.pinned) > 0 || !k.acceptUnknown {
+			return &hostKeyError{host: host, key: key, pinned: k.pinned}
+		}
+		line := (&hostKeyError{host: host, key: key}).line()
+		log.Warn().Str("tunnel_host", host).Str("fingerprint", ssh.FingerprintSHA256(key)).Str("known_host", line).
+			Msg("SSH host key accepted without verification (tunnel_accept_unknown_host_key); pin it by putting known_host in tunnel_known_host")
 		return nil
-	}, nil
+	}
 }
 
 // connect returns the SSH client, connecting (again, after a failure) when needed.
@@ -124,8 +200,9 @@ func (t *tunnel) connect(ctx context.Context) (*ssh.Client, error) {
 		if isSSHAuthFailure(err) {
 			return nil, configErrorf("the SSH tunnel host %s refused user %q: check tunnel_user and its key or password", t.addr, t.cfg.User)
 		}
-		if strings.Contains(err.Error(), "tunnel_known_host") {
-			return nil, configErrorf("SSH tunnel host %s: %s", t.addr, lastCause(err))
+		var hk *hostKeyError
+		if errors.As(err, &hk) {
+			return nil, &configError{hk}
 		}
 		return nil, &tunnelError{fmt.Errorf("SSH handshake with %s: %w", t.addr, err)}
 	}

@@ -43,6 +43,10 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := usageProblems(fs, outOfRange(intRange("rows", *rows, 1, 1_000_000_000), intRange("reps", *reps, 1, 100),
+		intRange("chunk-size", *chunk, 1, 1_000_000), intRange("changes", *changes, 1, 1_000_000_000))); err != nil {
+		return err
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/e2e/chaos"
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // runChaos runs the chaos harness (e2e/chaos) in one mode or all, and prints a report per mode;
@@ -35,6 +36,11 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := usageProblems(fs, outOfRange(durationRange("duration", *duration, time.Second, 30*24*time.Hour),
+		durationRange("fault-every", *every, 10*time.Millisecond, time.Hour),
+		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000))); err != nil {
+		return err
+	}
 	modes := []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte}
 	switch *mode {
 	case "all":
@@ -46,6 +52,16 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	default:
 		fs.Usage()
 		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte or all", errUsage)
+	}
+	// A staging database's connection strings get the sslmode rule of every other command.
+	for _, dsn := range []*string{source, target} {
+		if *dsn == "" {
+			continue
+		}
+		var err error
+		if *dsn, _, err = pgconf.DefaultSSLMode(*dsn); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
 	}
 	if *seed == 0 {
 		var b [8]byte

@@ -34,6 +34,10 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := usageProblems(fs, outOfRange(intRange("rows", *rows, 1, 100_000_000),
+		durationRange("live", *live, 0, 24*time.Hour), intRange("rate", *rate, 1, 100_000))); err != nil {
+		return err
+	}
 	start := time.Now()
 	fmt.Fprintf(e.stderr, "Starting a throwaway PostgreSQL...\n")
 	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/cmd/internal/preflight"
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // errProblems makes doctor exit with 1 when it found problems.
@@ -37,9 +38,19 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 			opts.Tables = append(opts.Tables, pgx.Identifier{t.Schema, t.Name})
 		}
 	}
-	cfg, err := pgx.ParseConfig(*source)
+	dsn, rule, err := pgconf.DefaultSSLMode(*source)
 	if err != nil {
 		return fmt.Errorf("%w: --source: %w", errUsage, err)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("%w: --source: %w", errUsage, err)
+	}
+	if rule == pgconf.SSLRemote {
+		// The checks below report a refused connection without knowing why sslmode is what it is.
+		fmt.Fprintln(e.stdout, "The connection string sets no sslmode and the server is not on this machine: connecting with sslmode=verify-full. "+
+			"If the server has no certificate for its name signed by a CA this machine trusts, choose sslmode explicitly: "+
+			"sslmode=verify-ca sslrootcert=FILE, or sslmode=require (encrypted, but whoever answers is trusted).")
 	}
 	if problems := preflight.Print(e.stdout, preflight.Check(ctx, cfg, opts)); problems > 0 {
 		return fmt.Errorf("%w: %d problems", errProblems, problems)

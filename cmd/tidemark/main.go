@@ -34,7 +34,7 @@ var commands = []command{
 	{"sync", "backfill tables while streaming their changes, into PostgreSQL or a JSON lines file", runSync},
 	{"doctor", "check every setting and privilege a capture needs, with the fix for each", runDoctor},
 	{"status", "show the slot's positions and retained WAL, and the backfill progress of a checkpoint", runStatus},
-	{"cleanup", "drop the slot, the publication and the signal table, once confirmed", runCleanup},
+	{"cleanup", "drop what a capture owns (its slot, its publication, its signal table row), once confirmed", runCleanup},
 	{"bench", "measure the backfill against COPY, and live-change latency during a backfill", runBench},
 	{"schema", "print the JSON schema of the rows sync writes for each table", runSchema},
 	{"chaos", "run the chaos harness: a live workload, the capture under faults, the output checked against the source", runChaos},

@@ -74,8 +74,8 @@ func TestDemo(t *testing.T) {
 	t.Log(out.String())
 }
 
-// TestStreamSource: `tidemark stream --source` streams a real database and acknowledges what it
-// printed.
+// TestStreamSource: `tidemark stream --source --ack` streams a real database and acknowledges
+// what it printed.
 func TestStreamSource(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
@@ -90,7 +90,7 @@ func TestStreamSource(t *testing.T) {
 	e, out, errOut := testEnv(t)
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"stream", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication}, e)
+		done <- run(ctx, []string{"stream", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--ack"}, e)
 	}()
 	e2e.WaitFor(t, 30*time.Second, "two transactions printed", func() bool {
 		return strings.Count(out.String(), `"type":"commit"`) == 2
@@ -98,7 +98,7 @@ func TestStreamSource(t *testing.T) {
 	cancel()
 	require.Equal(t, 0, <-done, errOut.String())
 	confirmed, _ := db.SlotLSNs(db.Slot)
-	require.GreaterOrEqual(t, confirmed, end, "the printed transactions are confirmed to the slot on exit")
+	require.GreaterOrEqual(t, confirmed, end, "with --ack the printed transactions are confirmed to the slot on exit")
 	ls := lines(t, out)
 	var changes []map[string]any
 	for _, l := range ls {
@@ -111,6 +111,35 @@ func TestStreamSource(t *testing.T) {
 	require.Equal(t, map[string]any{"id": "1", "v": nil}, changes[1]["before"], "a key update shows the old key")
 	require.Equal(t, map[string]any{"id": "2", "v": "a"}, changes[1]["after"])
 	require.NotContains(t, errOut.String(), "password=")
+}
+
+// TestStreamDoesNotAckByDefault: `tidemark stream` is a debugging aid; run against the slot of a
+// real capture it must not move that slot past changes the capture has not made durable, so
+// without --ack it confirms nothing.
+func TestStreamDoesNotAckByDefault(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	before, _ := db.SlotLSNs(db.Slot)
+	db.Exec(`INSERT INTO t VALUES (1, 'a')`)
+	db.Exec(`INSERT INTO t VALUES (2, 'b')`)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, out, errOut := testEnv(t)
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"stream", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication}, e)
+	}()
+	e2e.WaitFor(t, 30*time.Second, "two transactions printed", func() bool {
+		return strings.Count(out.String(), `"type":"commit"`) == 2
+	})
+	// An acknowledging stream confirms what it printed on exit, in its last status update.
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
+	confirmed, _ := db.SlotLSNs(db.Slot)
+	require.Equal(t, before, confirmed, "the slot is not confirmed past what it was without --ack")
 }
 
 // TestUsage: bad flags exit with 2 and say what is wrong.

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/tidemark/tidemark/merge"
-	"github.com/tidemark/tidemark/watermark"
+	"github.com/tidemark/tidemark/replicator"
 )
 
 func runStatus(ctx context.Context, args []string, e *env) error {
@@ -25,7 +25,7 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string; default $TIDEMARK_SOURCE")
 	slot := fs.String("slot", "tidemark", "logical replication slot")
 	checkpoint := fs.String("checkpoint", "", "a JSON lines sync's checkpoint file (OUTPUT.checkpoint)")
-	target := fs.String("target", "", "a PostgreSQL sync's target connection string")
+	target := fs.String("target", envTarget(), "a PostgreSQL sync's target connection string; default $TIDEMARK_TARGET when it is one")
 	checkpointID := fs.String("checkpoint-id", "", "the target's checkpoint row; default the slot name")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -132,59 +132,48 @@ func connectSource(ctx context.Context, fs *flag.FlagSet, source string) (*pgx.C
 	return connectPinned(ctx, source)
 }
 
+// runCleanup drops what one capture owns, and nothing another capture or a DBA may still use.
+// What it owns: its slot (a logical pgoutput slot of this database: any other slot by that name
+// belongs to a standby, a backup or another tool), the publication only when Tidemark created it
+// for this slot and no other logical pgoutput slot of the database could be streaming it (a slot
+// names its publication only when it starts streaming, so the catalog cannot say which slot reads
+// which publication), and its own row of its signal table, or the table when no other capture
+// has a row in it and no other such slot could be one that has not written yet. What it keeps,
+// it names with the statement an operator may run.
 func runCleanup(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("cleanup", "cleanup --source DSN [--slot NAME] [--publication NAME] [--yes]", e)
+	fs := newFlags("cleanup", "cleanup --source DSN [--slot NAME] [--publication NAME] [--signal-table SCHEMA.TABLE] [--yes]", e)
 	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string; default $TIDEMARK_SOURCE")
 	slot := fs.String("slot", "tidemark", "replication slot to drop")
-	pub := fs.String("publication", "tidemark", "publication to drop; \"\" keeps it")
+	pub := fs.String("publication", "tidemark", "publication to drop when Tidemark created it for this slot and no other slot may stream it; \"\" keeps it")
+	signalTable := fs.String("signal-table", "public.tidemark_signal", "the capture's signal table, as sync's --signal-table: its row is deleted, the table dropped when no other capture has a row")
 	yes := fs.Bool("yes", false, "drop without asking")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
+	if !ok || sigSchema == "" || sigTable == "" {
+		fs.Usage()
+		return fmt.Errorf("%w: --signal-table must be schema.table", errUsage)
 	}
 	conn, err := connectSource(ctx, fs, *source)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	signal := watermark.DefaultTable.Sanitize()
-
-	var plan []string
-	var slotExists, slotActive, pubExists, sigExists bool
-	var others int
-	err = conn.QueryRow(ctx, `SELECT
-		EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1),
-		EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active),
-		EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2),
-		to_regclass($3) IS NOT NULL`, *slot, *pub, signal).Scan(&slotExists, &slotActive, &pubExists, &sigExists)
+	p, err := planCleanup(ctx, conn, *slot, *pub, pgx.Identifier{sigSchema, sigTable})
 	if err != nil {
-		return fmt.Errorf("look up what to drop: %w", err)
+		return err
 	}
-	if slotActive {
-		return fmt.Errorf("replication slot %q is in use: stop the capture first", *slot)
+	for _, k := range p.kept {
+		fmt.Fprintln(e.stdout, k)
 	}
-	if slotExists {
-		plan = append(plan, fmt.Sprintf("SELECT pg_drop_replication_slot('%s');", *slot))
-	}
-	if pubExists && *pub != "" {
-		plan = append(plan, fmt.Sprintf("DROP PUBLICATION %s;", pgx.Identifier{*pub}.Sanitize()))
-	}
-	if sigExists {
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+signal+` WHERE slot <> $1`, *slot).Scan(&others); err != nil {
-			return fmt.Errorf("read the signal table: %w", err)
-		}
-		if others == 0 {
-			plan = append(plan, fmt.Sprintf("DROP TABLE %s;", signal))
-		} else {
-			plan = append(plan, fmt.Sprintf("DELETE FROM %s WHERE slot = '%s';  -- %d other capture(s) still use the table", signal, *slot, others))
-		}
-	}
-	if len(plan) == 0 {
+	if len(p.steps) == 0 {
 		fmt.Fprintln(e.stdout, "Nothing to drop.")
 		return nil
 	}
 	fmt.Fprintln(e.stdout, "This drops:")
-	for _, p := range plan {
-		fmt.Fprintf(e.stdout, "  %s\n", p)
+	for _, s := range p.steps {
+		fmt.Fprintf(e.stdout, "  %s\n", s.show)
 	}
 	if !*yes {
 		if !term.IsTerminal(int(os.Stdin.Fd())) {
@@ -196,31 +185,135 @@ func runCleanup(ctx context.Context, args []string, e *env) error {
 			return fmt.Errorf("not confirmed: nothing dropped")
 		}
 	}
-	if slotExists {
-		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, *slot); err != nil {
-			return fmt.Errorf("drop slot %q: %w", *slot, err)
-		}
-	}
-	if pubExists && *pub != "" {
-		if _, err := conn.Exec(ctx, "DROP PUBLICATION "+pgx.Identifier{*pub}.Sanitize()); err != nil {
-			return fmt.Errorf("drop publication %q: %w", *pub, err)
-		}
-	}
-	if sigExists {
-		q := "DROP TABLE " + signal
-		if others > 0 {
-			q = "DELETE FROM " + signal + " WHERE slot = $1"
-		}
-		var err error
-		if others > 0 {
-			_, err = conn.Exec(ctx, q, *slot)
-		} else {
-			_, err = conn.Exec(ctx, q)
-		}
-		if err != nil {
-			return fmt.Errorf("clean the signal table: %w", err)
+	for _, s := range p.steps {
+		if _, err := conn.Exec(ctx, s.sql, s.args...); err != nil {
+			return fmt.Errorf("%s: %w", s.what, err)
 		}
 	}
 	fmt.Fprintln(e.stdout, "Dropped.")
 	return nil
 }
+
+// cleanupPlan is what cleanup drops, in order, and what it keeps, with why.
+type cleanupPlan struct {
+	steps []cleanupStep
+	kept  []string // one message per object kept: why, and the statement that would drop it
+}
+
+type cleanupStep struct {
+	show string // the statement as printed for confirmation
+	sql  string // the statement run, with args bound
+	args []any
+	what string // what the statement does, for its error
+}
+
+// signalColumns are the columns of a signal table (watermark.CreateTable), and all of them: a
+// table with other columns is not one Tidemark created, whatever its name.
+var signalColumns = []string{"chunk", "kind", "run", "slot", "written_at"}
+
+// planCleanup decides what cleanup drops for slot, publication pub and signal table sig, reading
+// the catalog; it changes nothing. A slot that is not a capture's of this database is an error:
+// a mistyped --slot must not go on to drop the rest.
+func planCleanup(ctx context.Context, conn *pgx.Conn, slot, pub string, sig pgx.Identifier) (*cleanupPlan, error) {
+	p := &cleanupPlan{}
+	var db string
+	if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return nil, fmt.Errorf("read the current database: %w", err)
+	}
+
+	var typ, plugin, slotDB string
+	var active bool
+	var pid int32
+	err := conn.QueryRow(ctx, `SELECT slot_type, coalesce(plugin, ''), coalesce(database, ''), active, coalesce(active_pid, 0)
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&typ, &plugin, &slotDB, &active, &pid)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, fmt.Errorf("read replication slot %q: %w", slot, err)
+	case typ != "logical":
+		return nil, fmt.Errorf("replication slot %q is a %s slot (a standby's or a backup's), not a Tidemark capture's: nothing dropped; check --slot", slot, typ)
+	case plugin != "pgoutput":
+		return nil, fmt.Errorf("replication slot %q uses the plugin %s, not pgoutput: it is not a Tidemark capture's; nothing dropped; check --slot", slot, plugin)
+	case slotDB != db:
+		return nil, fmt.Errorf("replication slot %q belongs to database %q, not %q: nothing dropped; run cleanup connected to %q", slot, slotDB, db, slotDB)
+	case active:
+		return nil, fmt.Errorf("replication slot %q is in use by server process %d: stop the capture first; nothing dropped", slot, pid)
+	default:
+		p.steps = append(p.steps, cleanupStep{
+			show: fmt.Sprintf("SELECT pg_drop_replication_slot(%s);", quoteLiteral(slot)),
+			sql:  `SELECT pg_drop_replication_slot($1)`, args: []any{slot}, what: fmt.Sprintf("drop slot %q", slot),
+		})
+	}
+
+	// Any other logical pgoutput slot of the database may be another capture that streams this
+	// publication or writes to this signal table (before its first mark, it has no row there).
+	var otherSlots []string
+	rows, err := conn.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
+		WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND slot_name <> $1 ORDER BY 1`, slot)
+	if err == nil {
+		otherSlots, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the other slots of database %q: %w", db, err)
+	}
+
+	if pub != "" {
+		var comment *string
+		err := conn.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return nil, fmt.Errorf("read publication %q: %w", pub, err)
+		default:
+			drop := "DROP PUBLICATION " + pgx.Identifier{pub}.Sanitize()
+			switch {
+			case comment == nil || *comment != replicator.PublicationComment(slot):
+				p.kept = append(p.kept, fmt.Sprintf("Kept publication %q: it was not created by Tidemark for slot %s (its comment is not %q); "+
+					"if no other capture uses it, drop it with:\n  %s;", pub, slot, replicator.PublicationComment(slot), drop))
+			case len(otherSlots) > 0:
+				p.kept = append(p.kept, fmt.Sprintf("Kept publication %q: other logical slots of this database (%s) may stream it; "+
+					"if none of them does, drop it with:\n  %s;", pub, strings.Join(otherSlots, ", "), drop))
+			default:
+				p.steps = append(p.steps, cleanupStep{show: drop + ";", sql: drop, what: fmt.Sprintf("drop publication %q", pub)})
+			}
+		}
+	}
+
+	name := sig.Sanitize()
+	var relkind string
+	var cols []string
+	err = conn.QueryRow(ctx, `SELECT c.relkind::text, array(SELECT attname::text FROM pg_attribute
+			WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped ORDER BY attname)
+		FROM pg_class c WHERE c.oid = to_regclass($1)`, name).Scan(&relkind, &cols)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return p, nil
+	case err != nil:
+		return nil, fmt.Errorf("read signal table %s: %w", name, err)
+	case relkind != "r" || !slices.Equal(cols, signalColumns):
+		return nil, fmt.Errorf("%s is not a Tidemark signal table (a table of exactly the columns %s): nothing dropped; check --signal-table",
+			name, strings.Join(signalColumns, ", "))
+	}
+	var others int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+name+` WHERE slot <> $1`, slot).Scan(&others); err != nil {
+		return nil, fmt.Errorf("read signal table %s: %w", name, err)
+	}
+	var why string
+	switch {
+	case others > 0:
+		why = fmt.Sprintf("%d other capture(s) have rows in the table", others)
+	case len(otherSlots) > 0:
+		why = fmt.Sprintf("the captures of slots %s may use the table", strings.Join(otherSlots, ", "))
+	default:
+		p.steps = append(p.steps, cleanupStep{show: fmt.Sprintf("DROP TABLE %s;", name), sql: "DROP TABLE " + name, what: "drop signal table " + name})
+		return p, nil
+	}
+	p.steps = append(p.steps, cleanupStep{
+		show: fmt.Sprintf("DELETE FROM %s WHERE slot = %s;  -- only this slot's row: %s", name, quoteLiteral(slot), why),
+		sql:  "DELETE FROM " + name + " WHERE slot = $1", args: []any{slot}, what: "delete the slot's row of signal table " + name,
+	})
+	return p, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal, for statements printed for an operator.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

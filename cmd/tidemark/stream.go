@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/replicator"
 )
 
@@ -49,7 +50,10 @@ func runStream(ctx context.Context, args []string, e *env) error {
 	pub := fs.String("publication", "tidemark", "publication to stream")
 	createSlot := fs.Bool("create-slot", false, "create the slot when it does not exist")
 	from := fs.String("from", "0/0", "LSN to start from; the server starts at the later of this and the slot's confirmed position")
-	noAck := fs.Bool("no-ack", false, "never confirm positions to the slot: peek without letting it advance")
+	// Acknowledging is opt-in: stream is a debugging aid, and pointed at the slot of a running
+	// capture (or one that is stopped) it would otherwise let the server discard WAL that capture
+	// has not yet made durable downstream, losing those changes for it.
+	ack := fs.Bool("ack", false, "confirm each printed transaction to the slot, which lets the server discard its WAL; never on a slot a capture uses")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -61,9 +65,13 @@ func runStream(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return fmt.Errorf("%w: --from %q is not an LSN like 0/16B3748", errUsage, *from)
 	}
-	cfg := replicator.Config{DSN: *source, Slot: *slot, Publication: *pub, CreateSlot: *createSlot}
+	dsn, rule, err := pgconf.DefaultSSLMode(*source)
+	if err != nil {
+		return err
+	}
+	cfg := replicator.Config{DSN: dsn, Slot: *slot, Publication: *pub, CreateSlot: *createSlot}
 	out := bufio.NewWriter(e.stdout)
-	return streamJSON(ctx, cfg, start, out, !*noAck, e.log, nil)
+	return rule.Explain(streamJSON(ctx, cfg, start, out, *ack, e.log, nil))
 }
 
 // streamJSON streams the slot as JSON lines to out until ctx ends or stop returns true after a

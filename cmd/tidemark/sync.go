@@ -24,7 +24,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("sync", "sync --source DSN --tables SCHEMA.TABLE[,...] --to FILE|- [flags]", e)
 	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
 	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
-	to := fs.String("to", "", "target: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output")
+	to := fs.String("to", os.Getenv("TIDEMARK_TARGET"), "target: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output; default $TIDEMARK_TARGET")
 	targetSchema := fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
 	checkpointID := fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
 	audit := fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
@@ -44,12 +44,15 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	var problems []string
+	problems := outOfRange(
+		intRange("chunk-size", *chunkSize, 1, 1_000_000),
+		durationRange("checkpoint-interval", *interval, 10*time.Millisecond, time.Hour),
+		durationRange("watermark-timeout", *wmTimeout, 100*time.Millisecond, time.Hour))
 	if *source == "" {
 		problems = append(problems, "--source is required")
 	}
 	if *to == "" {
-		problems = append(problems, "--to is required")
+		problems = append(problems, "--to (or $TIDEMARK_TARGET) is required")
 	}
 	tcs, err := parseTables(*tables)
 	if err != nil {
@@ -84,6 +87,12 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	defer srcConn.Close(context.WithoutCancel(ctx))
+	// The engine opens its own connections: give it the connection string with the sslmode
+	// connectPinned used.
+	srcDSN, _, err := pgconf.DefaultSSLMode(*source)
+	if err != nil {
+		return err
+	}
 	var sink merge.Sink
 	var from *merge.Position
 	if isDSN(*to) {
@@ -115,7 +124,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		pubTables = append(pubTables, pgx.Identifier{t.Schema, t.Name})
 	}
 	cfg := merge.Config{
-		Source: replicator.Config{DSN: *source, Slot: *slot, Publication: *pub, CreateSlot: true,
+		Source: replicator.Config{DSN: srcDSN, Slot: *slot, Publication: *pub, CreateSlot: true,
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
 		Tables:             tcs,
 		ChunkSize:          *chunkSize,
@@ -134,7 +143,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	}
 	stats := newSyncStats(tcs)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
-	return runWithProgress(ctx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, *source, *metricsAddr, *quiet)
+	return runWithProgress(ctx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, srcDSN, *metricsAddr, *quiet)
 }
 
 // runWithProgress runs the engine with the progress display (or log lines), the source poller
@@ -183,19 +192,6 @@ func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.S
 func isDSN(s string) bool {
 	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") ||
 		strings.Contains(s, "dbname=") || strings.Contains(s, "host=")
-}
-
-// connectPinned opens a query connection with the pinned session settings.
-func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	cfg, err := pgconf.Parse(dsn, "tidemark")
-	if err != nil {
-		return nil, err
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to source %s: %w", pgconf.Describe(&cfg.Config), err)
-	}
-	return conn, nil
 }
 
 // parseTables parses "schema.table,schema.table".
