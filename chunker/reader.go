@@ -218,7 +218,9 @@ func (r *Reader) inTx(ctx context.Context, fn func(context.Context) error) (err 
 // table's columns in the same round trip.
 func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 	q := fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid, ',' ORDER BY attnum)
-		FROM pg_attribute WHERE attrelid = %d AND attnum > 0 AND NOT attisdropped AND attgenerated = '')`, t.OID)
+		FROM pg_attribute WHERE attrelid = %d AND attnum > 0 AND NOT attisdropped AND attgenerated = ''),
+		(SELECT n.nspname = %s AND c.relname = %s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %d)`,
+		t.OID, quoteLiteral(t.Schema), quoteLiteral(t.Name), t.OID)
 	results, err := r.conn.PgConn().Exec(ctx, q).ReadAll()
 	if err != nil {
 		return Snapshot{}, err
@@ -229,6 +231,9 @@ func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 	row := results[0].Rows[0]
 	if row[1] == nil {
 		return Snapshot{}, fmt.Errorf("%w: %s no longer exists", ErrSchemaChanged, t)
+	}
+	if string(row[2]) != "t" {
+		return Snapshot{}, fmt.Errorf("%w: %s was renamed or moved to another schema", ErrSchemaChanged, t)
 	}
 	var want []string
 	for _, c := range t.Columns {
@@ -317,3 +322,7 @@ func ParseSnapshot(s string) (Snapshot, error) {
 	}
 	return snap, nil
 }
+
+// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings is on in every
+// supported server).
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -30,6 +30,7 @@ type Table struct {
 	KeySource       string   // "primary key", "replica identity index" or "key override"
 	ReplicaIdentity byte     // relreplident: 'd', 'f', 'i' or 'n'
 	PubColumns      []string // the publication's column list; nil when it publishes every column
+	Partitions      []uint32 // OIDs of the partitions under a partitioned table, in OID order
 }
 
 // Ident returns the quoted, schema-qualified name.
@@ -62,6 +63,7 @@ var (
 	ErrNoKey         = errors.New("table has no usable key")
 	ErrNotPublished  = errors.New("table is not in the publication")
 	ErrSchemaChanged = errors.New("table definition changed")
+	ErrRowFilter     = errors.New("the publication filters the table's rows")
 )
 
 // Discover reads the definition of schema.name and chooses its key: the columns of its replica
@@ -85,22 +87,35 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		return nil, fmt.Errorf("%w: %s is not a table (relkind %q)", ErrNoTable, t, kind)
 	}
 
-	// Columns, and the publication's column list (PostgreSQL 15+) when it has one.
+	// Columns, and the publication's column list and row filter (PostgreSQL 15+).
 	var published bool
 	var pubCols []string
-	var version int
-	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
-		return nil, fmt.Errorf("read server version: %w", err)
+	var rowFilter *string
+	version, err := serverVersion(ctx, conn)
+	if err != nil {
+		return nil, err
 	}
-	pubQuery := `SELECT true, NULL::text[] FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	pubQuery := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
 	if version >= 150000 {
-		pubQuery = `SELECT true, attnames FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+		pubQuery = `SELECT true, attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
 	}
-	err = conn.QueryRow(ctx, pubQuery, publication, schema, name).Scan(&published, &pubCols)
+	err = conn.QueryRow(ctx, pubQuery, publication, schema, name).Scan(&published, &pubCols, &rowFilter)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
 	}
 	t.PubColumns = pubCols
+	if rowFilter != nil {
+		// The stream would carry only the rows the filter passes (and turn updates across it
+		// into inserts and deletes) while the backfill read every row: refused rather than
+		// mixing two views of the table.
+		return nil, fmt.Errorf("%w: publication %q publishes only the rows of %s WHERE %s; Tidemark captures whole tables: publish the table without a row filter (ALTER PUBLICATION %s SET TABLE ... without WHERE), or use a publication of its own",
+			ErrRowFilter, publication, t, *rowFilter, pgx.Identifier{publication}.Sanitize())
+	}
+	if kind == 'p' {
+		if t.Partitions, err = Partitions(ctx, conn, t.OID); err != nil {
+			return nil, err
+		}
+	}
 	// Not being published is reported after the key's problems, which adding the table to the
 	// publication would not fix.
 	var pubErr error

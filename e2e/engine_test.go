@@ -29,7 +29,7 @@ func newMemSink() *memSink { return &memSink{oracle: e2e.NewOracle("ver")} }
 // toRecord turns an engine event into the oracle's record.
 func toRecord(ev merge.Event) e2e.Record {
 	r := e2e.Record{Table: ev.Columns.Schema + "." + ev.Columns.Table, Op: ev.Op.String(), LSN: uint64(ev.LSN), Seq: ev.Seq}
-	if ev.Op == merge.Truncate {
+	if ev.Op == merge.Truncate || ev.Op == merge.Refresh {
 		return r
 	}
 	var key []string

@@ -38,7 +38,7 @@ func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
 			return nil, fmt.Errorf("line %d: lsn: %w", n, err)
 		}
 		rec := Record{Table: l.Table, Op: l.Op, LSN: uint64(lsn), Seq: l.Seq}
-		if l.Op != "truncate" {
+		if l.Op != "truncate" && l.Op != "refresh" {
 			kc, ok := keys[l.Table]
 			if !ok {
 				return nil, fmt.Errorf("line %d: no key columns given for table %s", n, l.Table)

@@ -63,7 +63,7 @@ func (o *Oracle) Apply(r Record) {
 	}
 	id := r.Table + KeySep + r.Key
 	switch r.Op {
-	case "truncate":
+	case "truncate", "refresh":
 		clear(rows)
 		return
 	case "delete":

@@ -25,10 +25,11 @@ type (
 	}
 	// handover delivers chunk id's rows before its high watermark is written.
 	handover struct {
-		id     int64
-		chunk  *chunker.Chunk
-		maxKey []string   // the backfill's upper bound
-		keys   [][]string // a key-list chunk's keys; nil for a range chunk
+		id      int64
+		chunk   *chunker.Chunk
+		maxKey  []string   // the backfill's upper bound
+		keys    [][]string // a key-list chunk's keys; nil for a range chunk
+		refresh bool       // a refresh's first window: no rows, it only places the Refresh event
 	}
 	// abandon withdraws chunk id (a mark could not be written); its verdict still comes.
 	abandon struct {
@@ -37,6 +38,9 @@ type (
 	}
 	// emptyTable reports that a table had no rows when its backfill started.
 	emptyTable struct{ table string }
+	// seed gives the visibility guard the transactions that were committed but invisible when
+	// the run started (see guard.seed); the worker sends it before its first chunk.
+	seed struct{ xids []uint32 }
 	// highWritten reports that chunk id's high watermark committed before WAL position after:
 	// once the stream has passed it, the window is stale if the mark was not seen.
 	highWritten struct {
@@ -68,7 +72,9 @@ var (
 // window is one chunk between its low and high watermarks.
 type window struct {
 	id      int64
+	refresh bool // a refresh's first window (handover.refresh)
 	ts      *tableState
+	rel     *replicator.Relation // the last description of the table the stream sent inside the window
 	lSeen   bool
 	lLSN    pglogrepl.LSN   // commit LSN of the low watermark
 	chunk   *chunker.Chunk  // nil until handed over
@@ -79,16 +85,21 @@ type window struct {
 	stale   pglogrepl.LSN   // the high watermark committed before this position (0: not yet written)
 }
 
-// tableState is a captured table as the core tracks it.
+// tableState is a captured table as the core tracks it. The stream names tables by OID: a
+// renamed table (ALTER TABLE ... RENAME, SET SCHEMA) is followed, and its output keeps the
+// configured name (schema, tname).
 type tableState struct {
-	name     string
-	table    *chunker.Table       // as last discovered (chunk side)
-	rel      *replicator.Relation // as last described by the stream in this session
-	cols     *Columns             // Columns of stream events, from rel
-	keyIdx   []int                // indexes into rel.Columns of the key columns, in key order
-	progress *TableProgress
-	open     []*window       // windows whose low watermark was seen
-	rereads  map[string]bool // canonical keys in progress.Reread
+	name          string // configured "schema.table": the output's name and the position's key
+	schema, tname string
+	oid           uint32
+	table         *chunker.Table       // as last discovered (chunk side)
+	rel           *replicator.Relation // as last described by the stream in this session
+	cols          *Columns             // Columns of stream events, from rel
+	keyIdx        []int                // indexes into rel.Columns of the key columns, in key order
+	identityErr   error                // non-nil while rel's replica identity does not carry the key
+	progress      *TableProgress
+	open          []*window       // windows whose low watermark was seen
+	rereads       map[string]bool // canonical keys in progress.Reread
 }
 
 // core is the DBLog reconciliation: windows, eviction, the visibility guard, emission order and
@@ -96,7 +107,8 @@ type tableState struct {
 // logging. One goroutine feeds it every input in channel order and drains its outputs.
 type core struct {
 	marks   watermark.Config
-	tables  map[string]*tableState
+	tables  map[string]*tableState // by configured "schema.table"
+	byOID   map[uint32]*tableState
 	windows map[int64]*window
 	guard   guard
 	pos     *Position
@@ -110,9 +122,11 @@ type core struct {
 	keyBuf    [][]byte
 	chunkCols map[*chunker.Table]*Columns
 
-	out      []Event   // events to emit, in order
-	verdicts []verdict // chunk outcomes for the worker
-	fences   []int64   // fence marks whose transaction committed
+	out       []Event   // events to emit, in order
+	verdicts  []verdict // chunk outcomes for the worker
+	fences    []int64   // fence marks whose transaction committed
+	rereadGen int       // counts changes of any table's pending re-reads, for the idle worker
+	notices   []string  // things the merge loop logs (a renamed table followed)
 
 	noGuard       bool // chaos switch: skip the visibility guard
 	noEviction    bool // chaos switch: never evict chunk rows
@@ -120,23 +134,34 @@ type core struct {
 }
 
 func newCore(marks watermark.Config, pos *Position, tables map[string]*chunker.Table) *core {
-	c := &core{marks: marks, tables: map[string]*tableState{}, windows: map[int64]*window{}, pos: pos,
+	c := &core{marks: marks, tables: map[string]*tableState{}, byOID: map[uint32]*tableState{}, windows: map[int64]*window{}, pos: pos,
 		chunkCols: map[*chunker.Table]*Columns{}, guard: guard{max: 1 << 20}}
 	for name, t := range tables {
-		ts := &tableState{name: name, table: t, progress: pos.Tables[name], rereads: map[string]bool{}}
+		schema, tname, _ := strings.Cut(name, ".")
+		ts := &tableState{name: name, schema: schema, tname: tname, oid: t.OID, table: t, progress: pos.Tables[name], rereads: map[string]bool{}}
 		c.tables[name] = ts
-		for _, k := range ts.progress.Reread {
-			vals := make([][]byte, len(k))
-			for i, v := range k {
-				vals[i] = []byte(v)
-			}
-			if key, err := t.AppendKey(nil, vals); err == nil {
-				ts.rereads[string(key)] = true
-			}
-		}
+		c.byOID[t.OID] = ts
+		ts.indexRereads()
 	}
 	return c
 }
+
+// indexRereads rebuilds ts.rereads from its progress.
+func (ts *tableState) indexRereads() {
+	clear(ts.rereads)
+	for _, k := range ts.progress.Reread {
+		vals := make([][]byte, len(k))
+		for i, v := range k {
+			vals[i] = []byte(v)
+		}
+		if key, err := ts.table.AppendKey(nil, vals); err == nil {
+			ts.rereads[string(key)] = true
+		}
+	}
+}
+
+// rereadsChanged notes that some table's pending re-reads changed: the idle worker is told.
+func (c *core) rereadsChanged() { c.rereadGen++ }
 
 // pendingRereads reports whether rows are waiting to be read again.
 func (c *core) pendingRereads() bool {
@@ -172,11 +197,11 @@ func (c *core) step(in any) error {
 		}
 		c.inTxn, c.txXID, c.txLSN, c.txTime, c.txSeq, c.txMarks = true, v.XID, v.FinalLSN, v.Time, 0, c.txMarks[:0]
 	case *replicator.Relation:
-		c.relation(v)
+		return c.relation(v)
 	case *replicator.Change:
 		return c.change(v)
 	case *replicator.Truncate:
-		c.truncate(v)
+		return c.truncate(v)
 	case *replicator.Commit:
 		return c.commit(v)
 	case *replicator.Keepalive:
@@ -192,6 +217,8 @@ func (c *core) step(in any) error {
 			return fmt.Errorf("chunk %d of table %s, which is not captured", v.id, v.table)
 		}
 		c.windows[v.id] = &window{id: v.id, ts: ts, touched: map[string]bool{}}
+	case seed:
+		c.guard.seed(v.xids)
 	case handover:
 		return c.handover(v)
 	case abandon:
@@ -213,56 +240,114 @@ func (c *core) step(in any) error {
 	return nil
 }
 
-func (c *core) relation(r *replicator.Relation) {
-	ts := c.tables[r.Schema+"."+r.Table]
+// relation takes a table's description from the stream. Tables are known by OID: a renamed table
+// is followed; another table under a captured table's name (the captured one dropped and created
+// again, or renamed over) cannot be placed. A description whose replica identity does not carry
+// the key makes the table's updates and deletes unplaceable until a description that does.
+func (c *core) relation(r *replicator.Relation) error {
+	ts := c.byOID[r.ID]
 	if ts == nil {
-		return
-	}
-	if ts.rel != nil && !sameColumns(ts.rel, r) {
-		for _, w := range ts.open {
-			w.dirty = errSchema
+		if other := c.tables[r.Schema+"."+r.Table]; other != nil && !other.progress.Refresh {
+			return &UnplaceableError{Table: other.name, LSN: c.txLSN,
+				Reason: fmt.Sprintf("the stream describes another table under its name (OID %d; the table captured has OID %d): it was dropped and created again, or another table was renamed to its name", r.ID, other.oid),
+				Fix:    "capture the table that now has the name from scratch (re-backfill it)"}
 		}
+		return nil
+	}
+	if (r.Schema != ts.schema || r.Table != ts.tname) && (ts.rel == nil || ts.rel.Schema != r.Schema || ts.rel.Table != r.Table) {
+		c.notices = append(c.notices, fmt.Sprintf("%s (OID %d) is now named %s.%s; it is still captured, and its output keeps the name %s",
+			ts.name, ts.oid, r.Schema, r.Table, ts.name))
+	}
+	for _, w := range ts.open {
+		w.rel = r // checked against the chunk's columns at the high watermark
 	}
 	ts.rel = r
-	cols := &Columns{Schema: r.Schema, Table: r.Table}
+	cols := &Columns{Schema: ts.schema, Table: ts.tname}
 	for _, col := range r.Columns {
 		cols.Names = append(cols.Names, col.Name)
 		cols.Types = append(cols.Types, col.TypeOID)
 		cols.TypeMods = append(cols.TypeMods, col.TypeMod)
 	}
 	ts.keyIdx = ts.keyIdx[:0]
+	ts.identityErr = nil
 	for _, name := range ts.table.KeyNames() {
-		ts.keyIdx = append(ts.keyIdx, slices.Index(cols.Names, name))
+		i := slices.Index(cols.Names, name)
+		ts.keyIdx = append(ts.keyIdx, i)
+		if ts.identityErr != nil {
+			continue
+		}
+		switch {
+		case i < 0:
+			ts.identityErr = fmt.Errorf("its key column %q is no longer among the columns the stream carries (dropped, renamed, or left out of the publication's column list)", name)
+		case r.ReplicaIdentity == replicator.IdentityNothing:
+			ts.identityErr = errors.New("its replica identity is NOTHING, so updates and deletes carry no key")
+		case !r.Columns[i].Key:
+			ts.identityErr = fmt.Errorf("its replica identity (%s) does not carry the key column %q, so an update or delete of it cannot be matched to a row", identityName(r), name)
+		}
 	}
 	cols.Key = slices.Clone(ts.keyIdx)
 	ts.cols = cols
+	return nil
 }
 
-func sameColumns(a, b *replicator.Relation) bool {
-	return slices.EqualFunc(a.Columns, b.Columns, func(x, y replicator.Column) bool {
-		return x.Name == y.Name && x.TypeOID == y.TypeOID && x.TypeMod == y.TypeMod
+// identityName describes a Relation's replica identity and the columns it carries.
+func identityName(r *replicator.Relation) string {
+	var keys []string
+	for _, col := range r.Columns {
+		if col.Key {
+			keys = append(keys, col.Name)
+		}
+	}
+	switch r.ReplicaIdentity {
+	case replicator.IdentityIndex:
+		return "USING INDEX, on " + strings.Join(keys, ", ")
+	case replicator.IdentityFull:
+		return "FULL"
+	case replicator.IdentityNothing:
+		return "NOTHING"
+	}
+	if len(keys) == 0 {
+		return "DEFAULT, with no primary key"
+	}
+	return "DEFAULT, the primary key " + strings.Join(keys, ", ")
+}
+
+// describes reports whether the stream's description r has the columns a chunk of t reads (names
+// and types, in order).
+func describes(r *replicator.Relation, t *chunker.Table) bool {
+	return slices.EqualFunc(r.Columns, t.Columns, func(x replicator.Column, y chunker.Column) bool {
+		return x.Name == y.Name && x.TypeOID == y.TypeOID
 	})
 }
 
-// key returns the canonical key of tuple t of table ts.
+// key returns the canonical key of tuple t of table ts. A key column that is NULL, missing or
+// not sent makes the change unplaceable: key columns are NOT NULL, so such a tuple was logged
+// under another identity than the key (another index, a redefined key, a partition whose
+// identity differs from its root's).
 func (c *core) key(ts *tableState, t replicator.Tuple) ([]byte, error) {
 	c.keyBuf = c.keyBuf[:0]
 	for i, idx := range ts.keyIdx {
-		if idx < 0 {
-			return nil, fmt.Errorf("%w: key column %q of %s is not in the stream's columns", errSchema, ts.table.KeyNames()[i], ts.name)
+		name := ts.table.KeyNames()[i]
+		if idx < 0 || idx >= len(t) {
+			return nil, c.unplaceable(ts, fmt.Sprintf("its key column %q is not among the columns the stream carries", name))
 		}
 		v := t[idx]
 		switch v.Kind {
 		case replicator.Text:
 			c.keyBuf = append(c.keyBuf, v.Data)
 		case replicator.Null:
-			c.keyBuf = append(c.keyBuf, nil)
+			return nil, c.unplaceable(ts, fmt.Sprintf("its key column %q arrived NULL: the change was logged under a replica identity that does not carry the key (%s)", name, identityName(ts.rel)))
 		default:
-			return nil, fmt.Errorf("key column %q of %s arrived without its value (kind %q): TOASTed key values are not supported",
-				ts.table.KeyNames()[i], ts.name, byte(v.Kind))
+			return nil, c.unplaceable(ts, fmt.Sprintf("its key column %q arrived without its value (kind %q): TOASTed key values are not supported", name, byte(v.Kind)))
 		}
 	}
 	return ts.table.AppendKey(nil, c.keyBuf)
+}
+
+// unplaceable describes a change of ts, in the transaction being read, that cannot be placed.
+func (c *core) unplaceable(ts *tableState, reason string) error {
+	return &UnplaceableError{Table: ts.name, LSN: c.txLSN, XID: c.txXID, Reason: reason,
+		Fix: fmt.Sprintf("restore the table's replica identity (ALTER TABLE %s REPLICA IDENTITY DEFAULT, or FULL), then re-backfill the table: the changes logged meanwhile do not say which rows they changed", pgIdent(ts.schema, ts.tname))}
 }
 
 func (c *core) change(ch *replicator.Change) error {
@@ -286,7 +371,7 @@ func (c *core) change(ch *replicator.Change) error {
 		}
 		return nil
 	}
-	ts := c.tables[rel.Schema+"."+rel.Table]
+	ts := c.byOID[rel.ID]
 	if ts == nil {
 		return nil
 	}
@@ -294,6 +379,14 @@ func (c *core) change(ch *replicator.Change) error {
 		// Every change follows its Relation in the session; a change of an unseen relation
 		// would mean the stream skipped one.
 		return fmt.Errorf("change of %s before its relation", ts.name)
+	}
+	if ts.progress.Refresh {
+		// The table's output starts over at its refresh (see Refresh): what comes before it is
+		// replaced by the backfill.
+		return nil
+	}
+	if ch.Op != replicator.Insert && ts.identityErr != nil {
+		return c.unplaceable(ts, fmt.Sprintf("an %s arrived while %v", ch.Op, ts.identityErr))
 	}
 	var newKey, oldKey []byte
 	var partial bool // an update that lacks unchanged TOASTed values
@@ -323,6 +416,8 @@ func (c *core) change(ch *replicator.Change) error {
 			// A key change: the old key is gone, the new one appears.
 			c.emit(Delete, ts.cols, ch.Old, oldKey)
 			op = Insert
+		} else {
+			oldKey = nil // the same key: evicted once, with the change's partial flag
 		}
 		switch {
 		case partial && c.rereadPartial:
@@ -359,6 +454,7 @@ func (c *core) queueReread(ts *tableState, t replicator.Tuple, key []byte) {
 	}
 	ts.rereads[string(key)] = true
 	ts.progress.Reread = append(ts.progress.Reread, vals)
+	c.rereadsChanged()
 	c.fences = c.fences[:0] // a bounded run is not caught up until the row is read
 }
 
@@ -402,10 +498,10 @@ func (c *core) emit(op Op, cols *Columns, vals replicator.Tuple, key []byte) {
 	c.txSeq++
 }
 
-func (c *core) truncate(t *replicator.Truncate) {
+func (c *core) truncate(t *replicator.Truncate) error {
 	for _, rel := range t.Rels {
-		ts := c.tables[rel.Schema+"."+rel.Table]
-		if ts == nil {
+		ts := c.byOID[rel.ID]
+		if ts == nil || ts.progress.Refresh {
 			continue
 		}
 		for _, w := range ts.open {
@@ -414,6 +510,7 @@ func (c *core) truncate(t *replicator.Truncate) {
 		c.out = append(c.out, Event{Op: Truncate, Columns: ts.cols, LSN: c.txLSN, Seq: c.txSeq, XID: c.txXID, Time: c.txTime})
 		c.txSeq++
 	}
+	return nil
 }
 
 func (c *core) handover(h handover) error {
@@ -425,8 +522,10 @@ func (c *core) handover(h handover) error {
 		return fmt.Errorf("chunk %d handed over twice", h.id)
 	}
 	w.ts.table = h.chunk.Table
-	w.chunk, w.maxKey, w.keys = h.chunk, h.maxKey, h.keys
-	c.guard.snapshot(h.chunk.Snapshot)
+	w.chunk, w.maxKey, w.keys, w.refresh = h.chunk, h.maxKey, h.keys, h.refresh
+	if !h.refresh {
+		c.guard.snapshot(h.chunk.Snapshot)
+	}
 	return nil
 }
 
@@ -445,6 +544,9 @@ func (c *core) commit(cm *replicator.Commit) error {
 			}
 			w.lSeen, w.lLSN = true, c.txLSN
 			w.ts.open = append(w.ts.open, w)
+			if w.ts.progress.Refresh {
+				c.refresh(w.ts)
+			}
 		case watermark.High:
 			if w := c.windows[m.ID]; w != nil {
 				c.high(w)
@@ -475,8 +577,17 @@ func (c *core) high(w *window) {
 	case !w.lSeen || w.chunk == nil:
 		c.end(w, errProtocol, false)
 		return
+	case w.refresh:
+		// A refresh's first window: its low watermark placed the Refresh; nothing to emit.
+		c.remove(w)
+		c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: w.ts.progress.clone()})
+		return
 	case w.dirty != nil:
 		c.end(w, w.dirty, errors.Is(w.dirty, errSchema))
+		return
+	case w.rel != nil && !describes(w.rel, w.chunk.Table):
+		// The stream described the table anew inside the window, and not as the chunk read it.
+		c.end(w, errSchema, true)
 		return
 	case !c.noGuard && c.guard.violated(w.chunk.Snapshot, w.lLSN):
 		c.end(w, errVisibility, false)
@@ -507,7 +618,7 @@ func (c *core) high(w *window) {
 		if partial, touched := w.touched[string(key)]; touched {
 			if partial {
 				// The row held the only whole copy of its unchanged TOASTed values: read it
-				// again after the change (algorithm reference §5 E17).
+				// again after the change (docs/adr/0005-unchanged-toast.md).
 				rereads = append(rereads, keyStrings(row, t.Key))
 			}
 			continue
@@ -518,18 +629,23 @@ func (c *core) high(w *window) {
 	}
 	p := w.ts.progress
 	if w.keys != nil {
-		// A key-list chunk: its keys are no longer pending, save those touched again.
-		p.Reread = removeKeys(p.Reread, w.keys)
-		clear(w.ts.rereads)
-		for _, k := range p.Reread {
+		// A key-list chunk: its keys are no longer pending, save those whose last change inside
+		// the window lacked unchanged TOASTed values. Such a key may have no row in the chunk
+		// (re-created after the SELECT) and still need one.
+		done := w.keys[:0:0]
+		for _, k := range w.keys {
 			vals := make([][]byte, len(k))
 			for i, v := range k {
 				vals[i] = []byte(v)
 			}
-			if key, err := t.AppendKey(nil, vals); err == nil {
-				w.ts.rereads[string(key)] = true
+			if key, err := t.AppendKey(nil, vals); err == nil && w.touched[string(key)] {
+				continue
 			}
+			done = append(done, k)
 		}
+		p.Reread = removeKeys(p.Reread, done)
+		w.ts.indexRereads()
+		c.rereadsChanged()
 	} else {
 		if w.chunk.Last != nil {
 			p.Cursor = w.chunk.Last
@@ -551,10 +667,23 @@ func (c *core) high(w *window) {
 		}
 		w.ts.rereads[string(key)] = true
 		p.Reread = append(p.Reread, k)
+		c.rereadsChanged()
 	}
 	p.Rows += int64(emitted)
 	c.remove(w)
 	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted})
+}
+
+// refresh starts ts's output over, at the low watermark of its refresh's first window: a Refresh
+// event (every row the output had for the table is gone), and a backfill from the start. The
+// table's changes before this point were not emitted (see change): the backfill replaces them.
+func (c *core) refresh(ts *tableState) {
+	c.out = append(c.out, Event{Op: Refresh, Columns: chunkColumns(ts.table, ts.schema, ts.tname), LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
+	c.txSeq++
+	p := ts.progress
+	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication}
+	ts.indexRereads()
+	c.rereadsChanged()
 }
 
 func keyStrings(row [][]byte, key []int) []string {
@@ -586,32 +715,36 @@ func removeKeys(keys, done [][]string) [][]string {
 	return out
 }
 
-// columnsOf returns the Columns of w's rows: the stream's when the stream has described the
-// table with the same columns, else the chunk's own; nil when they differ (the chunk read another
-// definition than the stream's current one).
+// columnsOf returns the Columns of w's rows: the stream's when the stream describes the table
+// with the same columns, else the chunk's own. The chunk read the table's definition between the
+// window's watermarks; a description the stream sent inside the window was checked against it
+// already (high), so a stream description that differs here is older than the chunk's: a column
+// was added or dropped while the table had no change to send a new description with. It returns
+// nil when the chunk's key differs from the one the table was captured with.
 func (c *core) columnsOf(w *window) *Columns {
 	t := w.chunk.Table
-	if rel := w.ts.rel; rel != nil {
-		if len(rel.Columns) != len(t.Columns) {
-			return nil
-		}
-		for i, col := range rel.Columns {
-			if col.Name != t.Columns[i].Name || col.TypeOID != t.Columns[i].TypeOID {
-				return nil
-			}
-		}
+	if rel := w.ts.rel; rel != nil && describes(rel, t) {
 		return w.ts.cols
+	}
+	if !slices.Equal(t.KeyNames(), w.ts.table.KeyNames()) {
+		return nil
 	}
 	if cols := c.chunkCols[t]; cols != nil {
 		return cols
 	}
-	cols := &Columns{Schema: t.Schema, Table: t.Name, Key: slices.Clone(t.Key)}
+	cols := chunkColumns(t, w.ts.schema, w.ts.tname)
+	c.chunkCols[t] = cols
+	return cols
+}
+
+// chunkColumns describes the rows a chunk of t reads, under the output name schema.name.
+func chunkColumns(t *chunker.Table, schema, name string) *Columns {
+	cols := &Columns{Schema: schema, Table: name, Key: slices.Clone(t.Key)}
 	for _, col := range t.Columns {
 		cols.Names = append(cols.Names, col.Name)
 		cols.Types = append(cols.Types, col.TypeOID)
 		cols.TypeMods = append(cols.TypeMods, col.TypeMod)
 	}
-	c.chunkCols[t] = cols
 	return cols
 }
 

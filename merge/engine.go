@@ -116,6 +116,33 @@ var (
 	ErrNoTables = errors.New("no tables configured")
 )
 
+// ErrUnplaceable: a change the engine cannot place correctly (see UnplaceableError). The capture
+// stops before it: nothing after the last checkpoint is acknowledged.
+var ErrUnplaceable = errors.New("a change of a captured table cannot be placed")
+
+// UnplaceableError details ErrUnplaceable: which table, where in the stream, why, and what the
+// operator does next. Products add how to re-backfill a table in their own terms.
+type UnplaceableError struct {
+	Table  string        // configured schema.table
+	LSN    pglogrepl.LSN // commit LSN of the transaction that holds the change (0: none yet)
+	XID    uint32        // its transaction id
+	Reason string        // why it cannot be placed
+	Fix    string        // what to do
+}
+
+func (e *UnplaceableError) Error() string {
+	at := ""
+	if e.LSN != 0 {
+		at = fmt.Sprintf(" (transaction %d, commit %s)", e.XID, e.LSN)
+	}
+	return fmt.Sprintf("%v: %s%s: %s; %s", ErrUnplaceable, e.Table, at, e.Reason, e.Fix)
+}
+
+func (e *UnplaceableError) Unwrap() error { return ErrUnplaceable }
+
+// pgIdent quotes schema.name for messages that show SQL.
+func pgIdent(schema, name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+
 // PositionBehindSlotError details ErrPositionBehindSlot.
 type PositionBehindSlotError struct {
 	Slot           string
@@ -406,13 +433,13 @@ func sendEvent(ctx context.Context, in chan<- any, ev replicator.Event, stream *
 
 // mergeLoop feeds the core and hands its output to the sink. It owns no connection.
 type mergeLoop struct {
-	e        *Engine
-	core     *core
-	in       <-chan any
-	verdicts chan<- verdict
-	wake     chan map[string][][]string // pending re-reads for the idle worker (latest only)
-	stream   *replicator.Stream
-	rereads  int // pending re-reads last told to the worker
+	e         *Engine
+	core      *core
+	in        <-chan any
+	verdicts  chan<- verdict
+	wake      chan map[string][][]string // pending re-reads for the idle worker (latest only)
+	stream    *replicator.Stream
+	rereadGen int // core.rereadGen when the worker was last told
 
 	lastCheckpoint time.Time
 	checkpointed   *Position // the last position given to the sink
@@ -485,23 +512,22 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 	}
 }
 
-// wakeWorker tells an idle worker about rows to read again, when they changed. The channel
-// holds the latest set only: a stale one is replaced.
+// wakeWorker tells an idle worker about rows to read again, whenever any table's pending
+// re-reads changed since it last did (not only their count: one table's done and another's
+// queued leave it equal). The channel holds the latest set only: a stale one is replaced.
 func (m *mergeLoop) wakeWorker() {
-	n := 0
-	for _, ts := range m.core.tables {
-		n += len(ts.progress.Reread)
-	}
-	if n == 0 || n == m.rereads {
-		m.rereads = n
+	if m.core.rereadGen == m.rereadGen {
 		return
 	}
-	m.rereads = n
+	m.rereadGen = m.core.rereadGen
+	pending := m.core.rereadsByTable()
 	select {
 	case <-m.wake:
 	default:
 	}
-	m.wake <- m.core.rereadsByTable()
+	if len(pending) > 0 {
+		m.wake <- pending
+	}
 }
 
 func (m *mergeLoop) checkpointDue() bool {

@@ -21,7 +21,12 @@ const (
 	Update   Op = 'u' // a changed row from the change stream
 	Delete   Op = 'd' // a deleted row: only the key columns are set (all columns under REPLICA IDENTITY FULL)
 	Snapshot Op = 'r' // a row read by the backfill, as of its chunk's high watermark
-	Truncate Op = 't' // every row of the table is gone
+	Truncate Op = 't' // every row of the table is gone: a TRUNCATE on the source
+	// Refresh starts the table's output over: every row the output had for it is gone, and its
+	// backfill from the start follows (rows as Snapshot events, changes as usual). Unlike
+	// Truncate it is not a change of the source: it is placed where a re-backfill asked for
+	// (TableProgress.Refresh) begins, and sinks that cannot remove rows may ignore it.
+	Refresh Op = 'R'
 )
 
 func (o Op) String() string {
@@ -36,6 +41,8 @@ func (o Op) String() string {
 		return "snapshot"
 	case Truncate:
 		return "truncate"
+	case Refresh:
+		return "refresh"
 	}
 	return "unknown"
 }
@@ -65,7 +72,7 @@ type Event struct {
 	Time    time.Time        // commit time of the source transaction or of the high watermark
 }
 
-// NumCols is the number of values: len(Columns.Names), or 0 for a Truncate.
+// NumCols is the number of values: len(Columns.Names), or 0 for a Truncate or a Refresh.
 func (e *Event) NumCols() int {
 	if e.row != nil {
 		return len(e.row)
@@ -104,12 +111,17 @@ const PositionVersion = 1
 // backfill got, as of one consistent point of the output (a transaction boundary). Every event
 // before it is reflected by it, none after it; a chunk counts in Tables iff its high watermark
 // precedes LSN. It encodes to JSON (and is the Airbyte connector's state).
+//
+// Its identity fields say where it was read: a position is resumed only on the same cluster,
+// database and slot, and only while its WAL is still the server's history (see Engine.Run).
 type Position struct {
 	Version  int                       `json:"version"`
 	LSN      pglogrepl.LSN             `json:"-"`
 	SystemID string                    `json:"system_id,omitempty"` // the source cluster: a restored or different cluster has another
+	Timeline int32                     `json:"timeline,omitempty"`  // the server's timeline when the position was taken
+	Database string                    `json:"database,omitempty"`  // the database the slot belongs to
 	Slot     string                    `json:"slot,omitempty"`      // the slot the position belongs to
-	Tables   map[string]*TableProgress `json:"tables"`              // by "schema.table"
+	Tables   map[string]*TableProgress `json:"tables"`              // by configured "schema.table"
 }
 
 // TableProgress is one table's backfill progress.
@@ -123,6 +135,19 @@ type TableProgress struct {
 	// Reread are keys (text values) whose rows must be read again whole: an update that lacked
 	// unchanged TOASTed values replaced the only whole copy the output had (a chunk row).
 	Reread [][]string `json:"reread,omitempty"`
+	// Refresh asks for the table's output to start over: its changes are not emitted until the
+	// low watermark of the refresh's first window, where a Refresh event is; the backfill then
+	// starts from the beginning. Set by a re-backfill request, cleared at that low watermark.
+	// Whatever the table's changes were before it (even ones that cannot be placed), the output
+	// is rebuilt from the source.
+	Refresh bool `json:"refresh,omitempty"`
+	// OID is the table's pg_class OID when the progress was taken: a table of the same name with
+	// another OID (dropped and created again) is not the table the progress belongs to.
+	OID uint32 `json:"oid,omitempty"`
+	// Publication identifies how the table belonged to the publication when the progress was
+	// taken (chunker.Membership): a table that left the publication and came back has another,
+	// and its changes in between are not in the slot.
+	Publication string `json:"publication,omitempty"`
 }
 
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.

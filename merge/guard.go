@@ -6,7 +6,7 @@ import (
 	"github.com/tidemark/tidemark/chunker"
 )
 
-// guard is the visibility guard (algorithm reference §1.6). PostgreSQL streams a transaction once
+// guard is the visibility guard (docs/invariants.md, the visibility guard). PostgreSQL streams a transaction once
 // its commit record is flushed, but makes it visible to new snapshots only afterwards (after a
 // synchronous standby acknowledged it, for one). So a transaction can come before a chunk's low
 // watermark in the stream and still be invisible to the chunk's SELECT: the chunk would hold a
@@ -21,6 +21,11 @@ import (
 type guard struct {
 	commits []xidCommit // in commit order
 	max     int         // cap on commits; past it the oldest go and the guard becomes conservative
+	// before are the transactions that were committed but invisible when the run started
+	// (seed): they may have committed before the position the run resumed from, so this run's
+	// stream does not show them, and they count as committed before every low watermark. Each
+	// goes once a checked snapshot sees it (visibility never goes back).
+	before map[uint32]bool
 
 	overflow   bool   // commits were dropped by the cap
 	droppedMax uint32 // the newest xid dropped by the cap
@@ -60,6 +65,23 @@ func (g *guard) snapshot(s chunker.Snapshot) {
 	}
 }
 
+// seed notes the transactions that were committed (in the commit log) but not yet visible to
+// snapshots when the run started. A transaction that committed before the resume position was
+// streamed, emitted and acknowledged by an earlier run; if it is still invisible (it waits for a
+// synchronous standby that does not answer, or it committed just before a new slot's consistent
+// point), this run's stream never shows it, and a chunk whose snapshot misses it would emit a
+// row older than what the output already has. Any such transaction is committed and invisible
+// at start, so the seed holds every one of them (and maybe some that committed later, which only
+// costs retries until they are visible).
+func (g *guard) seed(xids []uint32) {
+	if g.before == nil {
+		g.before = map[uint32]bool{}
+	}
+	for _, x := range xids {
+		g.before[x] = true
+	}
+}
+
 // violated reports whether a transaction that committed before lowLSN is invisible to s.
 func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
 	xmin, xmax := uint32(s.Xmin), uint32(s.Xmax)
@@ -69,6 +91,24 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
 	running := make(map[uint32]struct{}, len(s.Xip))
 	for _, x := range s.Xip {
 		running[uint32(x)] = struct{}{}
+	}
+	invisible := func(x uint32) bool {
+		if precedes(x, xmin) {
+			return false
+		}
+		_, ok := running[x]
+		return ok || !precedes(x, xmax)
+	}
+	violated := false
+	for x := range g.before {
+		if invisible(x) {
+			violated = true
+		} else {
+			delete(g.before, x)
+		}
+	}
+	if violated {
+		return true
 	}
 	for _, c := range g.commits {
 		if c.lsn >= lowLSN {

@@ -105,6 +105,13 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 		}
 		if in.pos != nil {
 			r.base = in.pos.Tables[r.key()]
+			if r.incremental && r.base == nil {
+				// A stream the state does not carry under a position: reset by the user (after
+				// a TRUNCATE, say) or newly added. Its output starts over with a refresh, so its
+				// changes before the backfill, even ones that cannot be placed, do not matter.
+				r.base = &merge.TableProgress{Refresh: true}
+				in.pos.Tables[r.key()] = r.base
+			}
 		}
 	}
 	if len(incremental) > 0 && !s.cfg.cdc() {

@@ -231,12 +231,11 @@ type recordSink struct {
 	early   map[uint64]bool // keys of the transaction already written (it outgrew maxTxBytes)
 	earlyAt int64           // when they were written (ms)
 	seed    maphash.Seed
-	warned  map[string]bool
 }
 
 func newRecordSink(r *reader, tables []*readStream) *recordSink {
 	s := &recordSink{r: r, streams: map[string]*readStream{}, encoders: map[*readStream]*rowEncoder{},
-		index: map[string]int{}, seed: maphash.MakeSeed(), warned: map[string]bool{}}
+		index: map[string]int{}, seed: maphash.MakeSeed()}
 	for _, t := range tables {
 		s.streams[t.key()] = t
 		s.encoders[t] = newRowEncoder(r.types, t)
@@ -259,11 +258,20 @@ func (s *recordSink) Emit(ctx context.Context, evs []merge.Event) error {
 			}
 			s.lsn, s.early = ev.LSN, nil
 		}
-		if ev.Op == merge.Truncate {
-			if !s.warned[st.key()] {
-				s.warned[st.key()] = true
-				s.r.s.log.Warn().Str("stream", st.key()).Msg("TRUNCATE is not passed on (Airbyte records cannot express it): the destination keeps the rows; refresh the stream to remove them")
+		switch ev.Op {
+		case merge.Truncate:
+			// Records cannot remove rows: passing over it would leave the destination with rows
+			// the source no longer has. The read stops before it (its state is not emitted), and
+			// a reset of the stream starts it over behind the truncate (a refresh).
+			if err := s.flush(); err != nil {
+				return err
 			}
+			return configErrorf("table %s was truncated on the source (transaction %d, commit %s), and Airbyte records cannot remove its rows from the destination: "+
+				"reset the stream (in Airbyte: the connection's settings, Clear data or Reset for stream %s), and sync again; it is backfilled from scratch, behind the truncate",
+				st.key(), ev.XID, ev.LSN, st.key())
+		case merge.Refresh:
+			// The stream starts over (it was reset, or is new): the platform cleared what the
+			// destination had, or it had nothing.
 			continue
 		}
 		enc := s.encoders[st]

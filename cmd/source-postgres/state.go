@@ -31,6 +31,8 @@ type sharedState struct {
 	LSN      uint64 `json:"lsn"`
 	LSNText  string `json:"lsn_text"`
 	SystemID string `json:"system_id,omitempty"`
+	Timeline int32  `json:"timeline,omitempty"`
+	Database string `json:"database,omitempty"`
 	Slot     string `json:"slot,omitempty"`
 }
 
@@ -153,7 +155,7 @@ func (st *inputState) addGlobal(g *globalState) error {
 			if s.Tidemark != 1 {
 				return fmt.Errorf("shared_state has format version %d; this connector reads version 1 (was the image downgraded?)", s.Tidemark)
 			}
-			st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Slot: s.Slot, Tables: map[string]*merge.TableProgress{}}
+			st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Timeline: s.Timeline, Database: s.Database, Slot: s.Slot, Tables: map[string]*merge.TableProgress{}}
 		}
 		for _, ss := range g.StreamStates {
 			if len(ss.StreamState) == 0 || string(ss.StreamState) == "null" {
@@ -247,6 +249,6 @@ func encodeShared(pos *merge.Position) json.RawMessage {
 	if pos == nil {
 		return nil
 	}
-	b, _ := json.Marshal(sharedState{Tidemark: 1, LSN: uint64(pos.LSN), LSNText: pos.LSN.String(), SystemID: pos.SystemID, Slot: pos.Slot})
+	b, _ := json.Marshal(sharedState{Tidemark: 1, LSN: uint64(pos.LSN), LSNText: pos.LSN.String(), SystemID: pos.SystemID, Timeline: pos.Timeline, Database: pos.Database, Slot: pos.Slot})
 	return b
 }

@@ -259,7 +259,7 @@ func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([
 	b = append(b, ev.Op.String()...)
 	b = append(b, '"')
 	b = append(b, ec.table...)
-	if ev.Op != merge.Truncate {
+	if ev.Op != merge.Truncate && ev.Op != merge.Refresh {
 		b = append(b, `,"key":{`...)
 		for i, k := range cols.Key {
 			if i > 0 {
@@ -272,7 +272,7 @@ func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([
 		}
 		b = append(b, '}')
 	}
-	if ev.Op != merge.Delete && ev.Op != merge.Truncate {
+	if ev.Op != merge.Delete && ev.Op != merge.Truncate && ev.Op != merge.Refresh {
 		b = append(b, `,"after":{`...)
 		first := true
 		var unchanged []string

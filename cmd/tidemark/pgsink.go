@@ -126,7 +126,7 @@ func (s *pgSink) Emit(ctx context.Context, evs []merge.Event) error {
 		if err != nil {
 			return err
 		}
-		if ev.Op == merge.Truncate {
+		if ev.Op == merge.Truncate || ev.Op == merge.Refresh {
 			if err := s.flush(ctx); err != nil {
 				return err
 			}

@@ -1,0 +1,172 @@
+package chunker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The catalog facts a capture keeps watching while it runs: a table's current name (it is
+// followed by OID through renames), how it belongs to the publication, and its partitions. None
+// of them changes with a row event, so the stream says nothing when they change: the engine
+// reads them again at its own pace and stops when one moved in a way that loses changes.
+
+// ErrGone reports a captured table that no longer exists (dropped).
+var ErrGone = errors.New("table no longer exists")
+
+// NameOf returns the current schema and name of the table with OID oid, or ErrGone.
+func NameOf(ctx context.Context, conn *pgx.Conn, oid uint32) (schema, name string, err error) {
+	err = conn.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).
+		Scan(&schema, &name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", fmt.Errorf("%w: the table with OID %d", ErrGone, oid)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("look up table OID %d: %w", oid, err)
+	}
+	return schema, name, nil
+}
+
+// Membership describes how the table with OID oid belongs to publication pub, as a token that
+// changes whenever the membership is replaced: "" when the publication does not publish the table
+// under its own name (not a member; a partitioned table published through its leaves because
+// publish_via_partition_root is off), otherwise the catalog rows that make it a member
+// (pg_publication_rel and, on PostgreSQL 15, pg_publication_namespace rows, whose OIDs are new
+// when a table or schema is dropped from a publication and added again; a row filter's text),
+// FOR ALL TABLES, and publish_via_partition_root. Changes of the table between its leaving a
+// publication and its coming back are not in any slot, so a token that changed means lost
+// changes.
+func Membership(ctx context.Context, conn *pgx.Conn, oid uint32, pub string) (string, error) {
+	version, err := serverVersion(ctx, conn)
+	if err != nil {
+		return "", err
+	}
+	// The table and its ancestors (pg_partition_ancestors lists nothing for a plain table).
+	const tree = `(SELECT $2::oid UNION SELECT relid FROM pg_partition_ancestors($2::oid))`
+	rels := `(SELECT string_agg('rel:' || pr.oid, ',' ORDER BY pr.oid) FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid IN ` + tree + `)`
+	nss := `NULL::text`
+	if version >= 150000 {
+		rels = `(SELECT string_agg('rel:' || pr.oid || coalesce(':filter:' || md5(pg_get_expr(pr.prqual, pr.prrelid)), ''), ',' ORDER BY pr.oid)
+			FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid IN ` + tree + `)`
+		nss = `(SELECT string_agg('schema:' || pn.oid, ',' ORDER BY pn.oid) FROM pg_publication_namespace pn
+			WHERE pn.pnpubid = p.oid AND pn.pnnspid IN (SELECT relnamespace FROM pg_class WHERE oid IN ` + tree + `))`
+	}
+	var all, viaRoot, listed bool
+	var kind byte
+	var relRows, nsRows *string
+	err = conn.QueryRow(ctx, `SELECT p.puballtables, p.pubviaroot, c.relkind,
+			EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = p.pubname AND pt.schemaname = n.nspname AND pt.tablename = c.relname),
+			`+rels+`, `+nss+`
+		FROM pg_publication p, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE p.pubname = $1 AND c.oid = $2`, pub, oid).Scan(&all, &viaRoot, &kind, &listed, &relRows, &nsRows)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil // no such publication, or no such table
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the membership of table OID %d in publication %q: %w", oid, pub, err)
+	}
+	if !listed {
+		return "", nil
+	}
+	var parts []string
+	if all {
+		parts = append(parts, "all")
+	}
+	for _, p := range []*string{relRows, nsRows} {
+		if p != nil {
+			parts = append(parts, *p)
+		}
+	}
+	if kind == 'p' && viaRoot {
+		parts = append(parts, "via_root")
+	}
+	return strings.Join(parts, ","), nil
+}
+
+// Partitions returns the OIDs of every partition under the table with OID oid (leaves and
+// intermediate partitioned tables), in OID order; none for a table that is not partitioned.
+func Partitions(ctx context.Context, conn *pgx.Conn, oid uint32) ([]uint32, error) {
+	rows, err := conn.Query(ctx, `SELECT relid::oid FROM pg_partition_tree($1::oid) WHERE relid::oid <> $1::oid ORDER BY 1`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of table OID %d: %w", oid, err)
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of table OID %d: %w", oid, err)
+	}
+	return parts, nil
+}
+
+// CommittedInvisible returns the transactions that are committed in the commit log but not yet
+// visible to new snapshots (their low 32 bits, as the stream's xids): those that wait for a
+// synchronous standby after their commit record was flushed, for instance. A transaction in that
+// state still holds the lock on its own transaction id, which pg_locks shows to every role; its
+// status is read with pg_xact_status.
+func CommittedInvisible(ctx context.Context, conn *pgx.Conn) ([]uint32, error) {
+	var snapText string
+	var held []string
+	err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text,
+		coalesce((SELECT array_agg(DISTINCT transactionid::text) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted), '{}')`).
+		Scan(&snapText, &held)
+	if err != nil {
+		return nil, fmt.Errorf("read the running transactions: %w", err)
+	}
+	snap, err := ParseSnapshot(snapText)
+	if err != nil {
+		return nil, err
+	}
+	var candidates []string
+	for _, h := range held {
+		x, err := strconv.ParseUint(h, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("transaction id %q: %w", h, err)
+		}
+		full := fullXID(uint32(x), snap.Xmax)
+		if full < snap.Xmin || full < snap.Xmax && !slices.Contains(snap.Xip, full) {
+			continue // visible to the snapshot: ended already
+		}
+		candidates = append(candidates, strconv.FormatUint(full, 10))
+	}
+	if len(candidates) == 0 {
+		return nil, nil
+	}
+	rows, err := conn.Query(ctx, `SELECT x::bigint FROM unnest($1::text[]) x WHERE pg_xact_status(x::xid8) = 'committed'`, candidates)
+	if err != nil {
+		return nil, fmt.Errorf("read the status of running transactions: %w", err)
+	}
+	committed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read the status of running transactions: %w", err)
+	}
+	out := make([]uint32, len(committed))
+	for i, x := range committed {
+		out[i] = uint32(x)
+	}
+	return out, nil
+}
+
+// fullXID extends a 32-bit transaction id to 64 bits with the epoch of ref, a full id within 2^31
+// of it (running transactions are far closer than that to a snapshot's xmax).
+func fullXID(x uint32, ref uint64) uint64 {
+	full := ref&^0xFFFFFFFF | uint64(x)
+	switch {
+	case full > ref+1<<31:
+		full -= 1 << 32
+	case full+1<<31 < ref:
+		full += 1 << 32
+	}
+	return full
+}
+
+func serverVersion(ctx context.Context, conn *pgx.Conn) (int, error) {
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read server version: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,290 @@
+package merge
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/watermark"
+)
+
+// The tests of this file drive the core by hand, one defect each: the inputs a real run would
+// give it, in the order that broke it.
+
+var (
+	// toastTable is t(id int4 primary key, big text), as the chunker discovers it.
+	toastTable = &chunker.Table{Schema: "public", Name: "t", OID: 16384, KeySource: "primary key", ReplicaIdentity: 'd',
+		Columns: []chunker.Column{{Name: "id", TypeOID: 23, BaseOID: 23, TypeMod: -1}, {Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
+		Key:     []int{0}}
+	toastRel = &replicator.Relation{ID: 16384, Schema: "public", Table: "t", ReplicaIdentity: replicator.IdentityDefault,
+		Columns: []replicator.Column{{Name: "id", TypeOID: 23, TypeMod: -1, Key: true}, {Name: "big", TypeOID: 25, TypeMod: -1}}}
+	unchanged = replicator.Value{Kind: replicator.Unchanged}
+	null      = replicator.Value{Kind: replicator.Null}
+)
+
+// coreRun feeds a core and collects its output.
+type coreRun struct {
+	t        *testing.T
+	c        *core
+	lsn      pglogrepl.LSN
+	xid      uint32
+	out      []Event
+	verdicts []verdict
+}
+
+func newCoreRun(t *testing.T, progress map[string]*TableProgress, tables ...*chunker.Table) *coreRun {
+	pos := &Position{Version: PositionVersion, Tables: map[string]*TableProgress{}}
+	byName := map[string]*chunker.Table{}
+	for _, tb := range tables {
+		p := progress[tb.String()]
+		if p == nil {
+			p = &TableProgress{Key: tb.KeyNames()}
+		}
+		pos.Tables[tb.String()] = p
+		byName[tb.String()] = tb
+	}
+	r := &coreRun{t: t, c: newCore(simMarks, pos, byName), lsn: 0x1000000, xid: 500}
+	require.NoError(t, r.step(simSignal))
+	return r
+}
+
+func (r *coreRun) step(in any) error {
+	err := r.c.step(in)
+	r.out = append(r.out, r.c.out...)
+	r.c.out = r.c.out[:0]
+	r.verdicts = append(r.verdicts, r.c.verdicts...)
+	r.c.verdicts = r.c.verdicts[:0]
+	return err
+}
+
+func (r *coreRun) must(in any) {
+	r.t.Helper()
+	require.NoError(r.t, r.step(in))
+}
+
+// txn delivers one transaction of changes; it returns the first error.
+func (r *coreRun) txn(changes ...*replicator.Change) error {
+	r.lsn += 0x100
+	r.xid++
+	if err := r.step(&replicator.Begin{FinalLSN: r.lsn, XID: r.xid}); err != nil {
+		return err
+	}
+	for _, ch := range changes {
+		ch.XID = r.xid
+		if err := r.step(ch); err != nil {
+			return err
+		}
+	}
+	return r.step(&replicator.Commit{LSN: r.lsn, EndLSN: r.lsn + 1, XID: r.xid})
+}
+
+func (r *coreRun) mustTxn(changes ...*replicator.Change) {
+	r.t.Helper()
+	require.NoError(r.t, r.txn(changes...))
+}
+
+// mark delivers a watermark's transaction.
+func (r *coreRun) mark(id int64, kind watermark.Kind) {
+	r.t.Helper()
+	r.mustTxn(&replicator.Change{Op: replicator.Update, Rel: simSignal, New: replicator.Tuple{
+		text("s"), text("run1"), text(strconv.FormatInt(id, 10)), text(string(rune(kind))), text("2026-01-01 00:00:00+00")}})
+}
+
+// window runs a whole window of chunk id: register, L, the changes of during (between L and the
+// hand-over), the hand-over of rows, the changes of after, H.
+func (r *coreRun) window(id int64, tb *chunker.Table, keys [][]string, rows []chunker.Row, during, after func()) {
+	r.t.Helper()
+	r.must(register{id: id, table: tb.String()})
+	r.mark(id, watermark.Low)
+	if during != nil {
+		during()
+	}
+	c := &chunker.Chunk{Table: tb, Rows: rows, Done: true, Snapshot: chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}}
+	if n := len(rows); n > 0 {
+		c.Last = keyStrings(rows[n-1], tb.Key)
+	}
+	r.must(handover{id: id, chunk: c, maxKey: []string{"1000"}, keys: keys})
+	if after != nil {
+		after()
+	}
+	r.mark(id, watermark.High)
+}
+
+func ins(rel *replicator.Relation, vals ...replicator.Value) *replicator.Change {
+	return &replicator.Change{Op: replicator.Insert, Rel: rel, New: vals}
+}
+
+func upd(rel *replicator.Relation, old replicator.Tuple, vals ...replicator.Value) *replicator.Change {
+	ch := &replicator.Change{Op: replicator.Update, Rel: rel, New: vals}
+	if old != nil {
+		ch.OldKind, ch.Old = replicator.OldKey, old
+	}
+	return ch
+}
+
+func del(rel *replicator.Relation, old ...replicator.Value) *replicator.Change {
+	return &replicator.Change{Op: replicator.Delete, Rel: rel, OldKind: replicator.OldKey, Old: old}
+}
+
+// TestRereadSurvivesKeyRecreatedInItsWindow: a key waiting to be read again whole is re-created
+// inside its own key-list window after the window's SELECT (an insert, then an update that leaves
+// the TOASTed value out; or a key change onto it). The window's SELECT did not see the row, so
+// its high watermark must leave the key pending: the Airbyte profile withheld the update, and the
+// CLI emitted the moved row without its TOASTed value.
+func TestRereadSurvivesKeyRecreatedInItsWindow(t *testing.T) {
+	pending := map[string]*TableProgress{"public.t": {Done: true, Key: []string{"id"}, Reread: [][]string{{"5"}}}}
+	t.Run("insert then partial update, whole rows only", func(t *testing.T) {
+		r := newCoreRun(t, pending, toastTable)
+		r.c.rereadPartial = true
+		r.must(toastRel)
+		r.window(1, toastTable, [][]string{{"5"}}, nil, nil, func() {
+			r.mustTxn(ins(toastRel, text("5"), text("whole")))
+			r.mustTxn(upd(toastRel, nil, text("5"), unchanged))
+		})
+		require.Equal(t, [][]string{{"5"}}, r.c.tables["public.t"].progress.Reread, "the withheld update's row is still to be read")
+	})
+	t.Run("key moved onto it", func(t *testing.T) {
+		r := newCoreRun(t, pending, toastTable)
+		r.must(toastRel)
+		r.window(1, toastTable, [][]string{{"5"}}, nil, nil, func() {
+			r.mustTxn(upd(toastRel, replicator.Tuple{text("3"), null}, text("5"), unchanged))
+		})
+		require.Equal(t, [][]string{{"5"}}, r.c.tables["public.t"].progress.Reread, "the moved row lacks its TOASTed value in the output")
+	})
+}
+
+// TestPartialFlagWhenOldAndNewKeysAreEqual: a key update that only rewrites the key's text
+// (numeric 1.0 to 1.00: equal keys) and leaves a TOASTed value out is a partial change of that
+// key; evicting the old key afterwards must not clear the flag, or the chunk row that held the
+// only whole copy is dropped without being read again.
+func TestPartialFlagWhenOldAndNewKeysAreEqual(t *testing.T) {
+	num := &chunker.Table{Schema: "public", Name: "n", OID: 16390, KeySource: "primary key", ReplicaIdentity: 'd',
+		Columns: []chunker.Column{{Name: "k", TypeOID: 1700, BaseOID: 1700, TypeMod: -1}, {Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
+		Key:     []int{0}}
+	rel := &replicator.Relation{ID: 16390, Schema: "public", Table: "n", ReplicaIdentity: replicator.IdentityDefault,
+		Columns: []replicator.Column{{Name: "k", TypeOID: 1700, TypeMod: -1, Key: true}, {Name: "big", TypeOID: 25, TypeMod: -1}}}
+	r := newCoreRun(t, nil, num)
+	r.must(rel)
+	r.window(1, num, nil, []chunker.Row{{[]byte("1.0"), []byte("whole")}}, nil, func() {
+		r.mustTxn(upd(rel, replicator.Tuple{text("1.0"), null}, text("1.00"), unchanged))
+	})
+	require.Len(t, r.verdicts, 1)
+	require.True(t, r.verdicts[0].completed)
+	require.Equal(t, [][]string{{"1.0"}}, r.c.tables["public.n"].progress.Reread, "the evicted row is read again whole")
+}
+
+// TestNullKeyIsNotPlaced: a change whose key column arrives NULL (the table's replica identity
+// now uses another index, a redefined primary key, a partition with another identity) cannot be
+// placed: the core stops with an error naming the table instead of emitting a key it cannot build.
+func TestNullKeyIsNotPlaced(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.mustTxn(ins(toastRel, text("1"), text("x")))
+	err := r.txn(del(toastRel, null, null))
+	require.ErrorIs(t, err, ErrUnplaceable)
+	require.ErrorContains(t, err, "public.t")
+	for _, ev := range r.out {
+		require.NotEqual(t, Delete, ev.Op, "no delete with an empty key")
+	}
+}
+
+// TestReplicaIdentityWithoutTheKey: a Relation whose replica identity no longer carries the key
+// columns (REPLICA IDENTITY USING INDEX on another index) makes updates and deletes of the table
+// unplaceable: an update could move the key without saying so. Inserts still go through.
+func TestReplicaIdentityWithoutTheKey(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	other := &replicator.Relation{ID: 16384, Schema: "public", Table: "t", ReplicaIdentity: replicator.IdentityIndex,
+		Columns: []replicator.Column{{Name: "id", TypeOID: 23, TypeMod: -1}, {Name: "big", TypeOID: 25, TypeMod: -1, Key: true}}}
+	r.must(other)
+	r.mustTxn(ins(other, text("1"), text("x")))
+	err := r.txn(upd(other, nil, text("1"), text("y")))
+	require.ErrorIs(t, err, ErrUnplaceable)
+	require.ErrorContains(t, err, "REPLICA IDENTITY")
+	// Restored: placeable again.
+	r2 := newCoreRun(t, nil, toastTable)
+	r2.must(other)
+	r2.must(toastRel)
+	r2.mustTxn(upd(toastRel, nil, text("1"), text("y")))
+}
+
+// TestRenamedTableIsFollowed: after ALTER TABLE ... RENAME (or SET SCHEMA) the stream names the
+// table differently; the core follows it by OID and keeps its output under the configured name.
+// A table that took the configured name (another OID) stops the capture.
+func TestRenamedTableIsFollowed(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	renamed := &replicator.Relation{ID: 16384, Schema: "archive", Table: "t_old", ReplicaIdentity: replicator.IdentityDefault, Columns: toastRel.Columns}
+	r.must(renamed)
+	r.mustTxn(ins(renamed, text("7"), text("x")))
+	require.Len(t, r.out, 1, "the renamed table's change is emitted")
+	require.Equal(t, "public", r.out[0].Columns.Schema)
+	require.Equal(t, "t", r.out[0].Columns.Table)
+
+	impostor := &replicator.Relation{ID: 20000, Schema: "public", Table: "t", ReplicaIdentity: replicator.IdentityDefault, Columns: toastRel.Columns}
+	err := r.step(impostor)
+	require.ErrorIs(t, err, ErrUnplaceable)
+	require.ErrorContains(t, err, "OID")
+}
+
+// TestQuietColumnChangeDuringBackfill: a column added while the table is quiet changes what the
+// chunks read, but the stream says nothing until the table's next change. The chunk read the
+// newer definition, so it completes with its own columns instead of being abandoned forever.
+func TestQuietColumnChangeDuringBackfill(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.mustTxn(ins(toastRel, text("900"), text("x"))) // the stream's last description: (id, big)
+	wider := &chunker.Table{Schema: "public", Name: "t", OID: 16384, KeySource: "primary key", ReplicaIdentity: 'd',
+		Columns: append(append([]chunker.Column{}, toastTable.Columns...), chunker.Column{Name: "c", TypeOID: 23, BaseOID: 23, TypeMod: -1}),
+		Key:     []int{0}}
+	r.out = nil
+	r.window(1, wider, nil, []chunker.Row{{[]byte("1"), []byte("a"), []byte("0")}}, nil, nil)
+	require.Len(t, r.verdicts, 1)
+	require.True(t, r.verdicts[0].completed, "abandoned: %v", r.verdicts[0].reason)
+	require.Len(t, r.out, 1)
+	require.Equal(t, []string{"id", "big", "c"}, r.out[0].Columns.Names)
+}
+
+// TestWakeOnEveryRereadChange: the idle worker is told about pending re-reads whenever they
+// change, not only when their total count does (one table's re-read done, another's queued).
+func TestWakeOnEveryRereadChange(t *testing.T) {
+	other := &chunker.Table{Schema: "public", Name: "u", OID: 16400, KeySource: "primary key", ReplicaIdentity: 'd',
+		Columns: toastTable.Columns, Key: []int{0}}
+	r := newCoreRun(t, nil, toastTable, other)
+	m := &mergeLoop{core: r.c, wake: make(chan map[string][][]string, 1)}
+	m.wakeWorker()
+	require.Empty(t, m.wake, "nothing to tell: the worker starts from the position's re-reads")
+	r.c.tables["public.t"].progress.Reread = [][]string{{"1"}}
+	r.c.rereadsChanged()
+	m.wakeWorker()
+	require.Equal(t, map[string][][]string{"public.t": {{"1"}}}, <-m.wake)
+	r.c.tables["public.t"].progress.Reread = nil
+	r.c.tables["public.u"].progress.Reread = [][]string{{"2"}}
+	r.c.rereadsChanged()
+	m.wakeWorker()
+	select {
+	case got := <-m.wake:
+		require.Equal(t, [][]string{{"2"}}, got["public.u"])
+	default:
+		t.Fatal("the worker was not woken for public.u's re-read")
+	}
+}
+
+// TestGuardSeededAtStart: a transaction that committed before the position a run resumes from
+// was emitted by an earlier run, so this run's stream never shows it; if it is still invisible
+// (a synchronous standby that does not answer), a chunk's snapshot misses it. The guard is seeded
+// with the transactions that were committed but invisible at start, and rejects such a chunk.
+func TestGuardSeededAtStart(t *testing.T) {
+	var g guard
+	g.max = 1 << 20
+	g.seed([]uint32{700})
+	low := pglogrepl.LSN(0x5000)
+	require.True(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650, 700}}, low), "700 is still invisible")
+	require.True(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 690}, low), "700 is at or above xmax")
+	require.False(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650}}, low), "700 is visible now")
+	require.False(t, g.violated(chunker.Snapshot{Xmin: 701, Xmax: 701}, low))
+}
