@@ -102,52 +102,58 @@ func Partitions(ctx context.Context, conn *pgx.Conn, oid uint32) ([]uint32, erro
 	return parts, nil
 }
 
-// CommittedInvisible returns the transactions that are committed in the commit log but not yet
-// visible to new snapshots (their low 32 bits, as the stream's xids): those that wait for a
-// synchronous standby after their commit record was flushed, for instance. A transaction in that
-// state still holds the lock on its own transaction id, which pg_locks shows to every role; its
-// status is read with pg_xact_status.
-func CommittedInvisible(ctx context.Context, conn *pgx.Conn) ([]uint32, error) {
+// Invisible returns the transactions that hold their own transaction id's lock and are not
+// visible to a snapshot taken now (their low 32 bits, as the stream's xids), with that snapshot.
+// They are the running transactions, and the ones committed but not yet visible: a transaction
+// that waits for a synchronous standby after its commit record was flushed is committed in the
+// commit log, but PostgreSQL reports it in progress until it leaves the process array, so the
+// two cannot be told apart from SQL. pg_locks shows every role every transaction id lock.
+func Invisible(ctx context.Context, conn *pgx.Conn) ([]uint32, Snapshot, error) {
 	var snapText string
 	var held []string
 	err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text,
 		coalesce((SELECT array_agg(DISTINCT transactionid::text) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted), '{}')`).
 		Scan(&snapText, &held)
 	if err != nil {
-		return nil, fmt.Errorf("read the running transactions: %w", err)
+		return nil, Snapshot{}, fmt.Errorf("read the running transactions: %w", err)
 	}
 	snap, err := ParseSnapshot(snapText)
 	if err != nil {
-		return nil, err
+		return nil, Snapshot{}, err
 	}
-	var candidates []string
+	var out []uint32
 	for _, h := range held {
 		x, err := strconv.ParseUint(h, 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("transaction id %q: %w", h, err)
+			return nil, Snapshot{}, fmt.Errorf("transaction id %q: %w", h, err)
 		}
 		full := fullXID(uint32(x), snap.Xmax)
 		if full < snap.Xmin || full < snap.Xmax && !slices.Contains(snap.Xip, full) {
 			continue // visible to the snapshot: ended already
 		}
-		candidates = append(candidates, strconv.FormatUint(full, 10))
+		out = append(out, uint32(x))
 	}
-	if len(candidates) == 0 {
-		return nil, nil
+	return out, snap, nil
+}
+
+// CurrentSnapshot returns a snapshot taken now (pg_current_snapshot()).
+func CurrentSnapshot(ctx context.Context, conn *pgx.Conn) (Snapshot, error) {
+	var s string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&s); err != nil {
+		return Snapshot{}, fmt.Errorf("read a snapshot: %w", err)
 	}
-	rows, err := conn.Query(ctx, `SELECT x::bigint FROM unnest($1::text[]) x WHERE pg_xact_status(x::xid8) = 'committed'`, candidates)
-	if err != nil {
-		return nil, fmt.Errorf("read the status of running transactions: %w", err)
+	return ParseSnapshot(s)
+}
+
+// SynchronousStandbys reports whether the server waits for synchronous standbys
+// (synchronous_standby_names is set): then a commit can stay invisible for as long as the
+// standby does not answer.
+func SynchronousStandbys(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var names string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&names); err != nil {
+		return false, fmt.Errorf("read synchronous_standby_names: %w", err)
 	}
-	committed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("read the status of running transactions: %w", err)
-	}
-	out := make([]uint32, len(committed))
-	for i, x := range committed {
-		out[i] = uint32(x)
-	}
-	return out, nil
+	return strings.TrimSpace(names) != "", nil
 }
 
 // fullXID extends a 32-bit transaction id to 64 bits with the epoch of ref, a full id within 2^31

@@ -16,7 +16,6 @@ import (
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/merge"
-	"github.com/tidemark/tidemark/watermark"
 )
 
 // background runs fn in a goroutine until stop is called; stop waits for it.
@@ -198,13 +197,13 @@ func TestE22CopyInsideWindow(t *testing.T) {
 }
 
 // signalTrigger makes the signal table fail writes of marks chosen by cond (a SQL condition on
-// NEW and on the sequence mark_failures).
-func signalTrigger(t *testing.T, db *e2e.TestDB, cond string) {
-	db.Exec(fmt.Sprintf(watermark.CreateTable, watermark.DefaultTable.Sanitize()))
+// NEW and on the sequence mark_failures). It returns a BeforeLow hook that adds the trigger once
+// the engine has started: the engine refuses a signal table with a trigger when it starts.
+func signalTrigger(t *testing.T, db *e2e.TestDB, cond string) func(context.Context, int64) {
 	db.Exec(`CREATE SEQUENCE mark_failures`)
 	db.Exec(`CREATE FUNCTION fail_mark() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN IF ` + cond + ` THEN RAISE EXCEPTION 'injected mark failure'; END IF; RETURN NEW; END $$`)
-	db.Exec(`CREATE TRIGGER fail_mark BEFORE INSERT OR UPDATE ON tidemark_signal FOR EACH ROW EXECUTE FUNCTION fail_mark()`)
+	return onChunk(t, db, 1, `CREATE TRIGGER fail_mark BEFORE INSERT OR UPDATE ON tidemark_signal FOR EACH ROW EXECUTE FUNCTION fail_mark()`)
 }
 
 // TestE23LowWatermarkFails: the chunk is withdrawn before its SELECT and retried with a new id;
@@ -212,9 +211,9 @@ func signalTrigger(t *testing.T, db *e2e.TestDB, cond string) {
 func TestE23LowWatermarkFails(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
-	signalTrigger(t, db, `NEW.kind = 'L' AND NEW.chunk = 2`)
 	var selected []int64
 	cfg := engineConfig(db, "public.t")
+	cfg.Hooks.BeforeLow = signalTrigger(t, db, `NEW.kind = 'L' AND NEW.chunk = 2`)
 	cfg.Hooks.AfterSelect = func(_ context.Context, id int64) { selected = append(selected, id) }
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
@@ -236,8 +235,8 @@ func TestE24HighWatermarkFails(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
 			versionedTable(t, db, 30, 1)
-			signalTrigger(t, db, tc.cond)
 			cfg := engineConfig(db, "public.t")
+			cfg.Hooks.BeforeLow = signalTrigger(t, db, tc.cond)
 			cfg.Hooks.AfterSelect = onChunk(t, db, 2, fmt.Sprintf(upd, "new", 15))
 			sink := newMemSink()
 			require.NoError(t, runEngine(t, cfg, sink, nil))

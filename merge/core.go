@@ -38,9 +38,12 @@ type (
 	}
 	// emptyTable reports that a table had no rows when its backfill started.
 	emptyTable struct{ table string }
-	// seed gives the visibility guard the transactions that were committed but invisible when
-	// the run started (see guard.seed); the worker sends it before its first chunk.
+	// seed gives the visibility guard the transactions invisible when the run started, for a
+	// run whose position does not say which commits were (see guard.seed); the worker sends it
+	// before its first chunk.
 	seed struct{ xids []uint32 }
+	// probe is a snapshot the idle worker took: it shows which commits are visible by now.
+	probe struct{ snap chunker.Snapshot }
 	// highWritten reports that chunk id's high watermark committed before WAL position after:
 	// once the stream has passed it, the window is stale if the mark was not seen.
 	highWritten struct {
@@ -136,6 +139,9 @@ type core struct {
 func newCore(marks watermark.Config, pos *Position, tables map[string]*chunker.Table) *core {
 	c := &core{marks: marks, tables: map[string]*tableState{}, byOID: map[uint32]*tableState{}, windows: map[int64]*window{}, pos: pos,
 		chunkCols: map[*chunker.Table]*Columns{}, guard: guard{max: 1 << 20}}
+	if pos.Invisible != nil {
+		c.guard.seed(*pos.Invisible)
+	}
 	for name, t := range tables {
 		schema, tname, _ := strings.Cut(name, ".")
 		ts := &tableState{name: name, schema: schema, tname: tname, oid: t.OID, table: t, progress: pos.Tables[name], rereads: map[string]bool{}}
@@ -219,6 +225,8 @@ func (c *core) step(in any) error {
 		c.windows[v.id] = &window{id: v.id, ts: ts, touched: map[string]bool{}}
 	case seed:
 		c.guard.seed(v.xids)
+	case probe:
+		c.guard.observe(v.snap)
 	case handover:
 		return c.handover(v)
 	case abandon:
@@ -525,6 +533,7 @@ func (c *core) handover(h handover) error {
 	w.chunk, w.maxKey, w.keys, w.refresh = h.chunk, h.maxKey, h.keys, h.refresh
 	if !h.refresh {
 		c.guard.snapshot(h.chunk.Snapshot)
+		c.guard.observe(h.chunk.Snapshot)
 	}
 	return nil
 }
@@ -681,7 +690,7 @@ func (c *core) refresh(ts *tableState) {
 	c.out = append(c.out, Event{Op: Refresh, Columns: chunkColumns(ts.table, ts.schema, ts.tname), LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
 	c.txSeq++
 	p := ts.progress
-	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication}
+	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions}
 	ts.indexRereads()
 	c.rereadsChanged()
 }

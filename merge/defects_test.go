@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"encoding/json"
 	"strconv"
 	"testing"
 
@@ -287,4 +288,36 @@ func TestGuardSeededAtStart(t *testing.T) {
 	require.True(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 690}, low), "700 is at or above xmax")
 	require.False(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650}}, low), "700 is visible now")
 	require.False(t, g.violated(chunker.Snapshot{Xmin: 701, Xmax: 701}, low))
+}
+
+// TestGuardHandsInvisibleCommitsOn: the commits the stream showed that no snapshot has shown
+// visible yet are what a checkpoint hands to the next run; a snapshot that shows one visible
+// takes it off.
+func TestGuardHandsInvisibleCommitsOn(t *testing.T) {
+	var g guard
+	g.max = 1 << 20
+	g.commit(700, 0x100)
+	g.commit(701, 0x200)
+	g.commit(702, 0x300)
+	require.Equal(t, XIDs{700, 701, 702}, *g.invisible())
+	g.observe(chunker.Snapshot{Xmin: 700, Xmax: 703, Xip: []uint64{700}})
+	require.Equal(t, XIDs{700}, *g.invisible(), "701 and 702 are visible")
+	g.seed([]uint32{650})
+	require.Equal(t, XIDs{650, 700}, *g.invisible())
+	g.observe(chunker.Snapshot{Xmin: 701, Xmax: 703})
+	require.Empty(t, *g.invisible())
+}
+
+// TestXIDsJSON: the set encodes as ranges and back.
+func TestXIDsJSON(t *testing.T) {
+	in := XIDs{5, 6, 7, 9, 4294967295}
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	require.JSONEq(t, `"5-7,9,4294967295"`, string(b))
+	var out XIDs
+	require.NoError(t, json.Unmarshal(b, &out))
+	require.Equal(t, in, out)
+	require.NoError(t, json.Unmarshal([]byte(`""`), &out))
+	require.Empty(t, out)
+	require.Error(t, json.Unmarshal([]byte(`"9-5"`), &out))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -81,6 +80,10 @@ type Config struct {
 	// CheckpointInterval is the longest time between checkpoints while changes flow; there is
 	// also one after every chunk. Zero: 1s.
 	CheckpointInterval time.Duration
+	// WatchInterval is the time between two checks of what the stream does not report: that
+	// every captured table still exists (and under which name), belongs to the publication as
+	// it did, and has the partitions it had. Zero: 10s.
+	WatchInterval time.Duration
 	// AckCheckpoints acknowledges each checkpoint's LSN to the slot once Sink.Checkpoint returns;
 	// otherwise only the resume position given to Run is acknowledged (Airbyte: the platform
 	// persists a state after Run returns).
@@ -94,10 +97,16 @@ type Config struct {
 	// emitted with those values Unchanged, and only rows they evict from a chunk are read again.
 	RereadPartial bool
 	// AddToPublication adds captured tables that are not in the publication to it (the role must
-	// own them); otherwise such a table is refused with the statement that adds it.
+	// own them), when their capture starts now (no progress, or a refresh); otherwise such a
+	// table is refused with the statement that adds it.
 	AddToPublication bool
-	Hooks            Hooks
-	Faults           Faults
+	// ResyncInvalidPosition answers a position that cannot be resumed (another cluster, database
+	// or slot, a forked timeline, a slot created after it or advanced past it, a position ahead
+	// of the server) by starting over from the slot's position with every table refreshed
+	// (TableProgress.Refresh) instead of failing. Zero: Run fails with the reason.
+	ResyncInvalidPosition bool
+	Hooks                 Hooks
+	Faults                Faults
 }
 
 // Errors callers branch on.
@@ -186,8 +195,8 @@ func (c *Config) Validate() error {
 			seen[name] = true
 		}
 	}
-	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 {
-		errs = append(errs, errors.New("chunk size, chunk bytes and checkpoint interval must not be negative"))
+	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 {
+		errs = append(errs, errors.New("chunk size, chunk bytes, checkpoint and watch intervals must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -204,6 +213,9 @@ func (c *Config) ensureDefaults() {
 	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = time.Second
+	}
+	if c.WatchInterval == 0 {
+		c.WatchInterval = 10 * time.Second
 	}
 	if len(c.SignalTable) == 0 {
 		c.SignalTable = watermark.DefaultTable
@@ -266,25 +278,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	if err != nil {
 		return err
 	}
-	if e.cfg.AddToPublication {
-		if err := e.addToPublication(ctx, conn); err != nil {
-			return err
-		}
-	}
-	tables := map[string]*chunker.Table{}
-	var errs []error
-	for _, tc := range e.cfg.Tables {
-		t, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		tables[t.String()] = t
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	pos, err := e.resume(from, stream, tables)
+	pos, tables, err := e.prepare(ctx, conn, stream, from)
 	if err != nil {
 		return err
 	}
@@ -304,9 +298,10 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	in := make(chan any, 1024)
 	verdicts := make(chan verdict, 8)
 	wake := make(chan map[string][][]string, 1)
-	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger()}
+	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger(),
+		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
-		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *pos.Tables[name]})
+		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *pos.Tables[name], parts: t.Partitions})
 	}
 	w.order(e.cfg.Tables)
 	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wake, stream: stream}
@@ -332,78 +327,6 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		return context.Cause(ctx)
 	}
 	return err
-}
-
-// addToPublication adds the captured tables the publication lacks, when the role may; a table
-// it may not add is left for discovery to refuse with the statement a DBA should run.
-func (e *Engine) addToPublication(ctx context.Context, conn *pgx.Conn) error {
-	pub := e.cfg.Source.Publication
-	for _, tc := range e.cfg.Tables {
-		var in, all bool
-		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
-			coalesce((SELECT puballtables FROM pg_publication WHERE pubname = $1), false)`, pub, tc.Schema, tc.Name).Scan(&in, &all)
-		if err != nil {
-			return fmt.Errorf("check publication %q: %w", pub, err)
-		}
-		if in || all {
-			continue
-		}
-		_, err = conn.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{pub}.Sanitize()+" ADD TABLE "+pgx.Identifier{tc.Schema, tc.Name}.Sanitize())
-		if err != nil {
-			e.log.Warn().Err(err).Str("table", tc.Schema+"."+tc.Name).Str("publication", pub).Msg("table not added to the publication")
-			continue
-		}
-		e.log.Info().Str("table", tc.Schema+"."+tc.Name).Str("publication", pub).Msg("table added to the publication")
-	}
-	return nil
-}
-
-// resume checks the position against the source and the slot, and reconciles its tables with
-// the configured ones. The resume LSN is acknowledged: it is durable downstream.
-func (e *Engine) resume(from *Position, stream *replicator.Stream, tables map[string]*chunker.Table) (*Position, error) {
-	sys, slot := stream.System(), stream.Slot()
-	var pos *Position
-	if from == nil {
-		pos = &Position{Version: PositionVersion, LSN: slot.ConfirmedFlush, Tables: map[string]*TableProgress{}}
-	} else {
-		if from.SystemID != "" && from.SystemID != sys.SystemID {
-			return nil, fmt.Errorf("%w: the position was taken on system %s, the source is system %s; start over with a full backfill (no position)",
-				ErrSystemChanged, from.SystemID, sys.SystemID)
-		}
-		if from.LSN > sys.XLogPos {
-			return nil, &PositionAheadError{Position: from.LSN.String(), Server: sys.XLogPos.String()}
-		}
-		if from.LSN < slot.ConfirmedFlush && !e.cfg.Faults.AckAhead {
-			return nil, &PositionBehindSlotError{Slot: slot.Name, Position: from.LSN.String(), ConfirmedFlush: slot.ConfirmedFlush.String()}
-		}
-		pos = from.Clone()
-		stream.Ack(from.LSN)
-	}
-	pos.Version, pos.SystemID, pos.Slot = PositionVersion, sys.SystemID, slot.Name
-	for name := range pos.Tables {
-		if tables[name] == nil {
-			delete(pos.Tables, name) // no longer captured
-		}
-	}
-	noBackfill := map[string]bool{}
-	for _, tc := range e.cfg.Tables {
-		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
-	}
-	for name, t := range tables {
-		key := t.KeyNames()
-		p := pos.Tables[name]
-		// A progress without a cursor needs no key (a migrated state of a finished table).
-		if p != nil && !slices.Equal(p.Key, key) && (len(p.Key) > 0 || p.Cursor != nil || p.MaxKey != nil || p.Reread != nil) {
-			e.log.Warn().Str("table", name).Strs("was", p.Key).Strs("now", key).Msg("key changed since the position was taken: the backfill starts over")
-			p = nil
-		}
-		if p == nil {
-			p = &TableProgress{Key: key, Done: noBackfill[name]}
-			pos.Tables[name] = p
-		}
-		p.Key = key
-	}
-	return pos, nil
 }
 
 // sendEvent queues a stream event for the merge loop. While the queue is full (a slow sink), it
@@ -555,6 +478,10 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 		}
 	}
 	m.core.verdicts = m.core.verdicts[:0]
+	for _, n := range m.core.notices {
+		m.e.log.Warn().Msg(n)
+	}
+	m.core.notices = m.core.notices[:0]
 	if n := len(m.core.out); n > 0 {
 		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
 			return fmt.Errorf("emit %d events: %w", n, err)
@@ -574,6 +501,7 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 // checkpoint gives the sink the current position, at a transaction boundary, and acknowledges
 // it to the slot when the sink made it durable.
 func (m *mergeLoop) checkpoint(ctx context.Context) error {
+	m.core.pos.Invisible = m.core.guard.invisible()
 	pos := m.core.pos.Clone()
 	if err := m.e.sink.Checkpoint(ctx, pos); err != nil {
 		return fmt.Errorf("checkpoint at %s: %w", pos.LSN, err)

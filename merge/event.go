@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -122,6 +124,67 @@ type Position struct {
 	Database string                    `json:"database,omitempty"`  // the database the slot belongs to
 	Slot     string                    `json:"slot,omitempty"`      // the slot the position belongs to
 	Tables   map[string]*TableProgress `json:"tables"`              // by configured "schema.table"
+	// Invisible are the transactions whose commits the stream showed before LSN that no
+	// snapshot had shown visible yet (a commit waiting for a synchronous standby): the next
+	// run's stream will not show them, so its visibility guard starts with them. nil: not known
+	// (a first run, or a position of an older Tidemark): the next run starts with every
+	// transaction invisible when it starts, if the server has synchronous standbys.
+	Invisible *XIDs `json:"invisible,omitempty"`
+}
+
+// XIDs is a set of transaction ids (their low 32 bits), sorted. It encodes to JSON as ranges
+// ("1042-1050,1077"), which keeps a run of consecutive ids short.
+type XIDs []uint32
+
+// MarshalJSON encodes the set as a string of ranges.
+func (x XIDs) MarshalJSON() ([]byte, error) {
+	var b []byte
+	for i := 0; i < len(x); {
+		j := i
+		for j+1 < len(x) && x[j+1] == x[j]+1 {
+			j++
+		}
+		if len(b) > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(x[i]), 10)
+		if j > i {
+			b = append(b, '-')
+			b = strconv.AppendUint(b, uint64(x[j]), 10)
+		}
+		i = j + 1
+	}
+	return json.Marshal(string(b))
+}
+
+// UnmarshalJSON decodes the ranges MarshalJSON writes.
+func (x *XIDs) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("invisible transactions: %w", err)
+	}
+	out := XIDs{}
+	for _, r := range strings.Split(s, ",") {
+		if r == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(r, "-")
+		a, err := strconv.ParseUint(lo, 10, 32)
+		if err != nil {
+			return fmt.Errorf("invisible transactions %q: %w", r, err)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.ParseUint(hi, 10, 32); err != nil || b < a || b-a > 1<<24 {
+				return fmt.Errorf("invisible transactions: range %q", r)
+			}
+		}
+		for v := a; v <= b; v++ {
+			out = append(out, uint32(v))
+		}
+	}
+	*x = out
+	return nil
 }
 
 // TableProgress is one table's backfill progress.
@@ -148,6 +211,9 @@ type TableProgress struct {
 	// taken (chunker.Membership): a table that left the publication and came back has another,
 	// and its changes in between are not in the slot.
 	Publication string `json:"publication,omitempty"`
+	// Partitions are the OIDs of a partitioned table's partitions when the progress was taken:
+	// one attached or detached since brought or took rows without a row event.
+	Partitions []uint32 `json:"partitions,omitempty"`
 }
 
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.
@@ -187,12 +253,17 @@ func (p *Position) UnmarshalJSON(b []byte) error {
 func (t *TableProgress) clone() TableProgress {
 	c := *t
 	c.Reread = slices.Clone(t.Reread)
+	c.Partitions = slices.Clone(t.Partitions)
 	return c
 }
 
 // Clone returns a deep copy of p.
 func (p *Position) Clone() *Position {
 	c := *p
+	if p.Invisible != nil {
+		inv := slices.Clone(*p.Invisible)
+		c.Invisible = &inv
+	}
 	c.Tables = make(map[string]*TableProgress, len(p.Tables))
 	for k, t := range maps.All(p.Tables) {
 		tc := t.clone()

@@ -1,6 +1,8 @@
 package merge
 
 import (
+	"slices"
+
 	"github.com/jackc/pglogrepl"
 
 	"github.com/tidemark/tidemark/chunker"
@@ -21,11 +23,15 @@ import (
 type guard struct {
 	commits []xidCommit // in commit order
 	max     int         // cap on commits; past it the oldest go and the guard becomes conservative
-	// before are the transactions that were committed but invisible when the run started
-	// (seed): they may have committed before the position the run resumed from, so this run's
-	// stream does not show them, and they count as committed before every low watermark. Each
-	// goes once a checked snapshot sees it (visibility never goes back).
+	// before are transactions that may have committed before the position this run resumed
+	// from while still invisible (seed): this run's stream does not show them, so they count as
+	// committed before every low watermark. Each goes once a snapshot shows it visible
+	// (visibility never goes back), or once this run's stream shows its commit after all.
 	before map[uint32]bool
+	// unconfirmed are the commits this run's stream showed that no snapshot has shown visible
+	// yet. A checkpoint hands them, with before, to the next run (Position.Invisible).
+	unconfirmed     map[uint32]struct{}
+	unconfirmedLost bool // the cap on unconfirmed was reached: the next run cannot trust the set
 
 	overflow   bool   // commits were dropped by the cap
 	droppedMax uint32 // the newest xid dropped by the cap
@@ -42,7 +48,20 @@ type xidCommit struct {
 // precedes reports a < b modulo 2^32.
 func precedes(a, b uint32) bool { return int32(a-b) < 0 }
 
+// maxUnconfirmed caps the commits kept until a snapshot shows them visible. Snapshots come with
+// every chunk and every second from the idle worker, so the cap is only reached when none comes.
+const maxUnconfirmed = 1 << 20
+
 func (g *guard) commit(xid uint32, lsn pglogrepl.LSN) {
+	delete(g.before, xid)
+	if g.unconfirmed == nil {
+		g.unconfirmed = map[uint32]struct{}{}
+	}
+	if len(g.unconfirmed) < maxUnconfirmed {
+		g.unconfirmed[xid] = struct{}{}
+	} else {
+		g.unconfirmedLost = true
+	}
 	g.commits = append(g.commits, xidCommit{xid, lsn})
 	if len(g.commits) > g.max {
 		n := len(g.commits) / 2
@@ -65,14 +84,14 @@ func (g *guard) snapshot(s chunker.Snapshot) {
 	}
 }
 
-// seed notes the transactions that were committed (in the commit log) but not yet visible to
-// snapshots when the run started. A transaction that committed before the resume position was
-// streamed, emitted and acknowledged by an earlier run; if it is still invisible (it waits for a
-// synchronous standby that does not answer, or it committed just before a new slot's consistent
-// point), this run's stream never shows it, and a chunk whose snapshot misses it would emit a
-// row older than what the output already has. Any such transaction is committed and invisible
-// at start, so the seed holds every one of them (and maybe some that committed later, which only
-// costs retries until they are visible).
+// seed notes transactions that may have committed before the position the run resumed from and
+// still be invisible. Such a transaction was streamed, emitted and acknowledged by an earlier
+// run (or committed before a new slot's consistent point, and was never streamed); if it is
+// still invisible (it waits for a synchronous standby that does not answer), this run's stream
+// never shows it, and a chunk whose snapshot misses it would emit a row older than what the
+// output already has. The earlier run's checkpoint names the commits it saw that no snapshot had
+// shown visible (Position.Invisible); without that, the run seeds every transaction invisible at
+// its start, which may include running ones that commit later (they only cost retries).
 func (g *guard) seed(xids []uint32) {
 	if g.before == nil {
 		g.before = map[uint32]bool{}
@@ -92,23 +111,10 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
 	for _, x := range s.Xip {
 		running[uint32(x)] = struct{}{}
 	}
-	invisible := func(x uint32) bool {
-		if precedes(x, xmin) {
-			return false
-		}
-		_, ok := running[x]
-		return ok || !precedes(x, xmax)
-	}
-	violated := false
 	for x := range g.before {
-		if invisible(x) {
-			violated = true
-		} else {
-			delete(g.before, x)
+		if invisibleTo(x, xmin, xmax, running) {
+			return true
 		}
-	}
-	if violated {
-		return true
 	}
 	for _, c := range g.commits {
 		if c.lsn >= lowLSN {
@@ -148,4 +154,51 @@ func (g *guard) prune(pending []uint32) {
 	if g.overflow && precedes(g.droppedMax, threshold) {
 		g.overflow = false
 	}
+}
+
+// invisibleTo reports whether xid x is invisible to a snapshot (xmin, xmax, running).
+func invisibleTo(x, xmin, xmax uint32, running map[uint32]struct{}) bool {
+	if precedes(x, xmin) {
+		return false
+	}
+	_, ok := running[x]
+	return ok || !precedes(x, xmax)
+}
+
+// observe forgets the unconfirmed and before transactions that snapshot s shows visible; any
+// snapshot will do, taken at any time, since visibility never goes back.
+func (g *guard) observe(s chunker.Snapshot) {
+	xmin, xmax := uint32(s.Xmin), uint32(s.Xmax)
+	running := make(map[uint32]struct{}, len(s.Xip))
+	for _, x := range s.Xip {
+		running[uint32(x)] = struct{}{}
+	}
+	for x := range g.unconfirmed {
+		if !invisibleTo(x, xmin, xmax, running) {
+			delete(g.unconfirmed, x)
+		}
+	}
+	for x := range g.before {
+		if !invisibleTo(x, xmin, xmax, running) {
+			delete(g.before, x)
+		}
+	}
+}
+
+// invisible returns the transactions a checkpoint hands to the next run: those that may have
+// committed up to now and still be invisible; nil when the set is not known whole.
+func (g *guard) invisible() *XIDs {
+	if g.unconfirmedLost {
+		return nil
+	}
+	out := XIDs{}
+	for x := range g.unconfirmed {
+		out = append(out, x)
+	}
+	for x := range g.before {
+		out = append(out, x)
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	return &out
 }

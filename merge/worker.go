@@ -19,9 +19,10 @@ import (
 // workTable is a table as the chunk worker sees it.
 type workTable struct {
 	name     string
-	table    *chunker.Table
+	table    *chunker.Table // as last discovered: its current name, for the chunk queries
 	override []string
 	progress TableProgress // as of the last verdict
+	parts    []uint32      // the partitions it had when the run started
 }
 
 // worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
@@ -37,10 +38,15 @@ type worker struct {
 	log      zerolog.Logger
 	tables   []*workTable
 
-	nextID  int64
-	limit   int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
-	fails   int // consecutive abandoned chunks
-	rereads int // consecutive key-list chunks that left keys to read again
+	nextID    int64
+	limit     int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
+	fails     int // consecutive abandoned chunks
+	rereads   int // consecutive key-list chunks that left keys to read again
+	lastWatch time.Time
+	// seedRunning: the position does not say which commits may still be invisible (a first
+	// run, an older position), so the guard starts with every transaction invisible now, when
+	// the server has synchronous standbys (guard.seed).
+	seedRunning bool
 
 	// Where the backfill's time goes, for the log line at the end of a table.
 	markTime, selectTime, waitTime time.Duration
@@ -63,22 +69,40 @@ func (w *worker) order(cfg []TableConfig) {
 // read again. It stops issuing chunks when stop ends.
 func (w *worker) run(stop, ctx context.Context) error {
 	w.limit = w.cfg.ChunkSize
+	if err := w.seed(ctx); err != nil {
+		return err
+	}
+	if err := w.watch(ctx); err != nil {
+		return err
+	}
+	watch := time.NewTicker(w.cfg.WatchInterval)
+	defer watch.Stop()
+	probes := time.NewTicker(time.Second)
+	defer probes.Stop()
 	fenced := false
 	for {
 		worked := false
 		for _, t := range w.tables {
-			if !t.progress.Done {
-				w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Msg("backfill started")
+			if t.progress.Refresh || !t.progress.Done {
+				w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Bool("refresh", t.progress.Refresh).Msg("backfill started")
 			}
 			w.markTime, w.selectTime, w.waitTime = 0, 0, 0
-			for !t.progress.Done || len(t.progress.Reread) > 0 {
+			for t.progress.Refresh || !t.progress.Done || len(t.progress.Reread) > 0 {
 				if stop.Err() != nil {
 					return nil
 				}
+				if time.Since(w.lastWatch) >= w.cfg.WatchInterval {
+					if err := w.watch(ctx); err != nil {
+						return err
+					}
+				}
 				var err error
-				if len(t.progress.Reread) > 0 {
+				switch {
+				case t.progress.Refresh:
+					err = w.refresh(ctx, t)
+				case len(t.progress.Reread) > 0:
 					err = w.reread(ctx, t)
-				} else {
+				default:
 					err = w.chunk(ctx, t)
 				}
 				if err != nil {
@@ -100,12 +124,47 @@ func (w *worker) run(stop, ctx context.Context) error {
 					t.progress.Reread = keys
 				}
 			}
+		case <-watch.C:
+			if err := w.watch(ctx); err != nil {
+				return err
+			}
+		case <-probes.C:
+			// Commits the stream showed become visible: a snapshot says which, so that
+			// checkpoints hand only those still invisible to the next run.
+			snap, err := chunker.CurrentSnapshot(ctx, w.conn)
+			if err != nil {
+				return err
+			}
+			if err := w.send(ctx, probe{snap: snap}); err != nil {
+				return err
+			}
 		case <-stop.Done():
 			return nil
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
 	}
+}
+
+// seed gives the guard, before any chunk, every transaction invisible now when the position
+// does not say which commits may still be (see guard.seed), and the server has synchronous
+// standbys; without them a commit is visible within microseconds, long before a chunk.
+func (w *worker) seed(ctx context.Context) error {
+	if !w.seedRunning {
+		return nil
+	}
+	sync, err := chunker.SynchronousStandbys(ctx, w.conn)
+	if err != nil || !sync {
+		return err
+	}
+	xids, _, err := chunker.Invisible(ctx, w.conn)
+	if err != nil {
+		return err
+	}
+	if len(xids) > 0 {
+		w.log.Info().Int("transactions", len(xids)).Msg("the server has synchronous standbys: chunks wait until the transactions running or committed now are visible")
+	}
+	return w.send(ctx, seed{xids: xids})
 }
 
 // fence writes the mark a bounded run stops at once the stream has passed it.
@@ -166,8 +225,17 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 		}
 		t.progress.MaxKey = maxKey
 	}
-	return w.window(ctx, t, nil, func(ctx context.Context) (*chunker.Chunk, error) {
+	return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
+	})
+}
+
+// refresh runs the first window of a refresh of t: no rows, its low watermark places the Refresh
+// event (core.refresh); the backfill then starts from the beginning.
+func (w *worker) refresh(ctx context.Context, t *workTable) error {
+	w.log.Info().Str("table", t.name).Msg("the table's output starts over: re-backfill")
+	return w.window(ctx, t, nil, true, func(context.Context) (*chunker.Chunk, error) {
+		return &chunker.Chunk{Table: t.table}, nil
 	})
 }
 
@@ -175,7 +243,7 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 func (w *worker) reread(ctx context.Context, t *workTable) error {
 	keys := t.progress.Reread[:min(len(t.progress.Reread), w.limit, 1000)]
 	w.log.Debug().Str("table", t.name).Int("keys", len(keys)).Msg("re-reading rows whose TOASTed values a change did not carry")
-	err := w.window(ctx, t, keys, func(ctx context.Context) (*chunker.Chunk, error) {
+	err := w.window(ctx, t, keys, false, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Keys(ctx, t.table, keys)
 	})
 	if len(t.progress.Reread) == 0 {
@@ -191,8 +259,9 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 }
 
 // window runs the chunk protocol for one chunk of t: register, low watermark, read, hand over,
-// high watermark, verdict. keys is a key-list chunk's keys, nil for a range chunk.
-func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, read func(context.Context) (*chunker.Chunk, error)) error {
+// high watermark, verdict. keys is a key-list chunk's keys, nil for a range chunk; refresh marks
+// a refresh's first window.
+func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refresh bool, read func(context.Context) (*chunker.Chunk, error)) error {
 	w.nextID++
 	id := w.nextID
 	if err := w.send(ctx, register{id: id, table: t.name}); err != nil {
@@ -211,7 +280,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, read
 		return w.withdraw(ctx, t, id, err)
 	}
 	w.selectTime += time.Since(start)
-	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey, keys: keys}); err != nil {
+	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey, keys: keys, refresh: refresh}); err != nil {
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)
@@ -327,18 +396,79 @@ func (w *worker) retry(ctx context.Context, t *workTable, cause error) error {
 	return nil
 }
 
-// rediscover reads t's definition again after it changed.
+// rediscover reads t's definition again after it changed, under its current name (a renamed
+// table is followed by OID).
 func (w *worker) rediscover(ctx context.Context, t *workTable) error {
-	nt, err := chunker.Discover(ctx, w.conn, t.table.Schema, t.table.Name, t.override, w.cfg.Source.Publication)
+	schema, name, err := chunker.NameOf(ctx, w.conn, t.table.OID)
 	if err != nil {
 		return fmt.Errorf("discover %s again after its definition changed: %w", t.name, err)
 	}
-	if !slices.Equal(nt.KeyNames(), t.table.KeyNames()) {
-		return fmt.Errorf("the key of %s changed from %v to %v during its backfill; start its capture over", t.name, t.table.KeyNames(), nt.KeyNames())
+	nt, err := chunker.Discover(ctx, w.conn, schema, name, t.override, w.cfg.Source.Publication)
+	if err != nil {
+		return fmt.Errorf("discover %s (now %s.%s) again after its definition changed: %w", t.name, schema, name, err)
 	}
-	w.log.Info().Str("table", t.name).Strs("columns", nt.ColumnNames()).Msg("table definition changed: chunks read the new columns")
+	if nt.OID != t.table.OID {
+		return fmt.Errorf("%w: %s (OID %d) is now %s.%s, and that name belongs to table OID %d", ErrTableReplaced, t.name, t.table.OID, schema, name, nt.OID)
+	}
+	if !slices.Equal(nt.KeyNames(), t.table.KeyNames()) {
+		return fmt.Errorf("the key of %s changed from %v to %v during its capture; re-backfill it", t.name, t.table.KeyNames(), nt.KeyNames())
+	}
+	if !slices.Equal(nt.Partitions, t.parts) {
+		return partitionsChanged(t, nt.Partitions)
+	}
+	w.log.Info().Str("table", t.name).Str("now", nt.String()).Strs("columns", nt.ColumnNames()).Msg("table definition changed: chunks read the new definition")
 	t.table = nt
 	return nil
+}
+
+// watch checks what the stream does not say: that every captured table still exists, follows
+// it under a new name, and stops the capture when one's membership of the publication or its
+// partitions changed since the run started (changes or rows that never reach the stream).
+func (w *worker) watch(ctx context.Context) error {
+	w.lastWatch = time.Now()
+	pub := w.cfg.Source.Publication
+	for _, t := range w.tables {
+		schema, name, err := chunker.NameOf(ctx, w.conn, t.table.OID)
+		if errors.Is(err, chunker.ErrGone) {
+			return fmt.Errorf("%w: %s (OID %d) was dropped; take it out of the capture (or, if it was created again, re-backfill it)", chunker.ErrGone, t.name, t.table.OID)
+		}
+		if err != nil {
+			return err
+		}
+		if schema != t.table.Schema || name != t.table.Name {
+			if err := w.rediscover(ctx, t); err != nil {
+				return err
+			}
+		}
+		member, err := chunker.Membership(ctx, w.conn, t.table.OID, pub)
+		if err != nil {
+			return err
+		}
+		if member != t.progress.Publication {
+			what := "its membership changed"
+			if member == "" {
+				what = "it is no longer published under its name (dropped from the publication, or publish_via_partition_root turned off)"
+			}
+			return fmt.Errorf("%w: %s in publication %q: %s (was %q, now %q), so its changes since then are not in the slot; "+
+				"restore it (ALTER PUBLICATION %s ADD TABLE %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
+				ErrPublicationChanged, t.name, pub, what, t.progress.Publication, member, pgx.Identifier{pub}.Sanitize(), t.table.Ident())
+		}
+		if t.table.Partitions != nil || t.parts != nil {
+			parts, err := chunker.Partitions(ctx, w.conn, t.table.OID)
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(parts, t.parts) {
+				return partitionsChanged(t, parts)
+			}
+		}
+	}
+	return nil
+}
+
+func partitionsChanged(t *workTable, now []uint32) error {
+	return fmt.Errorf("%w: %s had partitions %v when the capture started and has %v now: a partition attached or detached brings or takes rows without a row event; re-backfill the table",
+		ErrPartitionsChanged, t.name, t.parts, now)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

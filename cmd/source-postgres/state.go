@@ -33,7 +33,9 @@ type sharedState struct {
 	SystemID string `json:"system_id,omitempty"`
 	Timeline int32  `json:"timeline,omitempty"`
 	Database string `json:"database,omitempty"`
-	Slot     string `json:"slot,omitempty"`
+	// Invisible: commits streamed that no snapshot had shown visible yet (merge.Position).
+	Invisible *merge.XIDs `json:"invisible,omitempty"`
+	Slot      string      `json:"slot,omitempty"`
 }
 
 // tableState is one stream's state.
@@ -155,7 +157,7 @@ func (st *inputState) addGlobal(g *globalState) error {
 			if s.Tidemark != 1 {
 				return fmt.Errorf("shared_state has format version %d; this connector reads version 1 (was the image downgraded?)", s.Tidemark)
 			}
-			st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Timeline: s.Timeline, Database: s.Database, Slot: s.Slot, Tables: map[string]*merge.TableProgress{}}
+			st.pos = &merge.Position{Version: merge.PositionVersion, LSN: pglogrepl.LSN(s.LSN), SystemID: s.SystemID, Timeline: s.Timeline, Database: s.Database, Slot: s.Slot, Invisible: s.Invisible, Tables: map[string]*merge.TableProgress{}}
 		}
 		for _, ss := range g.StreamStates {
 			if len(ss.StreamState) == 0 || string(ss.StreamState) == "null" {
@@ -249,6 +251,6 @@ func encodeShared(pos *merge.Position) json.RawMessage {
 	if pos == nil {
 		return nil
 	}
-	b, _ := json.Marshal(sharedState{Tidemark: 1, LSN: uint64(pos.LSN), LSNText: pos.LSN.String(), SystemID: pos.SystemID, Timeline: pos.Timeline, Database: pos.Database, Slot: pos.Slot})
+	b, _ := json.Marshal(sharedState{Tidemark: 1, LSN: uint64(pos.LSN), LSNText: pos.LSN.String(), SystemID: pos.SystemID, Timeline: pos.Timeline, Database: pos.Database, Slot: pos.Slot, Invisible: pos.Invisible})
 	return b
 }

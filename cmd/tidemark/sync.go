@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -35,6 +36,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	interval := fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	stopCaughtUp := fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	noBackfill := fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	rebackfill := fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	signalTable := fs.String("signal-table", "public.tidemark_signal", "the watermark table, as schema.table; created when missing")
@@ -61,6 +63,10 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
 	if !ok || sigSchema == "" || sigTable == "" {
 		problems = append(problems, "--signal-table must be schema.table")
+	}
+	refresh, refreshAll, rerr := parseRebackfill(*rebackfill, tcs)
+	if rerr != nil {
+		problems = append(problems, rerr.Error())
 	}
 	var faults merge.Faults
 	switch *breakEngine {
@@ -119,6 +125,12 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		defer js.Close()
 		sink, from = js, pos
 	}
+	if from != nil {
+		for _, name := range refresh {
+			from.Tables[name] = &merge.TableProgress{Refresh: true}
+			e.log.Info().Str("table", name).Msg("re-backfill asked for: the table's output starts over")
+		}
+	}
 	var pubTables []pgx.Identifier
 	for _, t := range tcs {
 		pubTables = append(pubTables, pgx.Identifier{t.Schema, t.Name})
@@ -135,6 +147,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		SignalTable:        pgx.Identifier{sigSchema, sigTable},
 		WatermarkTimeout:   *wmTimeout,
 		Faults:             faults,
+		// --rebackfill all: a checkpoint that cannot be resumed is replaced by a refresh of
+		// every table.
+		ResyncInvalidPosition: refreshAll,
 	}
 	if *crashAt != "" {
 		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {
@@ -143,7 +158,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	}
 	stats := newSyncStats(tcs)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
-	return runWithProgress(ctx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, srcDSN, *metricsAddr, *quiet)
+	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, srcDSN, *metricsAddr, *quiet))
 }
 
 // runWithProgress runs the engine with the progress display (or log lines), the source poller
@@ -243,4 +258,46 @@ func crashHooks(h *merge.Hooks, spec string) error {
 		return fmt.Errorf("--crash-at: unknown point %q", point)
 	}
 	return nil
+}
+
+// parseRebackfill parses --rebackfill: captured tables (schema.table,...) or all.
+func parseRebackfill(s string, tcs []merge.TableConfig) (names []string, all bool, err error) {
+	if s == "" {
+		return nil, false, nil
+	}
+	captured := map[string]bool{}
+	for _, t := range tcs {
+		captured[t.Schema+"."+t.Name] = true
+	}
+	if s == "all" {
+		for _, t := range tcs {
+			names = append(names, t.Schema+"."+t.Name)
+		}
+		return names, true, nil
+	}
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		if !captured[n] {
+			return nil, false, fmt.Errorf("--rebackfill: %q is not among --tables (write schema.table, or all)", n)
+		}
+		names = append(names, n)
+	}
+	return names, false, nil
+}
+
+// withRebackfillHint adds to an error whose way out is a re-backfill how to ask for one.
+func withRebackfillHint(err error) error {
+	var un *merge.UnplaceableError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &un):
+		return fmt.Errorf("%w\nto re-backfill it, run the same command once with --rebackfill %s", err, un.Table)
+	case errors.Is(err, merge.ErrPublicationChanged), errors.Is(err, merge.ErrTableReplaced), errors.Is(err, merge.ErrPartitionsChanged):
+		return fmt.Errorf("%w\nto re-backfill, run the same command once with --rebackfill and the table (or all)", err)
+	case errors.Is(err, merge.ErrForeignPosition), errors.Is(err, merge.ErrTimelineForked), errors.Is(err, merge.ErrSystemChanged),
+		errors.Is(err, merge.ErrPositionBehindSlot), errors.Is(err, merge.ErrPositionAhead):
+		return fmt.Errorf("%w\nto start over from the slot, every table's output rebuilt, run the same command once with --rebackfill all", err)
+	}
+	return err
 }

@@ -1,0 +1,407 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/merge"
+)
+
+// The scenarios of this file are what a DBA does to a captured database on an ordinary day
+// (rename, change a replica identity, change a publication, attach a partition, add a column),
+// and what the capture must then do: follow, re-read, or stop with the cause and the fix. Never
+// a silent difference.
+
+// backgroundEngine runs the engine until stop is called or it ends on its own: done is closed
+// then, and stop (which cancels it first) returns Run's error.
+func backgroundEngine(t *testing.T, cfg merge.Config, sink merge.Sink, from *merge.Position) (done <-chan struct{}, stop func() error) {
+	t.Helper()
+	eng, err := merge.New(cfg, sink, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan struct{})
+	var result error
+	go func() {
+		defer close(ch)
+		result = eng.Run(ctx, from)
+	}()
+	stop = func() error {
+		cancel()
+		<-ch
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	return ch, stop
+}
+
+// waitErr waits for a background engine to end on its own, and returns its error.
+func waitErr(t *testing.T, done <-chan struct{}, stop func() error, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-done:
+		return stop()
+	case <-time.After(within):
+		t.Fatalf("the capture did not stop within %s", within)
+	}
+	return nil
+}
+
+// refreshed returns a copy of pos with table's output to start over.
+func refreshed(pos *merge.Position, tables ...string) *merge.Position {
+	p := pos.Clone()
+	for _, name := range tables {
+		p.Tables[name] = &merge.TableProgress{Refresh: true}
+	}
+	return p
+}
+
+// verifyAs checks that the replay of the output's table equals the source's table src.
+func verifyAs(t *testing.T, db *e2e.TestDB, sink *memSink, table, src string, key ...string) {
+	t.Helper()
+	schema, name := splitName(src)
+	rows, err := e2e.SourceRows(context.Background(), db.DSN, schema, name, key)
+	require.NoError(t, err)
+	require.Empty(t, e2e.Diff(sink.oracle.Rows(table), rows), "the output does not replay to the source")
+	require.Empty(t, sink.oracle.Violations())
+}
+
+func splitName(s string) (string, string) {
+	for i := range s {
+		if s[i] == '.' {
+			return s[:i], s[i+1:]
+		}
+	}
+	return "public", s
+}
+
+// TestVisibilityStallAcrossRestart: a transaction streamed, emitted and checkpointed by one run
+// but still invisible to snapshots (its commit waits for a synchronous standby that does not
+// answer) is not in the next run's stream. The next run's guard is seeded with it at start, so
+// no chunk that misses it completes until it is visible; without the seed, the chunk emits the
+// row as it was before it, after it.
+func TestVisibilityStallAcrossRestart(t *testing.T) {
+	if server == nil || server.Kind() == e2e.External {
+		t.Skip("changes synchronous_standby_names on the server")
+	}
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 30, 1)
+	admin := db.Connect()
+	ctx := context.Background()
+	setSync := func(names string) {
+		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { setSync("") })
+
+	app := db.Connect()
+	appDone := make(chan error, 1)
+	var released atomic.Bool
+	release := func() {
+		if released.CompareAndSwap(false, true) {
+			setSync("")
+		}
+	}
+	cfg := engineConfig(db, "public.t")
+	cfg.StopWhenCaughtUp = false
+	cfg.WatermarkTimeout = 300 * time.Millisecond
+	cfg.Hooks.BeforeLow = onChunkFunc(1, func() {
+		setSync("nonexistent_standby")
+		time.Sleep(200 * time.Millisecond) // the reload reaches new sessions
+		go func() {
+			_, err := app.Exec(context.Background(), fmt.Sprintf(upd, "new", 25))
+			appDone <- err
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query LIKE 'UPDATE t %'`).Scan(&n); err == nil && n == 1 {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Error("the update does not wait for the standby")
+	})
+	sink := newMemSink()
+	_, stop := backgroundEngine(t, cfg, sink, nil)
+	// Run 1 streams the update and checkpoints past it; its chunks are all rejected meanwhile.
+	e2e.WaitFor(t, time.Minute, "the stalled update emitted and checkpointed", func() bool {
+		recs := sink.of("public.t", "25")
+		last := sink.last()
+		return len(recs) > 0 && recs[len(recs)-1].Op == "update" && last != nil && uint64(last.LSN) > recs[len(recs)-1].LSN
+	})
+	require.ErrorIs(t, stop(), context.Canceled)
+
+	// Run 2 resumes behind the update, which it will not see; the stall goes on until chunks
+	// have been rejected for it.
+	cfg2 := engineConfig(db, "public.t")
+	cfg2.Source.CreateSlot = false
+	cfg2.WatermarkTimeout = 300 * time.Millisecond
+	var rejected atomic.Int32
+	cfg2.Hooks.ChunkAbandoned = func(_ context.Context, _ string, reason error) {
+		if rejected.Add(1) >= 2 {
+			release()
+		}
+	}
+	require.NoError(t, runEngine(t, cfg2, sink, sink.last()))
+	release()
+	require.NoError(t, <-appDone)
+	verify(t, db, sink, "public.t", "id")
+	require.Positive(t, rejected.Load(), "chunks that missed the stalled update were rejected")
+}
+
+// onChunkFunc returns a hook that runs fn once, when chunk id reaches it.
+func onChunkFunc(id int64, fn func()) func(context.Context, int64) {
+	var done atomic.Bool
+	return func(_ context.Context, chunk int64) {
+		if chunk == id && done.CompareAndSwap(false, true) {
+			fn()
+		}
+	}
+}
+
+// TestReplicaIdentityWithoutKeyStops: after REPLICA IDENTITY USING INDEX on another index, a
+// delete carries only that index's columns: the capture stops with the table, the cause and the
+// fix instead of emitting a delete without a key. Restoring the identity does not help the
+// changes already logged; a re-backfill does.
+func TestReplicaIdentityWithoutKeyStops(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE SEQUENCE ver`)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
+	db.Exec(`INSERT INTO t (id, email, v) SELECT g, 'u' || g || '@x', 'v' FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+
+	// Changed while the capture runs: the change after it cannot be placed.
+	cont := cfg
+	cont.StopWhenCaughtUp = false
+	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY USING INDEX t_email_key`)
+	db.Exec(`DELETE FROM t WHERE id = 5`)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrUnplaceable)
+	require.ErrorContains(t, err, "public.t")
+	require.ErrorContains(t, err, "REPLICA IDENTITY DEFAULT")
+	for _, r := range sink.records {
+		require.False(t, r.Op == "delete" && r.Key == "", "a delete without a key was emitted")
+	}
+
+	// While it is stopped: the key the table would be captured with changed.
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrKeyChanged)
+
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY DEFAULT`)
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrUnplaceable, "the delete logged meanwhile still has no key")
+
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.t")))
+	verify(t, db, sink, "public.t", "id")
+	require.Equal(t, "refresh", sink.records[indexOfOp(sink, "refresh")].Op)
+}
+
+func indexOfOp(s *memSink, op string) int {
+	for i, r := range s.records {
+		if r.Op == op {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestPartitionWithAnotherIdentity: a partition whose replica identity is another index than its
+// root's key sends deletes without the key, through the root (publish_via_partition_root): the
+// capture stops naming the table instead of emitting a delete with an empty key.
+func TestPartitionWithAnotherIdentity(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, email text NOT NULL, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
+	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
+	db.Exec(`CREATE UNIQUE INDEX m1_email ON m1 (email)`)
+	db.Exec(`ALTER TABLE m1 REPLICA IDENTITY USING INDEX m1_email`)
+	db.Exec(`INSERT INTO m (id, email) SELECT g, 'u' || g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE m WITH (publish_via_partition_root = true)`)
+	cfg := engineConfig(db, "public.m")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+	db.Exec(`DELETE FROM m WHERE id = 3`)
+	err := runEngine(t, cfg, sink, sink.last())
+	require.ErrorIs(t, err, merge.ErrUnplaceable)
+	require.ErrorContains(t, err, "public.m")
+	require.ErrorContains(t, err, "NULL")
+}
+
+// TestRenamedTableIsFollowed: a table renamed in the middle of its backfill keeps being captured
+// (chunks and changes), under the name it was configured with. The next run, configured with
+// the old name, says where the table went; configured with the new one, it carries the progress
+// over.
+func TestRenamedTableIsFollowed(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 40, 1)
+	cfg := engineConfig(db, "public.t")
+	cfg.Hooks.AfterHigh = onChunk(t, db, 2, `ALTER TABLE t RENAME TO t2`, `ALTER TABLE t2 SET SCHEMA archive`,
+		`UPDATE archive.t2 SET v = 'new', ver = nextval('ver') WHERE id = 35`, `INSERT INTO archive.t2 (id, v) VALUES (100, 'n')`, `DELETE FROM archive.t2 WHERE id = 3`)
+	db.Exec(`CREATE SCHEMA archive`)
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	verifyAs(t, db, sink, "public.t", "archive.t2", "id")
+	for _, r := range sink.records {
+		require.Equal(t, "public.t", r.Table)
+	}
+
+	cfg.Source.CreateSlot = false
+	err := runEngine(t, cfg, sink, sink.last())
+	require.ErrorIs(t, err, chunker.ErrNoTable)
+	require.ErrorContains(t, err, "is now archive.t2")
+
+	snapshots := sink.count("snapshot")
+	moved := engineConfig(db, "archive.t2")
+	moved.Source.CreateSlot = false
+	db.Exec(`UPDATE archive.t2 SET v = 'later', ver = nextval('ver') WHERE id = 36`)
+	moved.Hooks.AfterCheckpoint = nil
+	require.NoError(t, runEngine(t, moved, sink, sink.last()))
+	require.Equal(t, snapshots, sink.count("snapshot"), "the progress carried over: no second backfill")
+	require.Equal(t, "update", sink.of("archive.t2", "36")[0].Op)
+}
+
+// TestPublicationDropStopsCapture: a captured table dropped from the publication stops streaming
+// without a word from the stream; the capture notices and stops. Put back, it is not resumed as
+// if nothing happened (its changes in between are in no slot): a re-backfill is needed.
+func TestPublicationDropStopsCapture(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 20, 1)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+
+	cont := cfg
+	cont.StopWhenCaughtUp = false
+	cont.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` DROP TABLE t`)
+	db.Exec(fmt.Sprintf(upd, "unseen", 4))
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrPublicationChanged)
+	require.ErrorContains(t, err, "public.t")
+
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE t`)
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrPublicationChanged, "back in the publication, but the update in between is in no slot")
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.t")))
+	verify(t, db, sink, "public.t", "id")
+}
+
+// TestPublishViaRootTurnedOff: with publish_via_partition_root turned off, a partitioned table's
+// changes stream under its partitions' names; the capture of the root stops instead of skipping
+// them.
+func TestPublishViaRootTurnedOff(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
+	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
+	db.Exec(`INSERT INTO m (id) SELECT g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE m WITH (publish_via_partition_root = true)`)
+	cfg := engineConfig(db, "public.m")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+	cfg.StopWhenCaughtUp = false
+	cfg.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cfg, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish_via_partition_root = false)`)
+	db.Exec(`UPDATE m SET ver = 2 WHERE id = 4`)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrPublicationChanged)
+	require.ErrorContains(t, err, "publish_via_partition_root")
+}
+
+// TestAttachPartitionDetected: a partition attached with rows brings them without a row event;
+// the capture stops while it runs, and a later run refuses to go on as if it had not happened,
+// until the table is re-backfilled.
+func TestAttachPartitionDetected(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
+	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
+	db.Exec(`INSERT INTO m (id) SELECT g FROM generate_series(1, 50) g`)
+	db.Exec(`CREATE TABLE m2 (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
+	db.Exec(`INSERT INTO m2 (id) SELECT g FROM generate_series(100, 120) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE m WITH (publish_via_partition_root = true)`)
+	cfg := engineConfig(db, "public.m")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+
+	cont := cfg
+	cont.StopWhenCaughtUp = false
+	cont.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER TABLE m ATTACH PARTITION m2 FOR VALUES FROM (100) TO (200)`)
+	require.ErrorIs(t, waitErr(t, done, stopIt, 30*time.Second), merge.ErrPartitionsChanged)
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrPartitionsChanged)
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.m")))
+	verify(t, db, sink, "public.m", "id")
+}
+
+// TestQuietColumnChangeDuringBackfill: a column added (or dropped) while the table has no
+// change changes what chunks read, and the stream says nothing until the next change: the
+// backfill goes on with the new columns instead of abandoning every chunk until it fails.
+func TestQuietColumnChangeDuringBackfill(t *testing.T) {
+	for _, ddl := range []string{`ALTER TABLE t ADD COLUMN c int DEFAULT 7`, `ALTER TABLE t DROP COLUMN v`} {
+		t.Run(ddl, func(t *testing.T) {
+			db := e2e.NewTestDB(t, server)
+			versionedTable(t, db, 50, 1)
+			cfg := engineConfig(db, "public.t")
+			cfg.Hooks.BeforeLow = onChunk(t, db, 2, ddl)
+			sink := newMemSink()
+			require.NoError(t, runEngine(t, cfg, sink, nil))
+			src, err := e2e.SourceRows(context.Background(), db.DSN, "public", "t", []string{"id"})
+			require.NoError(t, err)
+			got := sink.oracle.Rows("public.t")
+			require.Len(t, got, len(src))
+			for k, row := range src {
+				require.Equal(t, *row["ver"], *got[k]["ver"], "key %s", k)
+			}
+		})
+	}
+}
+
+// TestRowFilterRefused: a publication that filters a table's rows would stream a part of the
+// table while the backfill reads all of it; the table is refused with the reason.
+func TestRowFilterRefused(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t WHERE (id > 5)`)
+	err := runEngine(t, engineConfig(db, "public.t"), newMemSink(), nil)
+	require.ErrorIs(t, err, chunker.ErrRowFilter)
+	require.ErrorContains(t, err, "id > 5")
+}
+
+// TestSlotRecreatedUnderOldPosition: a slot dropped and created again (or a failover to a server
+// whose slot is new) holds none of the changes since the position: the capture refuses the
+// position, or, when asked, starts over from the new slot with every table's output rebuilt.
+func TestSlotRecreatedUnderOldPosition(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 20, 1)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	db.Exec(`SELECT pg_drop_replication_slot($1)`, db.Slot)
+	db.Exec(`DELETE FROM t WHERE id = 7`) // in no slot
+	err := runEngine(t, cfg, sink, sink.last())
+	require.True(t, errors.Is(err, merge.ErrForeignPosition), "%v", err)
+	cfg.ResyncInvalidPosition = true
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()))
+	verify(t, db, sink, "public.t", "id")
+}

@@ -1,0 +1,264 @@
+package merge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// Errors of a position or a table that cannot be resumed. Each says what happened and that the
+// way on is a re-backfill (of the table, or of everything: Config.ResyncInvalidPosition).
+var (
+	// ErrForeignPosition: the position was not read from this slot: another slot's or
+	// database's, or the slot did not exist and was created after it.
+	ErrForeignPosition = errors.New("the position was not read from this slot")
+	// ErrTimelineForked: the server's history forked before the position (a failover to a
+	// standby that had not received it, a point-in-time restore): the WAL it covers is gone.
+	ErrTimelineForked = errors.New("the position is not in the server's history")
+	// ErrTableReplaced: a captured table's name now belongs to another table (dropped and
+	// created again).
+	ErrTableReplaced = errors.New("the table is not the one the position was taken on")
+	// ErrPublicationChanged: a captured table left the publication (and maybe came back), or the
+	// way it belongs to it changed so that its changes stopped streaming under its name
+	// (publish_via_partition_root turned off, a row filter): its changes in between are not in
+	// the slot.
+	ErrPublicationChanged = errors.New("the table's membership of the publication changed")
+	// ErrPartitionsChanged: a partition was attached to or detached from a captured partitioned
+	// table: its rows arrived or left without a row event.
+	ErrPartitionsChanged = errors.New("the table's partitions changed")
+	// ErrKeyChanged: the columns that identify a captured table's rows changed (a redefined
+	// primary key, another replica identity): the output so far is keyed otherwise.
+	ErrKeyChanged = errors.New("the table's key changed")
+)
+
+// prepare readies a run: it adds new tables to the publication (when allowed), discovers the
+// tables, checks the position's identity against the server and the slot, and reconciles the
+// position's tables with the configured ones. The resume LSN is acknowledged last, once it is
+// known to belong to this slot.
+func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, from *Position) (*Position, map[string]*chunker.Table, error) {
+	resync := false
+	if from != nil {
+		if err := e.checkIdentity(ctx, from, stream); err != nil {
+			if !e.cfg.ResyncInvalidPosition {
+				return nil, nil, err
+			}
+			e.log.Warn().Err(err).Msg("the position cannot be resumed: every table is backfilled again from the slot's position, its output started over")
+			from, resync = nil, true
+		}
+	}
+	if e.cfg.AddToPublication {
+		if err := e.addToPublication(ctx, conn, from); err != nil {
+			return nil, nil, err
+		}
+	}
+	tables, err := e.discover(ctx, conn, from)
+	if err != nil {
+		return nil, nil, err
+	}
+	sys, slot := stream.System(), stream.Slot()
+	var pos *Position
+	if from == nil {
+		pos = &Position{LSN: slot.ConfirmedFlush, Tables: map[string]*TableProgress{}}
+	} else {
+		pos = from.Clone()
+	}
+	pos.Version, pos.SystemID, pos.Timeline, pos.Database, pos.Slot = PositionVersion, sys.SystemID, sys.Timeline, sys.Database, slot.Name
+	if err := e.reconcile(ctx, conn, pos, tables, resync); err != nil {
+		return nil, nil, err
+	}
+	if from != nil {
+		stream.Ack(from.LSN)
+	}
+	return pos, tables, nil
+}
+
+// checkIdentity accepts a position only on the cluster, database, slot and history it was read
+// from. Resuming elsewhere would skip or repeat changes without a word, and acknowledging its LSN
+// would confirm to a slot what was never read from it.
+func (e *Engine) checkIdentity(ctx context.Context, from *Position, stream *replicator.Stream) error {
+	return identityProblem(from, stream.System(), stream.Slot(), e.cfg.Faults.AckAhead, func(tli int32) (pglogrepl.LSN, bool, error) {
+		return stream.TimelineEnd(ctx, tli)
+	})
+}
+
+// identityProblem is checkIdentity's decision, apart from the server: timelineEnd reports where
+// a timeline ended in the server's history (replicator.Stream.TimelineEnd).
+func identityProblem(from *Position, sys replicator.SystemInfo, slot replicator.SlotInfo, ackAhead bool,
+	timelineEnd func(int32) (pglogrepl.LSN, bool, error)) error {
+	const over = "start over with a full backfill (no position, or a re-backfill of every table)"
+	switch {
+	case from.SystemID != "" && from.SystemID != sys.SystemID:
+		return fmt.Errorf("%w: the position was taken on system %s, the source is system %s; %s",
+			ErrSystemChanged, from.SystemID, sys.SystemID, over)
+	case from.Database != "" && from.Database != sys.Database:
+		return fmt.Errorf("%w: it was taken in database %q, the slot is in database %q; %s", ErrForeignPosition, from.Database, sys.Database, over)
+	case from.Slot != "" && from.Slot != slot.Name:
+		return fmt.Errorf("%w: it was read from slot %q, not %q; %s", ErrForeignPosition, from.Slot, slot.Name, over)
+	case slot.Created:
+		return fmt.Errorf("%w: slot %q did not exist and was created now, so the changes between the position (%s) and now are in no slot (was it dropped, or is this a restored or failed-over server?); %s",
+			ErrForeignPosition, slot.Name, from.LSN, over)
+	}
+	if from.Timeline != 0 && from.Timeline != sys.Timeline {
+		if from.Timeline > sys.Timeline {
+			return fmt.Errorf("%w: the position was taken on timeline %d and the server is on timeline %d (restored from before it); %s",
+				ErrTimelineForked, from.Timeline, sys.Timeline, over)
+		}
+		end, ok, err := timelineEnd(from.Timeline)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: the position's timeline %d is not in the history of the server's timeline %d; %s", ErrTimelineForked, from.Timeline, sys.Timeline, over)
+		}
+		if from.LSN > end {
+			return fmt.Errorf("%w: the position %s lies past %s, where its timeline %d ended and the server's current history (timeline %d) began: a failover to a standby that had not received it, or a point-in-time restore, dropped that WAL; %s",
+				ErrTimelineForked, from.LSN, end, from.Timeline, sys.Timeline, over)
+		}
+	}
+	if from.LSN > sys.XLogPos {
+		return &PositionAheadError{Position: from.LSN.String(), Server: sys.XLogPos.String()}
+	}
+	if from.LSN < slot.ConfirmedFlush && !ackAhead {
+		return &PositionBehindSlotError{Slot: slot.Name, Position: from.LSN.String(), ConfirmedFlush: slot.ConfirmedFlush.String()}
+	}
+	return nil
+}
+
+// addToPublication adds to the publication the captured tables it lacks whose capture starts now
+// (no progress in the position, or a refresh asked for), when the role may; a table it may not
+// add is left for discovery to refuse with the statement a DBA should run. A table that was
+// captured and left the publication is not added back silently: its changes while it was out are
+// not in the slot (discover says so).
+func (e *Engine) addToPublication(ctx context.Context, conn *pgx.Conn, from *Position) error {
+	pub := e.cfg.Source.Publication
+	for _, tc := range e.cfg.Tables {
+		name := tc.Schema + "." + tc.Name
+		if p := progressOf(from, name); p != nil && !p.Refresh {
+			continue
+		}
+		var in, all bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
+			coalesce((SELECT puballtables FROM pg_publication WHERE pubname = $1), false)`, pub, tc.Schema, tc.Name).Scan(&in, &all)
+		if err != nil {
+			return fmt.Errorf("check publication %q: %w", pub, err)
+		}
+		if in || all {
+			continue
+		}
+		_, err = conn.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{pub}.Sanitize()+" ADD TABLE "+pgx.Identifier{tc.Schema, tc.Name}.Sanitize())
+		if err != nil {
+			e.log.Warn().Err(err).Str("table", name).Str("publication", pub).Msg("table not added to the publication")
+			continue
+		}
+		e.log.Info().Str("table", name).Str("publication", pub).Msg("table added to the publication")
+	}
+	return nil
+}
+
+func progressOf(pos *Position, name string) *TableProgress {
+	if pos == nil {
+		return nil
+	}
+	return pos.Tables[name]
+}
+
+// discover reads every configured table's definition, with what the position knows of a table
+// that cannot be found or published.
+func (e *Engine) discover(ctx context.Context, conn *pgx.Conn, from *Position) (map[string]*chunker.Table, error) {
+	tables := map[string]*chunker.Table{}
+	var errs []error
+	for _, tc := range e.cfg.Tables {
+		name := tc.Schema + "." + tc.Name
+		t, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)
+		if err != nil {
+			p := progressOf(from, name)
+			switch {
+			case p == nil || p.Refresh:
+			case errors.Is(err, chunker.ErrNoTable) && p.OID != 0:
+				if schema, now, nerr := chunker.NameOf(ctx, conn, p.OID); nerr == nil {
+					err = fmt.Errorf("%w; the table captured as %s (OID %d) is now %s.%s: capture it under that name (its progress carries over)", err, name, p.OID, schema, now)
+				}
+			case errors.Is(err, chunker.ErrNotPublished):
+				err = fmt.Errorf("%w: %w; it was captured, so its changes since it left the publication are not in the slot: add it back, then re-backfill it", ErrPublicationChanged, err)
+			}
+			errs = append(errs, err)
+			continue
+		}
+		tables[t.String()] = t
+	}
+	return tables, errors.Join(errs...)
+}
+
+// reconcile fits the position's tables to the configured ones: progress of tables no longer
+// captured goes (a renamed table's carries over to its new name), a table whose key changed
+// starts over, and a captured table must still be the same table (OID) with the same membership
+// of the publication, unless a refresh was asked for. resync starts every table over.
+func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, tables map[string]*chunker.Table, resync bool) error {
+	byOID := map[uint32]string{}
+	for name, p := range pos.Tables {
+		if tables[name] == nil && p.OID != 0 {
+			byOID[p.OID] = name
+		}
+	}
+	for name, t := range tables {
+		if pos.Tables[name] != nil {
+			continue
+		}
+		if old, ok := byOID[t.OID]; ok {
+			e.log.Info().Str("table", name).Str("was", old).Msg("the table was renamed: its progress carries over")
+			pos.Tables[name] = pos.Tables[old]
+		}
+	}
+	for name := range pos.Tables {
+		if tables[name] == nil {
+			delete(pos.Tables, name) // no longer captured
+		}
+	}
+	noBackfill := map[string]bool{}
+	for _, tc := range e.cfg.Tables {
+		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
+	}
+	var errs []error
+	for name, t := range tables {
+		key := t.KeyNames()
+		member, err := chunker.Membership(ctx, conn, t.OID, e.cfg.Source.Publication)
+		if err != nil {
+			return err
+		}
+		p := pos.Tables[name]
+		if resync {
+			p = &TableProgress{Refresh: true}
+		}
+		switch {
+		case p != nil && !p.Refresh && len(p.Key) > 0 && !slices.Equal(p.Key, key):
+			// The output so far is keyed by the old columns, and changes logged under the new
+			// identity carry only the new ones: starting a backfill keyed otherwise would leave
+			// both. (A progress without a key, a migrated state, takes the key it finds.)
+			errs = append(errs, fmt.Errorf("%w: %s is keyed by (%s) now (its %s), and was keyed by (%s) when the position was taken: restore its primary key or replica identity, or re-backfill it with the new key",
+				ErrKeyChanged, name, strings.Join(key, ", "), t.KeySource, strings.Join(p.Key, ", ")))
+		case p == nil:
+			p = &TableProgress{Done: noBackfill[name]}
+		case p.Refresh:
+		case p.OID != 0 && p.OID != t.OID:
+			errs = append(errs, fmt.Errorf("%w: %s had OID %d when the position was taken and has OID %d now: it was dropped and created again, and what happened to it in between is not in the slot; re-backfill it",
+				ErrTableReplaced, name, p.OID, t.OID))
+		case p.Publication != "" && p.Publication != member:
+			errs = append(errs, fmt.Errorf("%w: %s belonged to publication %q as %q when the position was taken, and now as %q: it left the publication and came back, or publish_via_partition_root or a row filter changed, so changes made meanwhile are not in the slot; re-backfill it",
+				ErrPublicationChanged, name, e.cfg.Source.Publication, p.Publication, member))
+		case p.OID != 0 && !slices.Equal(p.Partitions, t.Partitions):
+			errs = append(errs, fmt.Errorf("%w: %s had partitions %v when the position was taken and has %v now: a partition attached or detached brought or took rows without a row event; re-backfill it",
+				ErrPartitionsChanged, name, p.Partitions, t.Partitions))
+		}
+		p.Key, p.OID, p.Publication, p.Partitions = key, t.OID, member, t.Partitions
+		pos.Tables[name] = p
+	}
+	return errors.Join(errs...)
+}
