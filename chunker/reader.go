@@ -19,12 +19,16 @@ type Config struct {
 	// an ALTER TABLE gives up instead of making the application's queries queue behind both.
 	// Zero: 2s.
 	LockTimeout time.Duration
+	// MaxBytes bounds the bytes of values a chunk holds: a chunk ends early (not Done) once its
+	// rows reach it, whatever its row limit. One row larger than it is still read whole. Zero:
+	// 64 MiB.
+	MaxBytes int
 }
 
 // Validate reports every problem of c at once.
 func (c *Config) Validate() error {
-	if c.StatementTimeout < 0 || c.LockTimeout < 0 {
-		return errors.New("chunk timeouts must not be negative")
+	if c.StatementTimeout < 0 || c.LockTimeout < 0 || c.MaxBytes < 0 {
+		return errors.New("chunk timeouts and byte bound must not be negative")
 	}
 	return nil
 }
@@ -35,6 +39,9 @@ func (c *Config) ensureDefaults() {
 	}
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 2 * time.Second
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = 64 << 20
 	}
 }
 
@@ -58,12 +65,14 @@ type Chunk struct {
 	Done     bool     // fewer rows than the limit: nothing remains up to the upper bound
 	Snapshot Snapshot // the chunk's snapshot
 	Bytes    int      // total size of the values
+	Capped   bool     // the chunk ended at Config.MaxBytes, before its row limit
 }
 
 // Reader reads chunks on a query connection it does not own.
 type Reader struct {
-	conn *pgx.Conn
-	cfg  Config
+	conn     *pgx.Conn
+	cfg      Config
+	rowBytes map[uint32]int // the last chunk's mean row size, by table OID: the next fetch's size
 }
 
 // NewReader returns a Reader on conn.
@@ -72,7 +81,7 @@ func NewReader(conn *pgx.Conn, cfg Config) (*Reader, error) {
 		return nil, err
 	}
 	cfg.ensureDefaults()
-	return &Reader{conn: conn, cfg: cfg}, nil
+	return &Reader{conn: conn, cfg: cfg, rowBytes: map[uint32]int{}}, nil
 }
 
 // MaxKey returns the table's last key in key order (text values), or nil when it is empty. A
@@ -115,12 +124,12 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 			return err
 		}
 		c.Snapshot = snap
-		return r.readRows(ctx, ChunkSQL(t, after != nil, upper != nil, limit), args, c)
+		return r.readRows(ctx, ChunkSQL(t, after != nil, upper != nil, limit), args, c, limit)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read chunk of %s after %v: %w", t, after, err)
 	}
-	c.Done = len(c.Rows) < limit
+	c.Done = len(c.Rows) < limit && !c.Capped
 	return c, nil
 }
 
@@ -180,7 +189,7 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 			return err
 		}
 		c.Snapshot = snap
-		return r.readRows(ctx, KeysSQL(t, len(keys)), args, c)
+		return r.readRows(ctx, KeysSQL(t, len(keys)), args, c, len(keys))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read %d keys of %s: %w", len(keys), t, err)
@@ -251,41 +260,68 @@ func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 	return ParseSnapshot(string(row[0]))
 }
 
-// readRows runs a chunk query and keeps its rows. The connection's buffer is reused, so values
-// are copied, into slabs shared by many rows rather than an allocation per row.
-func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, c *Chunk) error {
+// readRows runs a chunk query of at most limit rows and keeps its rows, up to Config.MaxBytes of
+// values: the query is a cursor fetched in pieces sized from the table's last mean row size, so
+// that a chunk of wide rows stops at the byte bound instead of holding limit of them (Capped).
+// The connection's buffer is reused, so values are copied, into slabs shared by many rows rather
+// than an allocation per row.
+func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, c *Chunk, limit int) error {
 	const slabSize = 256 << 10
+	if res := r.conn.PgConn().ExecParams(ctx, "DECLARE tidemark_chunk NO SCROLL CURSOR FOR "+sql, args, nil, nil, nil).Read(); res.Err != nil {
+		return res.Err
+	}
 	var slab []byte
 	var cells [][]byte
-	rr := r.conn.PgConn().ExecParams(ctx, sql, args, nil, nil, nil)
-	for rr.NextRow() {
-		vals := rr.Values()
-		size := 0
-		for _, v := range vals {
-			size += len(v)
+	oid := c.Table.OID
+	for len(c.Rows) < limit {
+		if c.Bytes >= r.cfg.MaxBytes && len(c.Rows) > 0 {
+			c.Capped = true
+			break
 		}
-		if cap(slab)-len(slab) < size {
-			slab = make([]byte, 0, max(slabSize, size))
+		n := limit - len(c.Rows)
+		if mean := r.rowBytes[oid]; mean > 0 {
+			n = min(n, max(1, (r.cfg.MaxBytes-c.Bytes)/mean))
+		} else {
+			n = 1 // a first look at the table's rows, before their size is known
 		}
-		if len(cells) < len(vals) {
-			cells = make([][]byte, 256*len(vals))
-		}
-		row := Row(cells[:len(vals):len(vals)])
-		cells = cells[len(vals):]
-		for i, v := range vals {
-			if v == nil {
-				row[i] = nil
-				continue
+		got := 0
+		rr := r.conn.PgConn().ExecParams(ctx, fmt.Sprintf("FETCH FORWARD %d FROM tidemark_chunk", n), nil, nil, nil, nil)
+		for rr.NextRow() {
+			got++
+			vals := rr.Values()
+			size := 0
+			for _, v := range vals {
+				size += len(v)
 			}
-			start := len(slab)
-			slab = append(slab, v...)
-			row[i] = slab[start:len(slab):len(slab)]
+			if cap(slab)-len(slab) < size {
+				slab = make([]byte, 0, max(slabSize, size))
+			}
+			if len(cells) < len(vals) {
+				cells = make([][]byte, 256*len(vals))
+			}
+			row := Row(cells[:len(vals):len(vals)])
+			cells = cells[len(vals):]
+			for i, v := range vals {
+				if v == nil {
+					row[i] = nil
+					continue
+				}
+				start := len(slab)
+				slab = append(slab, v...)
+				row[i] = slab[start:len(slab):len(slab)]
+			}
+			c.Rows = append(c.Rows, row)
+			c.Bytes += size
 		}
-		c.Rows = append(c.Rows, row)
-		c.Bytes += size
-	}
-	if _, err := rr.Close(); err != nil {
-		return err
+		if _, err := rr.Close(); err != nil {
+			return err
+		}
+		if len(c.Rows) > 0 {
+			r.rowBytes[oid] = max(1, c.Bytes/len(c.Rows))
+		}
+		if got < n {
+			break // the query has no more rows
+		}
 	}
 	if n := len(c.Rows); n > 0 {
 		last := c.Rows[n-1]

@@ -59,7 +59,15 @@ type verdict struct {
 	reason     error         // why it was abandoned
 	rediscover bool          // the table's definition changed: discover it again
 	progress   TableProgress // the table's progress after the chunk
+	gen        int           // core.rereadGen when it was given: the progress is as of then
 	emitted    int           // rows emitted
+}
+
+// wakeup tells the idle worker the progress of the tables with rows to read (again), as of
+// core.rereadGen gen: a table's progress from a later verdict is newer, and wins.
+type wakeup struct {
+	gen    int
+	tables map[string]TableProgress
 }
 
 // Why chunks are abandoned.
@@ -70,7 +78,19 @@ var (
 	errProtocol   = errors.New("watermarks out of order")
 	errWithdrawn  = errors.New("the chunk was withdrawn")
 	errStale      = errors.New("the high watermark did not come back through the stream")
+	errCrowded    = errors.New("too many keys changed inside the window before its rows arrived")
+	errRestarted  = errors.New("the table's backfill started again")
 )
+
+// maxEarly bounds the keys a window remembers before its chunk arrives (a transaction of millions
+// of rows between the low watermark and the chunk's hand-over): past it the window is abandoned
+// and its chunk read again. Once the chunk arrived, only changes of its own keys are kept.
+const maxEarly = 1 << 19
+
+// maxRereads bounds the rows a table waits to read again (an update of millions of rows that all
+// left a TOASTed value out): past it the table's backfill starts again from the beginning, which
+// reads every row whole, instead of a list of millions of keys in every position.
+const maxRereads = 100_000
 
 // window is one chunk between its low and high watermarks.
 type window struct {
@@ -83,9 +103,13 @@ type window struct {
 	chunk   *chunker.Chunk  // nil until handed over
 	maxKey  []string        // the backfill's upper bound, with the chunk
 	touched map[string]bool // keys changed inside the window, before or after the chunk arrived; true when the last change lacked unchanged TOASTed values
-	keys    [][]string      // a key-list chunk's keys (text values); nil for a range chunk
-	dirty   error           // why the window cannot complete
-	stale   pglogrepl.LSN   // the high watermark committed before this position (0: not yet written)
+	// Once the chunk arrived: its rows' keys, and the keys whose changes still matter (the rows'
+	// and a key-list chunk's). Before, every changed key is kept, up to maxEarly.
+	rowKeys [][]byte
+	tracked map[string]bool
+	keys    [][]string    // a key-list chunk's keys (text values); nil for a range chunk
+	dirty   error         // why the window cannot complete
+	stale   pglogrepl.LSN // the high watermark committed before this position (0: not yet written)
 }
 
 // tableState is a captured table as the core tracks it. The stream names tables by OID: a
@@ -169,22 +193,23 @@ func (ts *tableState) indexRereads() {
 // rereadsChanged notes that some table's pending re-reads changed: the idle worker is told.
 func (c *core) rereadsChanged() { c.rereadGen++ }
 
-// pendingRereads reports whether rows are waiting to be read again.
-func (c *core) pendingRereads() bool {
+// pendingWork reports whether a table has rows waiting to be read (again).
+func (c *core) pendingWork() bool {
 	for _, ts := range c.tables {
-		if len(ts.progress.Reread) > 0 {
+		if p := ts.progress; len(p.Reread) > 0 || !p.Done || p.Refresh {
 			return true
 		}
 	}
 	return false
 }
 
-// rereadsByTable returns a copy of the pending re-reads of each table that has some.
-func (c *core) rereadsByTable() map[string][][]string {
-	out := map[string][][]string{}
+// workByTable returns a copy of the progress of each table that has rows waiting to be read
+// (again): rows whose TOASTed values a change left out, or a backfill started again.
+func (c *core) workByTable() map[string]TableProgress {
+	out := map[string]TableProgress{}
 	for name, ts := range c.tables {
-		if len(ts.progress.Reread) > 0 {
-			out[name] = slices.Clone(ts.progress.Reread)
+		if p := ts.progress; len(p.Reread) > 0 || !p.Done || p.Refresh {
+			out[name] = p.clone()
 		}
 	}
 	return out
@@ -464,6 +489,18 @@ func (c *core) queueReread(ts *tableState, t replicator.Tuple, key []byte) {
 	ts.progress.Reread = append(ts.progress.Reread, vals)
 	c.rereadsChanged()
 	c.fences = c.fences[:0] // a bounded run is not caught up until the row is read
+	if len(ts.progress.Reread) > maxRereads {
+		c.notices = append(c.notices, fmt.Sprintf("%s: more than %d rows wait to be read again whole (changes that left TOASTed values out): its backfill starts again from the beginning instead; REPLICA IDENTITY FULL avoids this",
+			ts.name, maxRereads))
+		p := ts.progress
+		p.Reread, p.Cursor, p.MaxKey, p.Done = nil, nil, nil, false
+		ts.indexRereads()
+		for _, w := range ts.open {
+			if w.dirty == nil {
+				w.dirty = errRestarted
+			}
+		}
+	}
 }
 
 func hasUnchanged(t replicator.Tuple) bool {
@@ -497,7 +534,16 @@ func (c *core) evict(ts *tableState, key []byte, partial bool) {
 		return
 	}
 	for _, w := range ts.open {
-		w.touched[string(key)] = partial
+		switch {
+		case w.tracked != nil:
+			if w.tracked[string(key)] {
+				w.touched[string(key)] = partial
+			}
+		case len(w.touched) < maxEarly:
+			w.touched[string(key)] = partial
+		case w.dirty == nil:
+			w.dirty = errCrowded
+		}
 	}
 }
 
@@ -531,6 +577,38 @@ func (c *core) handover(h handover) error {
 	}
 	w.ts.table = h.chunk.Table
 	w.chunk, w.maxKey, w.keys, w.refresh = h.chunk, h.maxKey, h.keys, h.refresh
+	// From now on only changes of the chunk's keys (and a key-list chunk's) matter.
+	t := h.chunk.Table
+	w.tracked = make(map[string]bool, len(h.chunk.Rows)+len(h.keys))
+	keyVals := make([][]byte, len(t.Key))
+	var buf []byte // the rows' keys, in one allocation
+	for _, row := range h.chunk.Rows {
+		for j, k := range t.Key {
+			keyVals[j] = row[k]
+		}
+		start := len(buf)
+		var err error
+		if buf, err = t.AppendKey(buf, keyVals); err != nil {
+			w.dirty = err
+			break
+		}
+		key := buf[start:len(buf):len(buf)]
+		w.rowKeys = append(w.rowKeys, key)
+		w.tracked[string(key)] = true
+	}
+	for _, k := range h.keys {
+		for j, v := range k {
+			keyVals[j] = []byte(v)
+		}
+		if key, err := t.AppendKey(nil, keyVals); err == nil {
+			w.tracked[string(key)] = true
+		}
+	}
+	for k := range w.touched {
+		if !w.tracked[k] {
+			delete(w.touched, k)
+		}
+	}
 	if !h.refresh {
 		c.guard.snapshot(h.chunk.Snapshot)
 		c.guard.observe(h.chunk.Snapshot)
@@ -589,7 +667,7 @@ func (c *core) high(w *window) {
 	case w.refresh:
 		// A refresh's first window: its low watermark placed the Refresh; nothing to emit.
 		c.remove(w)
-		c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: w.ts.progress.clone()})
+		c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: w.ts.progress.clone(), gen: c.rereadGen})
 		return
 	case w.dirty != nil:
 		c.end(w, w.dirty, errors.Is(w.dirty, errSchema))
@@ -610,20 +688,9 @@ func (c *core) high(w *window) {
 	emitted := 0
 	t := w.chunk.Table
 	var rereads [][]string
-	keyVals := make([][]byte, len(t.Key))
 	c.out = slices.Grow(c.out, len(w.chunk.Rows))
-	var keys []byte // the rows' keys, in one allocation
-	for _, row := range w.chunk.Rows {
-		for j, k := range t.Key {
-			keyVals[j] = row[k]
-		}
-		start := len(keys)
-		var err error
-		if keys, err = t.AppendKey(keys, keyVals); err != nil {
-			c.end(w, err, false)
-			return
-		}
-		key := keys[start:len(keys):len(keys)]
+	for i, row := range w.chunk.Rows {
+		key := w.rowKeys[i]
 		if partial, touched := w.touched[string(key)]; touched {
 			if partial {
 				// The row held the only whole copy of its unchanged TOASTed values: read it
@@ -680,7 +747,7 @@ func (c *core) high(w *window) {
 	}
 	p.Rows += int64(emitted)
 	c.remove(w)
-	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted})
+	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted, gen: c.rereadGen})
 }
 
 // refresh starts ts's output over, at the low watermark of its refresh's first window: a Refresh
@@ -760,7 +827,7 @@ func chunkColumns(t *chunker.Table, schema, name string) *Columns {
 // end abandons window w.
 func (c *core) end(w *window, reason error, rediscover bool) {
 	c.remove(w)
-	c.verdicts = append(c.verdicts, verdict{id: w.id, reason: reason, rediscover: rediscover, progress: w.ts.progress.clone()})
+	c.verdicts = append(c.verdicts, verdict{id: w.id, reason: reason, rediscover: rediscover, progress: w.ts.progress.clone(), gen: c.rereadGen})
 }
 
 func (c *core) remove(w *window) {

@@ -256,20 +256,20 @@ func TestWakeOnEveryRereadChange(t *testing.T) {
 	other := &chunker.Table{Schema: "public", Name: "u", OID: 16400, KeySource: "primary key", ReplicaIdentity: 'd',
 		Columns: toastTable.Columns, Key: []int{0}}
 	r := newCoreRun(t, nil, toastTable, other)
-	m := &mergeLoop{core: r.c, wake: make(chan map[string][][]string, 1)}
+	m := &mergeLoop{core: r.c, wake: make(chan wakeup, 1)}
 	m.wakeWorker()
 	require.Empty(t, m.wake, "nothing to tell: the worker starts from the position's re-reads")
 	r.c.tables["public.t"].progress.Reread = [][]string{{"1"}}
 	r.c.rereadsChanged()
 	m.wakeWorker()
-	require.Equal(t, map[string][][]string{"public.t": {{"1"}}}, <-m.wake)
+	require.Equal(t, [][]string{{"1"}}, (<-m.wake).tables["public.t"].Reread)
 	r.c.tables["public.t"].progress.Reread = nil
 	r.c.tables["public.u"].progress.Reread = [][]string{{"2"}}
 	r.c.rereadsChanged()
 	m.wakeWorker()
 	select {
 	case got := <-m.wake:
-		require.Equal(t, [][]string{{"2"}}, got["public.u"])
+		require.Equal(t, [][]string{{"2"}}, got.tables["public.u"].Reread)
 	default:
 		t.Fatal("the worker was not woken for public.u's re-read")
 	}

@@ -74,8 +74,9 @@ type Config struct {
 	Chunker          chunker.Config
 	// ChunkSize is the most rows a chunk reads. Zero: 10000.
 	ChunkSize int
-	// MaxChunkBytes bounds the bytes a chunk holds: the chunk size shrinks when chunks exceed
-	// it. It bounds the engine's buffered rows, since one chunk is in flight. Zero: 64 MiB.
+	// MaxChunkBytes bounds the bytes a chunk holds: a chunk read stops at it (chunker
+	// Config.MaxBytes, unless set), and the chunk size shrinks to fit it. It bounds the engine's
+	// buffered rows, since one chunk is in flight. Zero: 64 MiB.
 	MaxChunkBytes int
 	// CheckpointInterval is the longest time between checkpoints while changes flow; there is
 	// also one after every chunk. Zero: 1s.
@@ -211,6 +212,9 @@ func (c *Config) ensureDefaults() {
 	if c.MaxChunkBytes == 0 {
 		c.MaxChunkBytes = 64 << 20
 	}
+	if c.Chunker.MaxBytes == 0 {
+		c.Chunker.MaxBytes = c.MaxChunkBytes
+	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = time.Second
 	}
@@ -297,7 +301,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	g, gctx := errgroup.WithContext(runCtx)
 	in := make(chan any, 1024)
 	verdicts := make(chan verdict, 8)
-	wake := make(chan map[string][][]string, 1)
+	wake := make(chan wakeup, 1)
 	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger(),
 		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
@@ -360,7 +364,7 @@ type mergeLoop struct {
 	core      *core
 	in        <-chan any
 	verdicts  chan<- verdict
-	wake      chan map[string][][]string // pending re-reads for the idle worker (latest only)
+	wake      chan wakeup // tables with rows to read (again), for the idle worker (latest only)
 	stream    *replicator.Stream
 	rereadGen int // core.rereadGen when the worker was last told
 
@@ -420,7 +424,7 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 			continue
 		}
 		m.wakeWorker()
-		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0 && !m.core.pendingRereads()
+		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0 && !m.core.pendingWork()
 		if finished || m.checkpointDue() {
 			if err := m.checkpoint(gctx); err != nil {
 				return err
@@ -443,13 +447,13 @@ func (m *mergeLoop) wakeWorker() {
 		return
 	}
 	m.rereadGen = m.core.rereadGen
-	pending := m.core.rereadsByTable()
+	pending := m.core.workByTable()
 	select {
 	case <-m.wake:
 	default:
 	}
 	if len(pending) > 0 {
-		m.wake <- pending
+		m.wake <- wakeup{gen: m.core.rereadGen, tables: pending}
 	}
 }
 

@@ -21,7 +21,8 @@ type workTable struct {
 	name     string
 	table    *chunker.Table // as last discovered: its current name, for the chunk queries
 	override []string
-	progress TableProgress // as of the last verdict
+	progress TableProgress // as of the last verdict or wake-up
+	gen      int           // the core's re-read generation progress is as of
 	parts    []uint32      // the partitions it had when the run started
 }
 
@@ -34,7 +35,7 @@ type worker struct {
 	writer   *watermark.Writer
 	in       chan<- any
 	verdicts <-chan verdict
-	wake     <-chan map[string][][]string
+	wake     <-chan wakeup
 	log      zerolog.Logger
 	tables   []*workTable
 
@@ -118,10 +119,10 @@ func (w *worker) run(stop, ctx context.Context) error {
 			fenced = true
 		}
 		select {
-		case pending := <-w.wake:
+		case up := <-w.wake:
 			for _, t := range w.tables {
-				if keys, ok := pending[t.name]; ok {
-					t.progress.Reread = keys
+				if p, ok := up.tables[t.name]; ok && up.gen > t.gen {
+					t.progress, t.gen = p, up.gen
 				}
 			}
 		case <-watch.C:
@@ -322,7 +323,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v verdict) error {
 	if v.completed {
 		w.fails = 0
-		t.progress = v.progress
+		t.progress, t.gen = v.progress, v.gen
 		switch {
 		case c.Bytes > w.cfg.MaxChunkBytes:
 			w.limit = max(1, int(int64(w.limit)*int64(w.cfg.MaxChunkBytes)/int64(c.Bytes)))
@@ -337,7 +338,7 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 		}
 		return nil
 	}
-	t.progress = v.progress
+	t.progress, t.gen = v.progress, v.gen
 	if v.rediscover {
 		if err := w.rediscover(ctx, t); err != nil {
 			return err
@@ -364,7 +365,7 @@ func (w *worker) withdraw(ctx context.Context, t *workTable, id int64, cause err
 		return err
 	}
 	if v.completed {
-		t.progress = v.progress
+		t.progress, t.gen = v.progress, v.gen
 		return nil
 	}
 	if errors.Is(cause, chunker.ErrSchemaChanged) {
