@@ -266,7 +266,7 @@ func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([
 				b = append(b, ',')
 			}
 			b = append(b, ec.names[k]...)
-			if b, _, err = appendValue(b, ec.types[k], ev.Col(k)); err != nil {
+			if b, _, err = e.appendValue(ctx, b, ec.types[k], ev.Col(k)); err != nil {
 				return b, fmt.Errorf("key column %s of %s.%s: %w", cols.Names[k], cols.Schema, cols.Table, err)
 			}
 		}
@@ -289,7 +289,7 @@ func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([
 			first = false
 			b = append(b, ec.names[i]...)
 			var lossy bool
-			if b, lossy, err = appendValue(b, ec.types[i], v); err != nil {
+			if b, lossy, err = e.appendValue(ctx, b, ec.types[i], v); err != nil {
 				return b, fmt.Errorf("column %s of %s.%s: %w", cols.Names[i], cols.Schema, cols.Table, err)
 			}
 			if lossy {
@@ -337,11 +337,11 @@ func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([
 	return append(b, '}', '\n'), nil
 }
 
-func appendValue(b []byte, t *pgjson.Type, v replicator.Value) ([]byte, bool, error) {
+func (e *eventEncoder) appendValue(ctx context.Context, b []byte, t *pgjson.Type, v replicator.Value) ([]byte, bool, error) {
 	if v.Kind != replicator.Text {
 		return append(b, "null"...), false, nil
 	}
-	return t.Append(b, v.Data)
+	return e.types.Append(ctx, t, b, v.Data)
 }
 
 func appendString(b []byte, s string) []byte { return pgjson.AppendString(b, s) }

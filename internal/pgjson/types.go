@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -39,7 +40,10 @@ type Type struct {
 	kind   kind
 	elem   *Type   // arrays: the element type
 	delim  byte    // arrays: the element delimiter (',' for all but box, ';')
-	fields []Field // composites
+	fields []Field // composites: the fields as first loaded
+	// comp is a composite's current definition, shared by the domains over it: ALTER TYPE ...
+	// ADD or DROP ATTRIBUTE changes it while the capture runs (Registry.Reload). nil: fields.
+	comp *compositeHolder
 }
 
 // Field is one field of a composite type.
@@ -47,6 +51,54 @@ type Field struct {
 	Name string
 	Type *Type
 }
+
+// compositeHolder holds a composite type's definition, replaced whole when it is reloaded.
+type compositeHolder struct{ def atomic.Pointer[compositeDef] }
+
+// compositeDef is a composite's fields now, and every attribute it ever had in attribute order
+// (dropped ones have no Type): a value written before an ADD or DROP ATTRIBUTE (the stream
+// prints it with the catalog of its time) has the fields of that time.
+type compositeDef struct {
+	fields []Field
+	all    []attr
+}
+
+type attr struct {
+	Field
+	dropped bool
+}
+
+func (t *Type) def() *compositeDef {
+	if t.comp != nil {
+		if d := t.comp.def.Load(); d != nil {
+			return d
+		}
+	}
+	d := &compositeDef{fields: t.fields}
+	for _, f := range t.fields {
+		d.all = append(d.all, attr{Field: f})
+	}
+	return d
+}
+
+// ErrCompositeChanged: a composite value's fields are not its type's as loaded; the type
+// changed (ALTER TYPE ... ADD or DROP ATTRIBUTE): Registry.Reload reads it again.
+var ErrCompositeChanged = errors.New("the composite type changed")
+
+// CompositeChangedError details ErrCompositeChanged: which type, and how many fields the value
+// had.
+type CompositeChangedError struct {
+	OID    uint32
+	Name   string
+	Fields int // the value's
+	Have   int // the type's, as loaded
+}
+
+func (e *CompositeChangedError) Error() string {
+	return fmt.Sprintf("%v: a value of %s has %d fields, and the type as Tidemark read it has %d; its fields were added or dropped", ErrCompositeChanged, e.Name, e.Fields, e.Have)
+}
+
+func (e *CompositeChangedError) Unwrap() error { return ErrCompositeChanged }
 
 // Append appends the JSON form of a value of type t, given its text form. lossy reports that
 // the JSON form does not carry the whole value, so the caller keeps the text beside it: a part
@@ -160,27 +212,101 @@ func (t *Type) appendComposite(dst, text []byte) ([]byte, bool, error) {
 	if err != nil {
 		return dst, false, err
 	}
-	if len(vals) != len(t.fields) {
-		return dst, false, fmt.Errorf("%w: %s has %d fields, %q has %d", errSyntax, t.Name, len(t.fields), text, len(vals))
+	d := t.def()
+	// The stream prints a value with the attributes of its time; when the type changed since,
+	// the value's fields may fit an earlier definition instead. The first reading under which
+	// every field parses as its type wins: the current definition, then the most recent
+	// earlier ones. (Two definitions with as many fields of the same types cannot be told
+	// apart; the current one is taken.)
+	var firstErr error
+	for _, byField := range d.readings(vals) {
+		out, nulled, err := d.appendFields(dst, byField)
+		if err == nil {
+			return out, nulled, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
 	}
+	if firstErr != nil && len(vals) == len(d.fields) {
+		return dst, false, firstErr
+	}
+	return dst, false, &CompositeChangedError{OID: t.OID, Name: t.Name, Fields: len(vals), Have: len(d.fields)}
+}
+
+// appendFields appends the object of the current fields from their values (nil: null).
+func (d *compositeDef) appendFields(dst []byte, byField [][]byte) ([]byte, bool, error) {
 	dst = append(dst, '{')
 	nulled := false
-	for i, f := range t.fields {
+	for i, f := range d.fields {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
 		dst = append(AppendString(dst, f.Name), ':')
-		if vals[i] == nil {
+		if byField[i] == nil {
 			dst = append(dst, "null"...)
 			continue
 		}
 		var n bool
-		if dst, n, err = f.Type.Append(dst, vals[i]); err != nil {
+		var err error
+		if dst, n, err = f.Type.Append(dst, byField[i]); err != nil {
 			return dst, false, err
 		}
 		nulled = nulled || n
 	}
 	return append(dst, '}'), nulled, nil
+}
+
+// readings maps the values of a composite onto the current fields (nil for a field the value
+// did not have), once for each definition the value's field count fits: the current one, then
+// the earlier ones from the most recent. Attributes are only ever appended (ADD ATTRIBUTE) or
+// marked dropped, so an earlier definition is a prefix of every attribute, without the ones
+// dropped before it (or with them, when they were dropped after).
+func (d *compositeDef) readings(vals [][]byte) [][][]byte {
+	var out [][][]byte
+	if len(vals) == len(d.fields) {
+		out = append(out, vals)
+	}
+	for p := len(d.all); p > 0; p-- {
+		prefix := d.all[:p]
+		live := 0
+		for _, a := range prefix {
+			if !a.dropped {
+				live++
+			}
+		}
+		for _, withDropped := range []bool{false, true} {
+			n := live
+			if withDropped {
+				n = p
+			}
+			if n != len(vals) || withDropped && live == p {
+				continue
+			}
+			if !withDropped && p == len(d.all) {
+				continue // the current definition, tried first
+			}
+			byField := make([][]byte, len(d.fields))
+			i := 0
+			for _, a := range prefix {
+				if a.dropped && !withDropped {
+					continue
+				}
+				v := vals[i]
+				i++
+				if a.dropped {
+					continue // a value of an attribute the type no longer has
+				}
+				for j, f := range d.fields {
+					if f.Name == a.Name {
+						byField[j] = v
+					}
+				}
+			}
+			out = append(out, byField)
+		}
+	}
+	return out
 }
 
 // isNumber reports whether b is a JSON number (PostgreSQL prints numbers that are, but for NaN
@@ -334,7 +460,7 @@ func (t *Type) schema(dims int) map[string]any {
 		return nullable("array", "items", items)
 	case kComposite:
 		props := map[string]any{}
-		for _, f := range t.fields {
+		for _, f := range t.def().fields {
 			props[f.Name] = f.Type.schema(1)
 		}
 		return nullable("object", "properties", props)
@@ -408,33 +534,17 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 		t.kind, t.elem, t.delim = kArray, e, elemDelim
 	case typtype == 'c':
 		t.kind = kComposite
-		rows, err := r.conn.Query(ctx, `SELECT attname, atttypid FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, relid)
+		t.comp = &compositeHolder{}
+		// The type is registered before its fields load: a field of its own type (through an
+		// array) refers back to it.
+		r.types[oid] = t
+		d, err := r.composite(ctx, t.Name, relid, depth)
 		if err != nil {
-			return nil, fmt.Errorf("look up fields of type %s: %w", t.Name, err)
-		}
-		type field struct {
-			name string
-			oid  uint32
-		}
-		var fs []field
-		for rows.Next() {
-			var f field
-			if err := rows.Scan(&f.name, &f.oid); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			fs = append(fs, f)
-		}
-		if err := rows.Err(); err != nil {
+			delete(r.types, oid)
 			return nil, err
 		}
-		for _, f := range fs {
-			ft, err := r.load(ctx, f.oid, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			t.fields = append(t.fields, Field{Name: f.name, Type: ft})
-		}
+		t.fields = d.fields
+		t.comp.def.Store(d)
 	case typtype == 'b' && schema == "pg_catalog":
 		t.kind = builtinKinds[name]
 	case typtype == 'b' && name == "hstore":
@@ -442,6 +552,83 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 	}
 	r.types[oid] = t
 	return t, nil
+}
+
+// composite reads the attributes of the composite type whose pg_class is relid, dropped ones
+// included.
+func (r *Registry) composite(ctx context.Context, name string, relid uint32, depth int) (*compositeDef, error) {
+	rows, err := r.conn.Query(ctx, `SELECT attname, atttypid, attisdropped FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 ORDER BY attnum`, relid)
+	if err != nil {
+		return nil, fmt.Errorf("look up fields of type %s: %w", name, err)
+	}
+	type field struct {
+		name    string
+		oid     uint32
+		dropped bool
+	}
+	var fs []field
+	for rows.Next() {
+		var f field
+		if err := rows.Scan(&f.name, &f.oid, &f.dropped); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		fs = append(fs, f)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	d := &compositeDef{}
+	for _, f := range fs {
+		if f.dropped {
+			d.all = append(d.all, attr{dropped: true})
+			continue
+		}
+		ft, err := r.load(ctx, f.oid, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		d.fields = append(d.fields, Field{Name: f.name, Type: ft})
+		d.all = append(d.all, attr{Field: Field{Name: f.name, Type: ft}})
+	}
+	return d, nil
+}
+
+// Reload reads the composite type oid's attributes again (after ALTER TYPE ... ADD or DROP
+// ATTRIBUTE), for every Type that shares it; values already encoded keep their form. It does
+// nothing for other types.
+func (r *Registry) Reload(ctx context.Context, oid uint32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := r.types[oid]
+	if t == nil || t.comp == nil {
+		return nil
+	}
+	var relid uint32 // a domain's is its base type's
+	if err := r.conn.QueryRow(ctx, `SELECT coalesce(nullif(t.typrelid, 0), b.typrelid, 0) FROM pg_type t LEFT JOIN pg_type b ON b.oid = t.typbasetype WHERE t.oid = $1`, oid).Scan(&relid); err != nil {
+		return fmt.Errorf("look up type %s: %w", t.Name, err)
+	}
+	d, err := r.composite(ctx, t.Name, relid, 0)
+	if err != nil {
+		return err
+	}
+	t.comp.def.Store(d)
+	return nil
+}
+
+// Append appends the JSON form of a value of type t, as t.Append does; a composite whose fields
+// changed since it was loaded (CompositeChangedError) is read again and the value encoded anew.
+func (r *Registry) Append(ctx context.Context, t *Type, dst, text []byte) ([]byte, bool, error) {
+	for attempt := 0; ; attempt++ {
+		out, lossy, err := t.Append(dst, text)
+		var changed *CompositeChangedError
+		if err == nil || attempt == 3 || !errors.As(err, &changed) {
+			return out, lossy, err
+		}
+		if err := r.Reload(ctx, changed.OID); err != nil {
+			return dst, false, err
+		}
+	}
 }
 
 // builtinKinds maps the built-in base types that are not strings in JSON.
