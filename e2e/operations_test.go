@@ -405,3 +405,38 @@ func TestSlotRecreatedUnderOldPosition(t *testing.T) {
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()))
 	verify(t, db, sink, "public.t", "id")
 }
+
+// TestSyncRebackfill: the CLI's way out of a change it cannot place. After REPLICA IDENTITY
+// USING INDEX on another index and a delete, `tidemark sync` stops, and its error says how to
+// re-backfill the table; run once with --rebackfill (the identity restored), the JSON lines get
+// a refresh line, the table's rows again, and replay to the source.
+func TestSyncRebackfill(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE SEQUENCE ver`)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, ver bigint NOT NULL DEFAULT nextval('ver'))`)
+	db.Exec(`INSERT INTO t (id, email) SELECT g, 'u' || g FROM generate_series(1, 30) g`)
+	out := t.TempDir() + "/out.jsonl"
+	_, err := runSync(t, db, out, "--stop-when-caught-up", "--quiet")
+	require.NoError(t, err)
+
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY USING INDEX t_email_key`)
+	db.Exec(`UPDATE t SET ver = nextval('ver') WHERE id = 2`)
+	db.Exec(`DELETE FROM t WHERE id = 5`)
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY DEFAULT`)
+	_, err = runSync(t, db, out, "--stop-when-caught-up", "--quiet")
+	require.Error(t, err)
+	require.ErrorContains(t, err, "cannot be placed")
+	require.ErrorContains(t, err, "--rebackfill public.t")
+
+	_, err = runSync(t, db, out, "--stop-when-caught-up", "--quiet", "--rebackfill", "public.t")
+	require.NoError(t, err)
+	o := replayFile(t, out, map[string][]string{"public.t": {"id"}})
+	src, err := e2e.SourceRowsJSON(context.Background(), db.DSN, "public", "t", []string{"id"})
+	require.NoError(t, err)
+	require.Empty(t, e2e.Diff(o.Rows("public.t"), src))
+
+	// Once is enough: the next run resumes as usual.
+	db.Exec(`UPDATE t SET ver = nextval('ver') WHERE id = 7`)
+	_, err = runSync(t, db, out, "--stop-when-caught-up", "--quiet")
+	require.NoError(t, err)
+}

@@ -10,9 +10,8 @@
 // commits between L and H in stream order evicts its key (old and new) from the chunk, or, if the
 // rows have not arrived yet, is remembered and applied on arrival. At H's commit the surviving
 // rows are emitted as Snapshot events, right after H's transaction, at H's commit LSN. Stream
-// events are never filtered, delayed or dropped because of the backfill. See
-// ../shared/reference/algorithm.md (in the repository's shared folder) and the DBLog paper,
-// https://arxiv.org/abs/2010.12597.
+// events are never filtered, delayed or dropped because of the backfill. See the DBLog paper,
+// https://arxiv.org/abs/2010.12597, and ../docs/invariants.md for every invariant named here.
 //
 // # Invariants this package keeps
 //
@@ -22,23 +21,36 @@
 //     commits (I7).
 //   - The visibility guard (guard.go): a chunk whose snapshot does not see a transaction that
 //     committed before L in the stream is abandoned and read again (I11). PostgreSQL streams a
-//     commit before it makes it visible.
-//   - A chunk whose table changed definition, was truncated, or whose H never appears in the
-//     stream is abandoned; only marks of this slot and run act, and each H acts once (I10, I17).
+//     commit before it makes it visible. Commits no snapshot has shown visible yet are carried
+//     by checkpoints to the next run (Position.Invisible), whose stream will not show them.
+//   - A chunk whose table changed definition inside its window, was truncated, or whose H never
+//     appears in the stream is abandoned; only marks of this slot and run act, and each H acts
+//     once (I10, I17). A chunk that read a newer definition than the stream last described (a
+//     column added while the table was quiet) is emitted with its own columns.
 //   - Each event has a position (LSN, Seq): the commit LSN of its transaction, or H's for
 //     snapshot rows; it increases along the output (I13). A key change is a delete of the old key
 //     and an insert of the new one. Unchanged TOASTed values are filled from the old row under
 //     REPLICA IDENTITY FULL and passed on as Unchanged otherwise, never as NULL; a row that then
 //     has no whole copy in the output (a chunk row evicted by such an update, the new key of a
-//     key change) is read again whole (docs/adr/0005-unchanged-toast.md).
+//     key change) is read again whole, and stays pending until a window reads it after its last
+//     such change (docs/adr/0005-unchanged-toast.md).
+//   - Never silent (I18): tables are known by OID (a renamed table is followed, under its
+//     configured name); a change whose key cannot be built (a key column NULL or unsent, a
+//     replica identity that does not carry the key), another table under a captured name, a
+//     table that left the publication or whose partitions changed stop the capture with an
+//     UnplaceableError or a sentinel error naming the table, the cause and the fix.
+//   - A refresh (TableProgress.Refresh) starts a table's output over at the low watermark of its
+//     first window, with a Refresh event; the table's changes before it are not emitted (I20).
 //   - Positions are taken only at transaction boundaries and contain the backfill progress as of
 //     that point: a chunk counts iff its H precedes the position. Windows and buffers are never
 //     persisted; a crash redoes the chunk in flight (I8). The slot is acknowledged only up to a
-//     position the sink made durable (AckCheckpoints) or the position Run resumed from (I12).
-//     A position beyond the server's flushed WAL is refused (ErrPositionAhead): confirming it
-//     would make the slot skip changes.
+//     position the sink made durable (AckCheckpoints) or the position Run resumed from (I12),
+//     and a position is resumed only on the cluster, database, slot and timeline history it was
+//     read from (resume.go, I19).
 //   - The backfill's upper key is captured at its start (I15); every chunk is one short
-//     transaction (I16).
+//     transaction (I16). Memory does not grow with a transaction: a chunk stops at a byte bound,
+//     a window keeps only its chunk's keys once they arrived, a table with too many rows to read
+//     again starts its backfill over (I21).
 //
 // The core (core.go) is pure: no I/O, no goroutines, no clock. It is property-tested against a
 // model of PostgreSQL with visibility anomalies, failed and repeated watermarks and random
@@ -47,8 +59,9 @@
 // # Concurrency
 //
 // Engine.Run owns three goroutines, each waited for: the replication loop (sole user of the
-// replication connection), the chunk worker (sole user of the query connection), and the merge
-// loop (which owns the core and calls the Sink). They meet in one buffered channel, private to
+// replication connection), the chunk worker (sole user of the query connection: chunks, marks,
+// and the watch of what the stream does not report: names, publication membership, partitions),
+// and the merge loop (which owns the core and calls the Sink). They meet in one buffered channel, private to
 // this package, read by the merge loop; the merge loop answers the worker with a verdict per
 // chunk. A slow sink fills the channel, and the replication loop keeps the server's
 // wal_sender_timeout at bay with status updates while it waits. When Run's context ends, the
