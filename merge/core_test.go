@@ -135,6 +135,7 @@ type simOptions struct {
 	restarts            bool // restarts from the last checkpoint
 	rereadPartial       bool // the core withholds partial updates (Airbyte)
 	hot                 bool // most operations hit the keys a window or a re-read is about
+	refreshes           bool // some restarts ask for the table's output to start over
 }
 
 // simCheckpoint is what survives a restart: the position, and the output up to it.
@@ -183,7 +184,8 @@ type sim struct {
 	started bool
 	fails   int
 
-	trace []string // what happened, for a failure's message
+	trace     []string // what happened, for a failure's message
+	refreshed int      // Refresh events seen
 
 	// the oracle
 	replay  map[string]simRow
@@ -274,6 +276,7 @@ func (s *sim) check(ev Event) {
 		s.failf("an event under %s.%s, not the configured public.t", ev.Columns.Schema, ev.Columns.Table)
 	}
 	if ev.Op == Refresh || ev.Op == Truncate {
+		s.refreshed++
 		clear(s.replay)
 		return
 	}
@@ -586,7 +589,12 @@ func (s *sim) restart() {
 	cp := s.last
 	s.tracef("RESTART from %s invisible %v tables %+v", cp.pos.LSN, cp.pos.Invisible, *cp.pos.Tables["public.t"])
 	s.replay, s.maxVer, s.deleted = maps.Clone(cp.replay), maps.Clone(cp.maxVer), maps.Clone(cp.deleted)
-	s.start(cp.pos.Clone())
+	pos := cp.pos.Clone()
+	if s.opt.refreshes && s.r.IntN(3) == 0 {
+		// A re-backfill asked for: the table's output starts over.
+		pos.Tables["public.t"] = &TableProgress{Key: []string{"id"}, Refresh: true}
+	}
+	s.start(pos)
 }
 
 func (s *sim) markTxn(m watermark.Mark) {
@@ -827,11 +835,11 @@ func (s *sim) run(steps int) (err error) {
 // sink profiles: the replay equals the final table, and no key goes back to an older version.
 func TestCoreAgainstModel(t *testing.T) {
 	for seed := range uint64(400) {
-		opt := simOptions{ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2}
+		opt := simOptions{ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2, refreshes: seed%7 == 3}
 		require.NoError(t, newSim(seed, opt).run(300), "seed %d, %+v", seed, opt)
 	}
 	for seed := uint64(1000); seed < 1040; seed++ {
-		opt := simOptions{ddl: true, restarts: true, rereadPartial: seed%2 == 0}
+		opt := simOptions{ddl: true, restarts: true, rereadPartial: seed%2 == 0, refreshes: seed%3 == 0}
 		require.NoError(t, newSim(seed, opt).run(3000), "seed %d, %+v", seed, opt)
 	}
 }
