@@ -257,18 +257,11 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 			s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
 			return nil
 		}
-		var ahead *merge.PositionAheadError
-		if errors.As(err, &ahead) {
-			// Never acknowledged: the read ends with the state it was given and no records.
-			s.log.Warn().Str("state_lsn", ahead.Position).Str("server_lsn", ahead.Server).
-				Msg("the state's position is ahead of the server's WAL (a restored server, or a state of another server): nothing is read; reset the connection's state if the source was restored")
-			return nil
-		}
 		if attempt == 0 && from != nil && resyncable(err) {
 			if rm.InvalidCDCCursorBehaviour != invalidCursorResync {
-				return &configError{fmt.Errorf("%w; the changes in between are no longer in slot %q. Reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q to re-sync automatically", err, rm.ReplicationSlot, invalidCursorResync)}
+				return &configError{fmt.Errorf("%w. The state cannot be resumed from slot %q: reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q to re-sync automatically", err, rm.ReplicationSlot, invalidCursorResync)}
 			}
-			s.log.Warn().Err(err).Msg("the state's position is no longer in the slot: every incremental stream is backfilled again (invalid_cdc_cursor_position_behavior: Re-sync data)")
+			s.log.Warn().Err(err).Msg("the state cannot be resumed from the slot: every incremental stream is backfilled again (invalid_cdc_cursor_position_behavior: Re-sync data)")
 			s.out.trace(&traceMessage{Type: "ANALYTICS", Analytics: &analyticsTrace{Type: "cdc_cursor_invalid", Value: "1"}})
 			from = nil
 			r.mu.Lock()
@@ -280,10 +273,13 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 	}
 }
 
-// resyncable reports an error that a new backfill of every stream from the slot's position
-// repairs.
+// resyncable reports a state that cannot be resumed here (the slot passed it, it belongs to
+// another cluster, database or slot, the slot was created after it, the server's history forked
+// before it or has not reached it): a new backfill of every stream from the slot's position
+// repairs it. Its position is never acknowledged.
 func resyncable(err error) bool {
-	return errors.Is(err, merge.ErrPositionBehindSlot) || errors.Is(err, merge.ErrSystemChanged)
+	return errors.Is(err, merge.ErrPositionBehindSlot) || errors.Is(err, merge.ErrSystemChanged) ||
+		errors.Is(err, merge.ErrForeignPosition) || errors.Is(err, merge.ErrTimelineForked) || errors.Is(err, merge.ErrPositionAhead)
 }
 
 func (r *reader) position() *merge.Position {
@@ -403,6 +399,9 @@ func (r *reader) estimates(ctx context.Context) {
 	}
 }
 
+// recordPiece is how many bytes of encoded records a full refresh gathers before writing them.
+const recordPiece = 1 << 20
+
 // fullRefresh reads a full refresh stream: by key chunks, with a state after each (an attempt
 // that fails resumes within the job), or in one query when the relation has no usable key.
 func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
@@ -453,13 +452,22 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 			return err
 		}
 		cols := chunkColumns(chunk.Table)
+		// The records go out in pieces of about recordPiece bytes: a chunk's records held
+		// whole would double what the chunk itself holds.
 		buf = buf[:0]
+		n := 0
 		for _, row := range chunk.Rows {
 			if buf, err = enc.appendRow(ctx, buf, cols, row); err != nil {
 				return err
 			}
+			if n++; len(buf) >= recordPiece {
+				if err := r.s.out.writeRecords(buf, n); err != nil {
+					return err
+				}
+				buf, n = buf[:0], 0
+			}
 		}
-		if err := r.s.out.writeRecords(buf, len(chunk.Rows)); err != nil {
+		if err := r.s.out.writeRecords(buf, n); err != nil {
 			return err
 		}
 		r.mu.Lock()
@@ -518,7 +526,7 @@ func (r *reader) readAll(ctx context.Context, st *readStream) error {
 		}
 		n++
 		total++
-		if len(buf) > 1<<20 {
+		if len(buf) >= recordPiece {
 			if err := flush(); err != nil {
 				return err
 			}

@@ -536,12 +536,22 @@ func TestItem32_AStateFromTheFuture(t *testing.T) {
 	future, _ := json.Marshal(st)
 	confirmed, _ := e.db.SlotLSNs(e.db.Slot)
 	e.db.Exec(`INSERT INTO orders VALUES (1000, 'x', 1)`)
-	r2 := e.read(cat, future)
-	require.Empty(t, r2.records())
-	require.NotEmpty(t, r2.states())
+	// Not resumed, not acknowledged, and not a silent empty sync either: a config error with
+	// the way out, or a re-sync where the user asked for one.
+	failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", future))
+	require.NotEqual(t, 0, failed.code)
+	errs := failed.traces("ERROR")
+	require.Len(t, errs, 1)
+	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
+	require.Contains(t, errs[0].str("trace", "error", "message"), "ahead of the server's WAL")
+	require.Empty(t, failed.records())
 	after, _ := e.db.SlotLSNs(e.db.Slot)
 	require.Equal(t, confirmed, after, "the slot is not acknowledged to a position the server has not reached")
-	require.Contains(t, r2.stdout, "ahead of the server's WAL")
+
+	e.cdc()["invalid_cdc_cursor_position_behavior"] = "Re-sync data"
+	r2 := e.read(cat, future)
+	require.GreaterOrEqual(t, len(r2.records()), 101, "every row again")
+	replayEqualsSource(t, e, "public.orders", "id", r2)
 }
 
 func TestItem33_AStateBehindTheSlot(t *testing.T) {

@@ -98,7 +98,7 @@ func (e *rowEncoder) appendRow(ctx context.Context, b []byte, c *rowColumns, row
 	if err != nil {
 		return b, err
 	}
-	b, _ = e.appendData(append(b, p.prefix...), p, func(i int) replicator.Value {
+	b, _ = e.appendData(ctx, append(b, p.prefix...), p, func(i int) replicator.Value {
 		if row[i] == nil {
 			return replicator.Value{Kind: replicator.Null}
 		}
@@ -123,7 +123,7 @@ func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event,
 			isKey[k] = true
 		}
 	}
-	b, first := e.appendData(append(b, p.prefix...), p, ev.Col, isKey)
+	b, first := e.appendData(ctx, append(b, p.prefix...), p, ev.Col, isKey)
 	ts := ev.Time.UTC()
 	sep := func() {
 		if !first {
@@ -155,7 +155,7 @@ func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event,
 // (numeric NaN) or cannot be encoded is written as null and listed in meta.changes; a TOASTed
 // value the server did not send (never expected: the engine re-reads such rows) is left out and
 // listed too.
-func (e *rowEncoder) appendData(b []byte, p *plan, col func(int) replicator.Value, isKey []bool) ([]byte, bool) {
+func (e *rowEncoder) appendData(ctx context.Context, b []byte, p *plan, col func(int) replicator.Value, isKey []bool) ([]byte, bool) {
 	e.changes = e.changes[:0]
 	first := true
 	for i := range p.names {
@@ -180,7 +180,7 @@ func (e *rowEncoder) appendData(b []byte, p *plan, col func(int) replicator.Valu
 			continue
 		}
 		start := len(b)
-		out, lossy, err := p.codecs[i].Append(b, v.Data)
+		out, lossy, err := e.types.Append(ctx, p.codecs[i], b, v.Data)
 		switch {
 		case err != nil:
 			b = append(b[:start], "null"...)
@@ -214,6 +214,10 @@ func (e *rowEncoder) finish(b []byte, emittedAt int64) []byte {
 // maxTxBytes bounds the records of one transaction held back to be collapsed per key.
 const maxTxBytes = 64 << 20
 
+// maxEarlyKeys bounds the keys of a transaction remembered as already written (recordSink.early):
+// 2 MB of map at most. Past it the sink stops telling keys apart (recordSink.spaceAll).
+const maxEarlyKeys = 1 << 16
+
 // recordSink is the engine's sink in a read: events become RECORD lines, checkpoints STATE
 // messages. A transaction's records are held until it ends and collapsed to one record per key
 // (its last), since they share one _ab_cdc_lsn and a destination could not order them.
@@ -230,7 +234,10 @@ type recordSink struct {
 	snapN   int
 	early   map[uint64]bool // keys of the transaction already written (it outgrew maxTxBytes)
 	earlyAt int64           // when they were written (ms)
-	seed    maphash.Seed
+	// spaceAll replaces early once the transaction has written more than maxEarlyKeys keys:
+	// every later record of the transaction is then treated as one whose key was written.
+	spaceAll bool
+	seed     maphash.Seed
 }
 
 func newRecordSink(r *reader, tables []*readStream) *recordSink {
@@ -256,7 +263,7 @@ func (s *recordSink) Emit(ctx context.Context, evs []merge.Event) error {
 			if err := s.flush(); err != nil {
 				return err
 			}
-			s.lsn, s.early = ev.LSN, nil
+			s.lsn, s.early, s.spaceAll = ev.LSN, nil, false
 		}
 		switch ev.Op {
 		case merge.Truncate:
@@ -284,9 +291,9 @@ func (s *recordSink) Emit(ctx context.Context, evs []merge.Event) error {
 			continue
 		}
 		key := st.key() + "\x00" + string(ev.Key)
-		if s.early != nil && s.early[maphash.String(s.seed, key)] {
-			// An earlier record of this key in this transaction is already out: this one must
-			// be told apart by a later emitted_at (destinations break ties with it).
+		if s.spaceAll || s.early != nil && s.early[maphash.String(s.seed, key)] {
+			// An earlier record of this key in this transaction is already out (or may be): this
+			// one must be told apart by a later emitted_at (destinations break ties with it).
 			for now <= s.earlyAt {
 				time.Sleep(time.Millisecond)
 				now = time.Now().UnixMilli()
@@ -304,11 +311,24 @@ func (s *recordSink) Emit(ctx context.Context, evs []merge.Event) error {
 		s.lines = append(s.lines, line)
 		s.bytes += len(line)
 		if s.bytes > maxTxBytes {
-			if s.early == nil {
-				s.early = map[uint64]bool{}
-			}
-			for k := range s.index {
-				s.early[maphash.String(s.seed, k)] = true
+			// The keys written are remembered so that only their later records wait for a new
+			// millisecond. A transaction of millions of rows would make that set hundreds of MB:
+			// past maxEarlyKeys it is dropped, and every later record of the transaction gets an
+			// emitted_at after the last part's. That keeps the destination's tie-break right for
+			// every key, at the cost of at most a millisecond's wait per part written (each part
+			// is maxTxBytes of records): once the clock has passed earlyAt, the records that
+			// follow are stamped later without waiting, until the next part.
+			switch {
+			case s.spaceAll:
+			case len(s.early)+len(s.index) > maxEarlyKeys:
+				s.early, s.spaceAll = nil, true
+			default:
+				if s.early == nil {
+					s.early = map[uint64]bool{}
+				}
+				for k := range s.index {
+					s.early[maphash.String(s.seed, k)] = true
+				}
 			}
 			if err := s.flush(); err != nil {
 				return err

@@ -31,7 +31,7 @@ var benchSettings = map[string]string{
 }
 
 func runBench(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("bench", "bench [--quick] [--rows N]", e)
+	fs := newFlags("bench", "bench [--quick] [--rows N] [--memory]", e)
 	quick := fs.Bool("quick", false, "a small run (about a minute) that checks the benchmark works; its figures are informative only")
 	rows := fs.Int("rows", 5_000_000, "rows of the backfill table")
 	reps := fs.Int("reps", 3, "repetitions of each figure (the median is reported)")
@@ -40,11 +40,16 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	verbose := fs.Bool("v", false, "log the engine's progress")
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
 	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
+	memory := fs.Bool("memory", false, "instead of the default figures: the peak memory of tidemark sync for one very large source transaction and for wide rows")
+	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
+	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
+	wideMB := fs.Int("wide-mb", 5, "--memory: size of each wide row, in MB")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := usageProblems(fs, outOfRange(intRange("rows", *rows, 1, 1_000_000_000), intRange("reps", *reps, 1, 100),
-		intRange("chunk-size", *chunk, 1, 1_000_000), intRange("changes", *changes, 1, 1_000_000_000))); err != nil {
+		intRange("chunk-size", *chunk, 1, 1_000_000), intRange("changes", *changes, 1, 1_000_000_000),
+		intRange("tx-rows", *txRows, 1, 1_000_000_000), intRange("wide-rows", *wideRows, 1, 1_000_000), intRange("wide-mb", *wideMB, 1, 512))); err != nil {
 		return err
 	}
 	if *cpuprofile != "" {
@@ -60,10 +65,19 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	}
 	if *quick {
 		*rows, *reps, *changes = 200_000, 1, 100_000
+		*txRows, *wideRows, *wideMB = 200_000, 20, 1
 	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	if *memory {
+		tm, err := findTidemark(ctx, self)
+		if err != nil {
+			return err
+		}
+		b := &bench{e: e, log: e.log.Level(zerolog.WarnLevel)}
+		return (&memoryBench{bench: b, tidemark: tm, txRows: *txRows, wideRows: *wideRows, wideMB: *wideMB}).run(ctx)
 	}
 	conn, err := findConnector(ctx, *connector, self)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 
@@ -34,9 +35,25 @@ const ledgerDDL = `CREATE TABLE IF NOT EXISTS %s (
     applied_at timestamptz NOT NULL DEFAULT now()
 )`
 
+// The sink's memory bound: once the changes pending in the open target transaction pass either
+// figure, they are applied in it as one piece and dropped from memory. Pieces are applied in
+// order and each holds every pending key's last state, so the transaction's final state is the
+// same as if it had been applied whole; the checkpoint still commits with all of them. Whatever
+// the size of a source transaction (ten million rows in one UPDATE), the sink holds at most about
+// this much; the target keeps the rest in its own open transaction, on its disk.
+const (
+	defaultPieceRows  = 50_000
+	defaultPieceBytes = 32 << 20
+)
+
+// pendingRowOverhead approximates what a pending key costs beyond its values: the map entry,
+// the pendingRow, its place in the batch's order.
+const pendingRowOverhead = 160
+
 // pgSink applies events to another PostgreSQL, exactly once: the changes between two checkpoints
 // and the checkpoint itself commit in one target transaction, so a crash at any point leaves the
-// target at a checkpoint, and the capture resumes from it.
+// target at a checkpoint, and the capture resumes from it. Inside that transaction the pending
+// changes are applied in pieces of bounded size (defaultPieceRows, defaultPieceBytes).
 type pgSink struct {
 	target *pgx.Conn // the target; used only from the merge loop's goroutine
 	source *pgx.Conn // the source, for the definitions of tables and columns to create
@@ -52,6 +69,10 @@ type pgSink struct {
 	lastAudit pglogrepl.LSN
 	copyBuf   bytes.Buffer
 	applied   int64 // events applied (for the summary)
+	// The pending rows are applied, inside the open transaction, once they reach either bound.
+	maxPendingRows, maxPendingBytes int
+	pendingRows, pendingBytes       int   // held in batches: distinct keys, and their estimated size
+	pieces                          int64 // pieces applied before their checkpoint (for the summary)
 	// Backfilled rows copied straight into their table, and those upserted after a direct copy
 	// met a key the target had.
 	directRows, fallbackRows int64
@@ -75,6 +96,7 @@ type tableBatch struct {
 	t     *targetTable
 	order []string
 	rows  map[string]*pendingRow
+	bytes int // estimated size of rows (see pendingRow.size)
 }
 
 type pendingRow struct {
@@ -84,9 +106,23 @@ type pendingRow struct {
 	vals     []replicator.Value // nil for a delete; Unchanged: leave the column as it is
 }
 
+// size estimates the memory a pending row holds: its values (which keep the event's buffer
+// alive) and their headers.
+func (r *pendingRow) size() int {
+	n := 24 * (len(r.keyVals) + len(r.vals))
+	for _, v := range r.keyVals {
+		n += len(v.Data)
+	}
+	for _, v := range r.vals {
+		n += len(v.Data)
+	}
+	return n
+}
+
 func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string, audit bool, log zerolog.Logger) (*pgSink, *merge.Position, error) {
 	s := &pgSink{target: target, source: source, id: id, schema: schema, tables: map[string]*targetTable{}, log: log,
-		cpName: pgx.Identifier{"public", "tidemark_checkpoint"}.Sanitize()}
+		cpName:         pgx.Identifier{"public", "tidemark_checkpoint"}.Sanitize(),
+		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
 	if _, err := target.Exec(ctx, fmt.Sprintf(checkpointDDL, s.cpName)); err != nil {
 		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
 	}
@@ -152,6 +188,14 @@ func (s *pgSink) Emit(ctx context.Context, evs []merge.Event) error {
 			}
 			s.lastAudit = ev.LSN
 		}
+		if s.pendingRows >= s.maxPendingRows || s.pendingBytes >= s.maxPendingBytes {
+			// A large source transaction (or many before a checkpoint): apply what is pending
+			// now, in the open transaction, rather than hold all of it until the checkpoint.
+			if err := s.flush(ctx); err != nil {
+				return err
+			}
+			s.pieces++
+		}
 	}
 	s.applied += int64(len(evs))
 	return nil
@@ -171,6 +215,12 @@ func (s *pgSink) pend(t *targetTable, ev *merge.Event) {
 		r = &pendingRow{}
 		b.rows[key] = r
 		b.order = append(b.order, key)
+		s.pendingRows++
+		b.bytes += len(key) + pendingRowOverhead
+		s.pendingBytes += len(key) + pendingRowOverhead
+	} else {
+		b.bytes -= r.size()
+		s.pendingBytes -= r.size()
 	}
 	r.keyVals = r.keyVals[:0]
 	for _, k := range ev.Columns.Key {
@@ -193,6 +243,8 @@ func (s *pgSink) pend(t *targetTable, ev *merge.Event) {
 		}
 		r.deleted, r.vals = false, vals
 	}
+	b.bytes += r.size()
+	s.pendingBytes += r.size()
 }
 
 func colsOf(ev *merge.Event) []replicator.Value {
@@ -234,7 +286,7 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 
 // Close rolls back what was not checkpointed.
 func (s *pgSink) Close(ctx context.Context) {
-	s.log.Debug().Int64("direct_rows", s.directRows).Int64("fallback_rows", s.fallbackRows).Msg("backfilled rows written to the target")
+	s.log.Debug().Int64("direct_rows", s.directRows).Int64("fallback_rows", s.fallbackRows).Int64("pieces", s.pieces).Msg("backfilled rows written to the target")
 	if s.tx != nil {
 		_ = s.tx.Rollback(ctx)
 		s.tx = nil
@@ -248,7 +300,9 @@ func (s *pgSink) flush(ctx context.Context) error {
 		}
 		b.t.batch = nil
 	}
+	clear(s.batches)
 	s.batches = s.batches[:0]
+	s.pendingRows, s.pendingBytes = 0, 0
 	return nil
 }
 
@@ -259,6 +313,8 @@ func (s *pgSink) flushTable(ctx context.Context, t *targetTable) error {
 	if err := s.apply(ctx, t.batch); err != nil {
 		return err
 	}
+	s.pendingRows -= len(t.batch.rows)
+	s.pendingBytes -= t.batch.bytes
 	s.batches = slices.DeleteFunc(s.batches, func(b *tableBatch) bool { return b == t.batch })
 	t.batch = nil
 	return nil
@@ -408,45 +464,66 @@ func (s *pgSink) direct(ctx context.Context, t *targetTable, names []string, row
 }
 
 // copyRows copies rows of text values into dst (the table's staging table, or the table), in
-// COPY's text format: PostgreSQL's text output of each value is valid input for its type.
+// COPY's text format: PostgreSQL's text output of each value is valid input for its type. The
+// text is produced as COPY reads it, a row at a time: a piece's text built whole would hold as
+// much again as its rows (doubled by the buffer's growth).
 func (s *pgSink) copyRows(ctx context.Context, t *targetTable, dst string, names []string, rows [][]replicator.Value) error {
-	buf := &s.copyBuf
-	buf.Reset()
-	for _, row := range rows {
-		for i, v := range row {
-			if i > 0 {
-				buf.WriteByte('\t')
-			}
-			if v.Kind != replicator.Text {
-				buf.WriteString(`\N`)
-				continue
-			}
-			for _, c := range v.Data {
-				switch c {
-				case '\\':
-					buf.WriteString(`\\`)
-				case '\n':
-					buf.WriteString(`\n`)
-				case '\r':
-					buf.WriteString(`\r`)
-				case '\t':
-					buf.WriteString(`\t`)
-				default:
-					buf.WriteByte(c)
-				}
-			}
-		}
-		buf.WriteByte('\n')
-	}
+	s.copyBuf.Reset()
 	quoted := make([]string, len(names))
 	for i, n := range names {
 		quoted[i] = pgx.Identifier{n}.Sanitize()
 	}
-	_, err := s.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf.Bytes()), "COPY "+dst+" ("+strings.Join(quoted, ", ")+") FROM STDIN")
+	_, err := s.tx.Conn().PgConn().CopyFrom(ctx, &copyText{rows: rows, buf: &s.copyBuf}, "COPY "+dst+" ("+strings.Join(quoted, ", ")+") FROM STDIN")
 	if err != nil {
 		return fmt.Errorf("copy %d rows for %s: %w", len(rows), t.ident, err)
 	}
 	return nil
+}
+
+// copyText reads rows as COPY text, encoding the next row into buf when buf is empty. CopyFrom
+// reads it from a goroutine of its own, and returns only once that goroutine has stopped.
+type copyText struct {
+	rows [][]replicator.Value
+	buf  *bytes.Buffer
+}
+
+func (c *copyText) Read(p []byte) (int, error) {
+	for c.buf.Len() == 0 {
+		if len(c.rows) == 0 {
+			return 0, io.EOF
+		}
+		appendCopyRow(c.buf, c.rows[0])
+		c.rows = c.rows[1:]
+	}
+	return c.buf.Read(p)
+}
+
+// appendCopyRow appends one row in COPY's text format.
+func appendCopyRow(buf *bytes.Buffer, row []replicator.Value) {
+	for i, v := range row {
+		if i > 0 {
+			buf.WriteByte('\t')
+		}
+		if v.Kind != replicator.Text {
+			buf.WriteString(`\N`)
+			continue
+		}
+		for _, c := range v.Data {
+			switch c {
+			case '\\':
+				buf.WriteString(`\\`)
+			case '\n':
+				buf.WriteString(`\n`)
+			case '\r':
+				buf.WriteString(`\r`)
+			case '\t':
+				buf.WriteString(`\t`)
+			default:
+				buf.WriteByte(c)
+			}
+		}
+	}
+	buf.WriteByte('\n')
 }
 
 // table returns the target table of a source table, creating it (with the source's column types

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// memoryBench is `tidemark bench --memory`: the peak resident set of `tidemark sync`, run as a
+// child process, for a source transaction far larger than anything the sync may hold (every
+// row changed in one transaction), and for a backfill of rows of megabytes each.
+type memoryBench struct {
+	*bench
+	tidemark string // the tidemark binary the syncs run
+	txRows   int    // rows changed by the one large transaction
+	wideRows int    // rows of the wide table
+	wideMB   int    // size of each wide row's value, in MB
+}
+
+func (b *memoryBench) run(ctx context.Context) error {
+	host, _ := os.Hostname()
+	b.printf("# tidemark bench --memory %s tx_rows=%d wide_rows=%d wide_mb=%d\n", time.Now().UTC().Format(time.RFC3339), b.txRows, b.wideRows, b.wideMB)
+	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
+	srv, err := e2e.Start(ctx, e2e.Options{Settings: benchSettings})
+	if err != nil {
+		return err
+	}
+	defer srv.Stop(context.WithoutCancel(ctx))
+	b.srv = srv
+	if err := srv.CreateDatabase(ctx, "bench"); err != nil {
+		return err
+	}
+	b.dsn = srv.DSN("bench")
+	var version string
+	if err := queryRow(ctx, b.dsn, `SELECT version()`, &version); err != nil {
+		return err
+	}
+	b.printf("# %s\n", version)
+	dir, err := os.MkdirTemp("", "tidemark-bench-memory-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	// One transaction that inserts every row, in the publication and in two slots made before
+	// it, so that each sync streams it whole (no backfill).
+	start := time.Now()
+	if err := execAll(ctx, b.dsn,
+		`CREATE TABLE bench_tx (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
+		`CREATE PUBLICATION bench_tx FOR TABLE bench_tx`,
+		`SELECT pg_create_logical_replication_slot('bench_tx_pg', 'pgoutput')`,
+		`SELECT pg_create_logical_replication_slot('bench_tx_jsonl', 'pgoutput')`,
+		fmt.Sprintf(`INSERT INTO bench_tx SELECT g, g %% 1000, md5(g::text) || repeat('x', 20 + g %% 40), now() - g * interval '1 second',
+			(g * 1.0001)::numeric(20, 4), jsonb_build_object('a', g, 'b', md5(g::text)) FROM generate_series(1, %d) g`, b.txRows),
+	); err != nil {
+		return fmt.Errorf("prepare the large transaction: %w", err)
+	}
+	var walMB float64
+	_ = queryRow(ctx, b.dsn, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) / 1e6 FROM pg_replication_slots WHERE slot_name = 'bench_tx_pg'`, &walMB)
+	b.printf("# bench_tx: %d rows inserted in one transaction (%.0f MB of WAL) in %s\n", b.txRows, walMB, time.Since(start).Round(time.Second))
+
+	tgt := "bench_tx_target"
+	if err := srv.CreateDatabase(ctx, tgt); err != nil {
+		return err
+	}
+	sync := []string{"--tables", "public.bench_tx", "--publication", "bench_tx", "--no-backfill"}
+	res, err := b.sync(ctx, srv.DSN(tgt), append(sync, "--slot", "bench_tx_pg"))
+	if err != nil {
+		return err
+	}
+	var n int64
+	if err := queryRow(ctx, srv.DSN(tgt), `SELECT count(*) FROM bench_tx`, &n); err != nil {
+		return err
+	}
+	if err := srv.DropDatabase(ctx, tgt); err != nil {
+		return err
+	}
+	if err := want("the target of memory.tx_postgres", n, b.txRows); err != nil {
+		return err
+	}
+	b.memLine("memory.tx_postgres", res, n, 0, "(one source transaction, streamed, applied to PostgreSQL exactly once)")
+	out := filepath.Join(dir, "tx.jsonl")
+	if res, err = b.sync(ctx, out, append(sync, "--slot", "bench_tx_jsonl")); err != nil {
+		return err
+	}
+	lines, size, err := countLines(out)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(out); err != nil {
+		return err
+	}
+	if err := want("the output of memory.tx_jsonl", lines, b.txRows); err != nil {
+		return err
+	}
+	b.memLine("memory.tx_jsonl", res, lines, size, "(the same transaction, to JSON lines)")
+	if err := execAll(ctx, b.dsn, `DROP TABLE bench_tx`, `CHECKPOINT`); err != nil {
+		return err
+	}
+
+	// Rows of wideMB each, backfilled with the default chunk size: what a chunk holds is
+	// bounded by the chunk reader's byte cap, not by its rows.
+	start = time.Now()
+	if err := execAll(ctx, b.dsn,
+		`CREATE TABLE bench_wide (id int PRIMARY KEY, v text)`,
+		// Incompressible text: the rows take their size on disk too, as real wide rows do.
+		fmt.Sprintf(`INSERT INTO bench_wide SELECT g, (SELECT string_agg(md5(g::text || '.' || i), '') FROM generate_series(1, %d) i)
+			FROM generate_series(1, %d) g`, b.wideMB<<20/32, b.wideRows),
+		`VACUUM ANALYZE bench_wide`,
+		`CREATE PUBLICATION bench_wide FOR TABLE bench_wide`,
+	); err != nil {
+		return fmt.Errorf("prepare the wide table: %w", err)
+	}
+	var heapMB float64
+	_ = queryRow(ctx, b.dsn, `SELECT pg_table_size('bench_wide') / 1e6`, &heapMB)
+	b.printf("# bench_wide: %d rows of %d MB, %.0f MB on disk, built in %s\n", b.wideRows, b.wideMB, heapMB, time.Since(start).Round(time.Second))
+	wide := []string{"--tables", "public.bench_wide", "--publication", "bench_wide"}
+	tgt = "bench_wide_target"
+	if err := srv.CreateDatabase(ctx, tgt); err != nil {
+		return err
+	}
+	if res, err = b.sync(ctx, srv.DSN(tgt), append(wide, "--slot", "bench_wide_pg")); err != nil {
+		return err
+	}
+	if err := queryRow(ctx, srv.DSN(tgt), `SELECT count(*) FROM bench_wide`, &n); err != nil {
+		return err
+	}
+	if err := srv.DropDatabase(ctx, tgt); err != nil {
+		return err
+	}
+	if err := want("the target of memory.wide_postgres", n, b.wideRows); err != nil {
+		return err
+	}
+	b.memLine("memory.wide_postgres", res, n, 0, fmt.Sprintf("(rows of %d MB, backfilled in chunks of 10000 rows at most)", b.wideMB))
+	out = filepath.Join(dir, "wide.jsonl")
+	if res, err = b.sync(ctx, out, append(wide, "--slot", "bench_wide_jsonl")); err != nil {
+		return err
+	}
+	if lines, size, err = countLines(out); err != nil {
+		return err
+	}
+	if err := want("the output of memory.wide_jsonl", lines, b.wideRows); err != nil {
+		return err
+	}
+	b.memLine("memory.wide_jsonl", res, lines, size, fmt.Sprintf("(rows of %d MB, backfilled, to JSON lines)", b.wideMB))
+	return nil
+}
+
+// want checks that a sync delivered every row: a figure of an incomplete sync means nothing.
+func want(what string, got int64, rows int) error {
+	if got != int64(rows) {
+		return fmt.Errorf("%s has %d rows, not %d", what, got, rows)
+	}
+	return nil
+}
+
+// syncRun is one `tidemark sync` child: how long it took and its peak resident set.
+type syncRun struct {
+	d      time.Duration
+	rssKiB int64 // ru_maxrss: the child's peak resident set, in KiB
+}
+
+// sync runs `tidemark sync --stop-when-caught-up` from the bench database to target (a DSN or a
+// file) as a child process, and measures it.
+func (b *memoryBench) sync(ctx context.Context, target string, args []string) (syncRun, error) {
+	cmd := exec.CommandContext(ctx, b.tidemark, append([]string{"sync", "--stop-when-caught-up", "--quiet"}, args...)...)
+	// The connection strings go through the environment, out of the process list.
+	cmd.Env = append(os.Environ(), "TIDEMARK_SOURCE="+b.dsn, "TIDEMARK_TARGET="+target)
+	var stderr tailBuffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return syncRun{}, fmt.Errorf("tidemark sync %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	r := syncRun{d: time.Since(start)}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.rssKiB = ru.Maxrss
+	}
+	return r, nil
+}
+
+func (b *memoryBench) memLine(name string, r syncRun, rows, outBytes int64, note string) {
+	out := ""
+	if outBytes > 0 {
+		out = fmt.Sprintf(" output_MB=%.1f", float64(outBytes)/1e6)
+	}
+	b.printf("%-24s rows=%d s=%.1f rows_per_s=%.0f peak_rss_MB=%.0f%s %s\n", name, rows, r.d.Seconds(), float64(rows)/r.d.Seconds(),
+		float64(r.rssKiB)*1024/1e6, out, note)
+}
+
+// tailBuffer keeps the last 4 kB written to it (a child's stderr, for its error).
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 4096 {
+		t.b = t.b[len(t.b)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return strings.TrimSpace(string(t.b)) }
+
+// countLines counts the lines of a file and its size.
+func countLines(path string) (lines, size int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := r.Read(buf)
+		lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+		size += int64(n)
+		if errors.Is(err, io.EOF) {
+			return lines, size, nil
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("read %s: %w", path, err)
+		}
+	}
+}
+
+func queryRow(ctx context.Context, dsn, sql string, dst ...any) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := conn.QueryRow(ctx, sql).Scan(dst...); err != nil {
+		return fmt.Errorf("run %q: %w", sql, err)
+	}
+	return nil
+}
+
+// findTidemark returns the tidemark binary for child syncs: this one, or, when this process is a
+// test binary, one built from the module it runs in.
+func findTidemark(ctx context.Context, self string) (string, error) {
+	if !strings.HasSuffix(self, ".test") {
+		return self, nil
+	}
+	dir, _ := os.Getwd()
+	for ; dir != filepath.Dir(dir); dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "cmd", "tidemark", "main.go")); err != nil {
+			continue
+		}
+		out := filepath.Join(os.TempDir(), "tidemark-bench-tidemark")
+		build := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/tidemark")
+		build.Dir = dir
+		if b, err := build.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("build tidemark: %v: %s", err, strings.TrimSpace(string(b)))
+		}
+		return out, nil
+	}
+	return "", errors.New("the tidemark binary is needed for the child syncs: run the bench from a built tidemark")
+}
