@@ -21,7 +21,7 @@ type Config struct {
 	LockTimeout time.Duration
 	// MaxBytes bounds the bytes of values a chunk holds: a chunk ends early (not Done) once its
 	// rows reach it, whatever its row limit. One row larger than it is still read whole. Zero:
-	// 64 MiB.
+	// 32 MiB.
 	MaxBytes int
 }
 
@@ -41,7 +41,7 @@ func (c *Config) ensureDefaults() {
 		c.LockTimeout = 2 * time.Second
 	}
 	if c.MaxBytes == 0 {
-		c.MaxBytes = 64 << 20
+		c.MaxBytes = 32 << 20
 	}
 }
 

@@ -76,7 +76,8 @@ type Config struct {
 	ChunkSize int
 	// MaxChunkBytes bounds the bytes a chunk holds: a chunk read stops at it (chunker
 	// Config.MaxBytes, unless set), and the chunk size shrinks to fit it. It bounds the engine's
-	// buffered rows, since one chunk is in flight. Zero: 64 MiB.
+	// buffered rows, since one chunk is in flight (and the next is read while the sink takes
+	// it). Zero: 32 MiB.
 	MaxChunkBytes int
 	// CheckpointInterval is the longest time between checkpoints while changes flow; there is
 	// also one after every chunk. Zero: 1s.
@@ -210,7 +211,7 @@ func (c *Config) ensureDefaults() {
 		c.ChunkSize = 10000
 	}
 	if c.MaxChunkBytes == 0 {
-		c.MaxChunkBytes = 64 << 20
+		c.MaxChunkBytes = 32 << 20
 	}
 	if c.Chunker.MaxBytes == 0 {
 		c.Chunker.MaxBytes = c.MaxChunkBytes
