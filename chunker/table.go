@@ -156,8 +156,20 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 
 	// The replica identity's columns.
 	var identity []string
+	// A deferrable key (its uniqueness checked at commit) lets one statement move keys onto each
+	// other's (UPDATE t SET id = id + 1): the stream then has the inserts and deletes of the
+	// moves in whatever order the rows were updated, which no key-by-key replay can apply
+	// without losing rows. Refused.
+	var deferrable bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = $1 AND indisprimary AND NOT indimmediate)`, t.OID).Scan(&deferrable); err != nil {
+		return nil, fmt.Errorf("read key of %s: %w", t, err)
+	}
 	switch t.ReplicaIdentity {
 	case 'd', 'f':
+		if deferrable && len(override) == 0 {
+			return nil, fmt.Errorf("%w: the primary key of %s is DEFERRABLE: one statement can move rows onto each other's keys (UPDATE ... SET id = id + 1), and the stream then carries those moves in an order no replay by key can apply without losing rows; make it NOT DEFERRABLE (ALTER TABLE %s ALTER CONSTRAINT <name> NOT DEFERRABLE, or drop and add the primary key), or give a key override with a unique index that is not deferrable",
+				ErrNoKey, t, t.Ident())
+		}
 		identity, err = indexColumns(ctx, conn, t.OID, "i.indisprimary")
 		t.KeySource = "primary key"
 	case 'i':
@@ -231,14 +243,14 @@ func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, iden
 	// Unique: some unique index's columns are all in the override.
 	var unique bool
 	err := conn.QueryRow(ctx, `
-		SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL
+		SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate AND i.indpred IS NULL
 		  AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 		                  WHERE NOT a.attname = ANY($2)))`, t.OID, override).Scan(&unique)
 	if err != nil {
 		return fmt.Errorf("check key override of %s: %w", t, err)
 	}
 	if !unique {
-		return fmt.Errorf("%w: key override (%s) of %s is not unique: no unique index covers only these columns", ErrNoKey, strings.Join(override, ", "), t)
+		return fmt.Errorf("%w: key override (%s) of %s is not unique: no unique index (not deferrable) covers only these columns", ErrNoKey, strings.Join(override, ", "), t)
 	}
 	// Carried: REPLICA IDENTITY FULL sends whole old rows; otherwise only the identity's columns.
 	if t.ReplicaIdentity != 'f' && !sameSet(override, identity) {

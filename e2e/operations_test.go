@@ -440,3 +440,26 @@ func TestSyncRebackfill(t *testing.T) {
 	_, err = runSync(t, db, out, "--stop-when-caught-up", "--quiet")
 	require.NoError(t, err)
 }
+
+// TestDeferrableKeyRefused: under a DEFERRABLE primary key (usable with REPLICA IDENTITY FULL),
+// `UPDATE d SET id = id + 1` moves rows onto each other's keys in one statement, and the stream
+// carries the moves as deletes and inserts in the order the rows were updated: a replay by key
+// loses rows. Such a key is refused at start, with the fix; a key override on a unique index
+// that is not deferrable is accepted.
+func TestDeferrableKeyRefused(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE d (id int PRIMARY KEY DEFERRABLE, code int NOT NULL UNIQUE, v text)`)
+	db.Exec(`ALTER TABLE d REPLICA IDENTITY FULL`)
+	db.Exec(`CREATE TABLE d2 (id int, v text, PRIMARY KEY (id) DEFERRABLE INITIALLY DEFERRED)`)
+	db.Exec(`ALTER TABLE d2 REPLICA IDENTITY FULL`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE d, d2`)
+	for _, name := range []string{"d", "d2"} {
+		_, err := chunker.Discover(context.Background(), db.Conn, "public", name, nil, db.Publication)
+		require.ErrorIs(t, err, chunker.ErrNoKey, name)
+		require.ErrorContains(t, err, "DEFERRABLE")
+		require.ErrorContains(t, err, "NOT DEFERRABLE")
+	}
+	tb, err := chunker.Discover(context.Background(), db.Conn, "public", "d", []string{"code"}, db.Publication)
+	require.NoError(t, err)
+	require.Equal(t, []string{"code"}, tb.KeyNames())
+}
