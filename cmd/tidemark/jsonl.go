@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/pgjson"
@@ -22,6 +23,7 @@ import (
 // the output is cut back to that length, so the file holds every change exactly once up to its
 // checkpoint, whatever point a crash came at.
 type jsonlSink struct {
+	lock       *os.File // the output's lock file, held (flock) for the whole run; nil for none
 	out        *os.File // nil when writing to a stream (stdout)
 	w          *bufio.Writer
 	checkpoint string // path of the checkpoint file; "" for none
@@ -41,28 +43,89 @@ type checkpointFile struct {
 }
 
 // openJSONL opens (or resumes) output path with its checkpoint file, and returns the position
-// to resume from (nil for a first run).
-func openJSONL(path, checkpoint string, types *pgjson.Registry) (*jsonlSink, *merge.Position, error) {
+// to resume from (nil for a first run). One writer per output: it first takes an exclusive lock
+// on PATH.lock (CHECKPOINT.lock for standard output), held until the sink is closed or the
+// process ends, then calls ready (which checks that the slot is not in use), and only then cuts
+// the output back to its checkpoint. A second sync on the same output fails before touching it.
+func openJSONL(path, checkpoint string, types *pgjson.Registry, ready func() error) (*jsonlSink, *merge.Position, error) {
 	if path == "-" {
-		s := &jsonlSink{w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint, enc: eventEncoder{types: types}}
-		pos, _, err := readCheckpoint(checkpoint)
-		return s, pos, err
+		lock, err := lockOutput(checkpoint)
+		if err != nil {
+			return nil, nil, err
+		}
+		s := &jsonlSink{lock: lock, w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint, enc: eventEncoder{types: types}}
+		pos, _, _, err := readCheckpoint(checkpoint)
+		if err == nil {
+			err = ready()
+		}
+		if err != nil {
+			s.unlock()
+			return nil, nil, err
+		}
+		return s, pos, nil
 	}
 	if checkpoint == "" {
 		checkpoint = path + ".checkpoint"
 	}
-	pos, offset, err := readCheckpoint(checkpoint)
+	lock, err := lockOutput(path)
 	if err != nil {
 		return nil, nil, err
 	}
+	s := &jsonlSink{lock: lock, checkpoint: checkpoint, enc: eventEncoder{types: types}}
+	pos, err := s.open(path, ready)
+	if err != nil {
+		s.unlock()
+		return nil, nil, err
+	}
+	return s, pos, nil
+}
+
+// lockOutput takes the exclusive lock of an output (its file NAME.lock), or says that another
+// sync holds it. "" needs no lock.
+func lockOutput(name string) (*os.File, error) {
+	if name == "" {
+		return nil, nil
+	}
+	f, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open the output's lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another tidemark sync is writing %s (it holds %s.lock): two writers would cut and overwrite each other's output; stop the other one first", name, name)
+		}
+		return nil, fmt.Errorf("lock %s.lock: %w", name, err)
+	}
+	return f, nil
+}
+
+func (s *jsonlSink) unlock() {
+	if s.lock != nil {
+		s.lock.Close() // releases the flock
+		s.lock = nil
+	}
+}
+
+// open resumes the output at path, locked, from its checkpoint.
+func (s *jsonlSink) open(path string, ready func() error) (*merge.Position, error) {
+	checkpoint := s.checkpoint
+	pos, offset, output, err := readCheckpoint(checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	if output != "" && output != filepath.Base(path) {
+		return nil, fmt.Errorf("checkpoint %s belongs to output %s, not %s: it would mark tables done that %s never got; give this output its own checkpoint (--checkpoint), or write to %s",
+			checkpoint, output, filepath.Base(path), filepath.Base(path), output)
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open output: %w", err)
+		return nil, fmt.Errorf("open output: %w", err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("open output: %w", err)
+		return nil, fmt.Errorf("open output: %w", err)
 	}
 	exists := true
 	if _, err := os.Stat(checkpoint); errors.Is(err, os.ErrNotExist) {
@@ -70,48 +133,54 @@ func openJSONL(path, checkpoint string, types *pgjson.Registry) (*jsonlSink, *me
 	}
 	if !exists && fi.Size() > 0 {
 		f.Close()
-		return nil, nil, fmt.Errorf("output %s is not empty and has no checkpoint file %s: it is not a Tidemark output to resume; remove it or choose another file", path, checkpoint)
+		return nil, fmt.Errorf("output %s is not empty and has no checkpoint file %s: it is not a Tidemark output to resume; remove it or choose another file", path, checkpoint)
 	}
 	if fi.Size() < offset {
 		f.Close()
-		return nil, nil, fmt.Errorf("output %s has %d bytes but its checkpoint says %d: the file was cut; start over with a new output file", path, fi.Size(), offset)
+		return nil, fmt.Errorf("output %s has %d bytes but its checkpoint says %d: the file was cut; start over with a new output file", path, fi.Size(), offset)
+	}
+	if err := ready(); err != nil {
+		f.Close()
+		return nil, err
 	}
 	// Whatever was written after the checkpoint is replayed by the engine: cut it.
 	if err := f.Truncate(offset); err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("cut output back to its checkpoint: %w", err)
+		return nil, fmt.Errorf("cut output back to its checkpoint: %w", err)
 	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("seek output: %w", err)
+		return nil, fmt.Errorf("seek output: %w", err)
 	}
-	s := &jsonlSink{out: f, w: bufio.NewWriterSize(f, 1<<16), checkpoint: checkpoint, offset: offset, enc: eventEncoder{types: types}}
+	s.out, s.w, s.offset = f, bufio.NewWriterSize(f, 1<<16), offset
 	if !exists {
 		// A first checkpoint before any output: from now on the output always has one.
 		if err := s.writeCheckpoint(nil); err != nil {
 			f.Close()
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	return s, pos, nil
+	return pos, nil
 }
 
-func readCheckpoint(path string) (*merge.Position, int64, error) {
+// readCheckpoint reads a checkpoint file: the position, the output's length at it, and the
+// output's name it was written for.
+func readCheckpoint(path string) (*merge.Position, int64, string, error) {
 	if path == "" {
-		return nil, 0, nil
+		return nil, 0, "", nil
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, 0, nil
+		return nil, 0, "", nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("read checkpoint: %w", err)
+		return nil, 0, "", fmt.Errorf("read checkpoint: %w", err)
 	}
 	var cp checkpointFile
 	if err := json.Unmarshal(b, &cp); err != nil {
-		return nil, 0, fmt.Errorf("checkpoint %s is damaged (%w); start over with a new output file", path, err)
+		return nil, 0, "", fmt.Errorf("checkpoint %s is damaged (%w); start over with a new output file", path, err)
 	}
-	return cp.Position, cp.Offset, nil
+	return cp.Position, cp.Offset, cp.Output, nil
 }
 
 // Emit writes one JSON line per event.
@@ -193,7 +262,7 @@ func writeAtomic(path string, b []byte) error {
 	return nil
 }
 
-// Close flushes and closes the output.
+// Close flushes and closes the output, and releases its lock.
 func (s *jsonlSink) Close() error {
 	err := s.w.Flush()
 	if s.out != nil {
@@ -201,6 +270,7 @@ func (s *jsonlSink) Close() error {
 			err = cerr
 		}
 	}
+	s.unlock()
 	return err
 }
 

@@ -22,10 +22,14 @@ import (
 // checkpointDDL is the target's checkpoint table (%s is its quoted name): one row per capture,
 // written in the same transaction as the changes it covers.
 const checkpointDDL = `CREATE TABLE IF NOT EXISTS %s (
-    id         text PRIMARY KEY,
-    position   jsonb NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now()
+    id            text PRIMARY KEY,
+    position      jsonb NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    target_schema text NOT NULL DEFAULT ''
 )`
+
+// checkpointColumns adds what later versions record to a checkpoint table an earlier one made.
+const checkpointColumns = `ALTER TABLE %s ADD COLUMN IF NOT EXISTS target_schema text NOT NULL DEFAULT ''`
 
 // ledgerDDL is the audit ledger (%s is its quoted name): the commit LSN of every source
 // transaction applied, so that applying one twice fails on the primary key.
@@ -62,6 +66,11 @@ type pgSink struct {
 	cpName string    // quoted checkpoint table
 	ledger string    // quoted audit ledger; "" for none
 	log    zerolog.Logger
+	// lastPos is the checkpoint row's position as this sink last read or wrote it (nil: no row
+	// yet). A checkpoint replaces it only while the row still holds it: a writer that lost the
+	// target to another (or was frozen while another ran) fails instead of moving the checkpoint
+	// back over the other's rows.
+	lastPos []byte
 
 	tx        pgx.Tx
 	tables    map[string]*targetTable // by source schema.table
@@ -123,8 +132,16 @@ func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string
 	s := &pgSink{target: target, source: source, id: id, schema: schema, tables: map[string]*targetTable{}, log: log,
 		cpName:         pgx.Identifier{"public", "tidemark_checkpoint"}.Sanitize(),
 		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
+	// One writer per checkpoint, before anything is read or written: a session lock, held until
+	// this connection ends (a crash releases it).
+	if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
+		return nil, nil, err
+	}
 	if _, err := target.Exec(ctx, fmt.Sprintf(checkpointDDL, s.cpName)); err != nil {
 		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
+	}
+	if _, err := target.Exec(ctx, fmt.Sprintf(checkpointColumns, s.cpName)); err != nil {
+		return nil, nil, fmt.Errorf("update the target's checkpoint table %s: %w", s.cpName, err)
 	}
 	if audit {
 		s.ledger = pgx.Identifier{"public", "tidemark_applied"}.Sanitize()
@@ -133,28 +150,72 @@ func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string
 		}
 	}
 	var raw []byte
-	err := target.QueryRow(ctx, `SELECT position FROM `+s.cpName+` WHERE id = $1`, id).Scan(&raw)
+	var recordedSchema string
+	err := target.QueryRow(ctx, `SELECT position, target_schema FROM `+s.cpName+` WHERE id = $1`, id).Scan(&raw, &recordedSchema)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil, nil
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("read the target's checkpoint: %w", err)
 	}
+	if recordedSchema != schema {
+		// The checkpoint says which tables are done where it was written: read into another
+		// schema, they would be skipped there.
+		return nil, nil, fmt.Errorf("the target's checkpoint %q was written for --target-schema %q, not %q: its tables are done in that schema only; run with --target-schema %q, or give this capture another --checkpoint-id (and a slot of its own) to start over in %q",
+			id, recordedSchema, schema, recordedSchema, schema)
+	}
 	var pos merge.Position
 	if err := json.Unmarshal(raw, &pos); err != nil {
 		return nil, nil, fmt.Errorf("the target's checkpoint %q is damaged (%w); delete its row from %s to start over", id, err, s.cpName)
 	}
+	s.lastPos = raw
 	return s, &pos, nil
+}
+
+// lock takes the target's session advisory lock named key for this connection, or says who
+// holds it. what names it in the message.
+func (s *pgSink) lock(ctx context.Context, key, what string) error {
+	var got bool
+	var holder *int32
+	err := s.target.QueryRow(ctx, `WITH k AS (SELECT hashtextextended('tidemark ' || $1, 0) AS k)
+		SELECT pg_try_advisory_lock(k.k), (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+			AND l.classid = ((k.k >> 32) & 4294967295)::bigint::oid AND l.objid = (k.k & 4294967295)::bigint::oid AND l.objsubid = 1 LIMIT 1)
+		FROM k`, key).Scan(&got, &holder)
+	if err != nil {
+		return fmt.Errorf("lock %s on the target: %w", what, err)
+	}
+	if !got {
+		pid := "another session"
+		if holder != nil {
+			pid = fmt.Sprintf("server process %d", *holder)
+		}
+		return fmt.Errorf("another tidemark sync is writing %s on the target (%s holds its lock): two writers would overwrite each other's rows and checkpoints; stop the other one first", what, pid)
+	}
+	return nil
+}
+
+// begin opens the target transaction. Its commit must be durable before the slot is confirmed
+// to the checkpoint it carries, whatever the target's synchronous_commit says.
+func (s *pgSink) begin(ctx context.Context) error {
+	if s.tx != nil {
+		return nil
+	}
+	tx, err := s.target.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin target transaction: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
+		_ = tx.Rollback(ctx)
+		return fmt.Errorf("begin target transaction: %w", err)
+	}
+	s.tx = tx
+	return nil
 }
 
 // Emit adds the events to the open target transaction's pending changes.
 func (s *pgSink) Emit(ctx context.Context, evs []merge.Event) error {
-	if s.tx == nil {
-		tx, err := s.target.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("begin target transaction: %w", err)
-		}
-		s.tx = tx
+	if err := s.begin(ctx); err != nil {
+		return err
 	}
 	for i := range evs {
 		ev := &evs[i]
@@ -258,12 +319,8 @@ func colsOf(ev *merge.Event) []replicator.Value {
 // Checkpoint applies the pending changes and the position in the open transaction, and
 // commits them together.
 func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
-	if s.tx == nil {
-		tx, err := s.target.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("begin target transaction: %w", err)
-		}
-		s.tx = tx
+	if err := s.begin(ctx); err != nil {
+		return err
 	}
 	if err := s.flush(ctx); err != nil {
 		return err
@@ -272,15 +329,29 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.tx.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at) VALUES ($1, $2, now())
-		ON CONFLICT (id) DO UPDATE SET position = EXCLUDED.position, updated_at = EXCLUDED.updated_at`, s.id, b); err != nil {
+	// The row moves only from the position this sink knows: had another writer moved it, this
+	// one's changes of the transaction are rolled back, not committed over the other's.
+	var tag pgconn.CommandTag
+	if s.lastPos == nil {
+		tag, err = s.tx.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
+			ON CONFLICT (id) DO NOTHING`, s.id, b, s.schema)
+	} else {
+		tag, err = s.tx.Exec(ctx, `UPDATE `+s.cpName+` SET position = $2, updated_at = now() WHERE id = $1 AND position = $3::jsonb`, s.id, b, s.lastPos)
+	}
+	if err != nil {
 		return fmt.Errorf("write the target's checkpoint: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		_ = s.tx.Rollback(ctx)
+		s.tx = nil
+		return fmt.Errorf("the target's checkpoint %q changed under this sync (another tidemark sync wrote it): this one's changes since its last checkpoint are rolled back; run one sync per checkpoint", s.id)
 	}
 	err = s.tx.Commit(ctx)
 	s.tx = nil
 	if err != nil {
 		return fmt.Errorf("commit target transaction: %w", err)
 	}
+	s.lastPos = b
 	return nil
 }
 
@@ -538,6 +609,10 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 		schema = s.schema
 	}
 	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}}
+	// One capture per target table, whatever its checkpoint: two would overwrite each other.
+	if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
+		return nil, err
+	}
 	for _, k := range c.Key {
 		t.key = append(t.key, c.Names[k])
 	}

@@ -118,7 +118,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		defer ps.Close(context.WithoutCancel(ctx))
 		sink, from = ps, pos
 	} else {
-		js, pos, err := openJSONL(*to, *checkpoint, pgjson.NewRegistry(srcConn))
+		js, pos, err := openJSONL(*to, *checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *slot) })
 		if err != nil {
 			return err
 		}
@@ -300,4 +300,22 @@ func withRebackfillHint(err error) error {
 		return fmt.Errorf("%w\nto start over from the slot, every table's output rebuilt, run the same command once with --rebackfill all", err)
 	}
 	return err
+}
+
+// slotIdle fails when another process streams from slot: a second capture of the same slot,
+// found before its output is touched.
+func slotIdle(ctx context.Context, conn *pgx.Conn, slot string) error {
+	var pid *int32
+	err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check replication slot %q: %w", slot, err)
+	}
+	p := int32(0)
+	if pid != nil {
+		p = *pid
+	}
+	return fmt.Errorf("replication slot %q is in use by server process %d: another tidemark sync (or another consumer) reads it; the output was not touched; stop the other one first", slot, p)
 }
