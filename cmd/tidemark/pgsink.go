@@ -89,9 +89,14 @@ type pgSink struct {
 
 // targetTable is a target table as the sink knows it.
 type targetTable struct {
-	ident   string          // quoted target name
-	cols    map[string]bool // columns the target has
-	key     []string        // key columns
+	ident   string            // quoted target name
+	cols    map[string]bool   // columns the target has
+	types   map[string]string // their types (format_type, with modifiers)
+	bases   map[string]string // their types without modifiers
+	key     []string          // key columns
+	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
+	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
+	overriding bool
 	stage   string          // quoted temporary staging table
 	batch   *tableBatch
 	columns *merge.Columns // the Columns the batch's rows have
@@ -237,7 +242,7 @@ func (s *pgSink) Emit(ctx context.Context, evs []merge.Event) error {
 			if err := s.flushTable(ctx, t); err != nil {
 				return err
 			}
-			if err := s.addColumns(ctx, t, ev.Columns); err != nil {
+			if err := s.reconcile(ctx, t, t.columns, ev.Columns); err != nil {
 				return err
 			}
 			t.columns = ev.Columns
@@ -486,7 +491,11 @@ func (s *pgSink) apply(ctx context.Context, b *tableBatch) error {
 		if len(sets) > 0 {
 			action = "DO UPDATE SET " + strings.Join(sets, ", ")
 		}
-		q := fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s ON CONFLICT (%s) %s", t.ident, strings.Join(quoted, ", "),
+		overriding := ""
+		if t.overriding {
+			overriding = " OVERRIDING SYSTEM VALUE"
+		}
+		q := fmt.Sprintf("INSERT INTO %s (%s)%s SELECT %s FROM %s ON CONFLICT (%s) %s", t.ident, strings.Join(quoted, ", "), overriding,
 			strings.Join(quoted, ", "), t.stage, strings.Join(conflict, ", "), action)
 		if _, err := s.tx.Exec(ctx, q); err != nil {
 			return fmt.Errorf("upsert %d rows into %s: %w", len(rows), t.ident, err)
@@ -608,7 +617,7 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 	if s.schema != "" {
 		schema = s.schema
 	}
-	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}}
+	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}}
 	// One capture per target table, whatever its checkpoint: two would overwrite each other.
 	if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
 		return nil, err
@@ -616,26 +625,22 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 	for _, k := range c.Key {
 		t.key = append(t.key, c.Names[k])
 	}
-	rows, err := s.tx.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, t.ident)
+	exists, err := s.readTarget(ctx, t)
 	if err != nil {
-		return nil, fmt.Errorf("read target table %s: %w", t.ident, err)
+		return nil, err
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read target table %s: %w", t.ident, err)
-	}
-	if len(names) == 0 {
+	if !exists {
 		if err := s.create(ctx, t, schema, c); err != nil {
 			return nil, err
 		}
 	} else {
-		for _, n := range names {
-			t.cols[n] = true
-		}
 		if err := s.checkKey(ctx, t); err != nil {
 			return nil, err
 		}
-		if err := s.addColumns(ctx, t, c); err != nil {
+		if err := s.checkConstraints(ctx, t); err != nil {
+			return nil, err
+		}
+		if err := s.reconcile(ctx, t, nil, c); err != nil {
 			return nil, err
 		}
 	}
@@ -693,7 +698,7 @@ func (s *pgSink) create(ctx context.Context, t *targetTable, schema string, c *m
 	var defs []string
 	for i, n := range c.Names {
 		defs = append(defs, pgx.Identifier{n}.Sanitize()+" "+types[i])
-		t.cols[n] = true
+		t.cols[n], t.types[n] = true, types[i]
 	}
 	var key []string
 	for _, k := range t.key {
@@ -707,36 +712,222 @@ func (s *pgSink) create(ctx context.Context, t *targetTable, schema string, c *m
 		return fmt.Errorf("create %s on the target (%s): %w; create the table, or the types it uses, on the target first", t.ident, ddl, err)
 	}
 	s.log.Info().Str("table", t.ident).Msg("target table created")
-	return nil
+	_, err = s.readTarget(ctx, t) // the types as the target names them
+	return err
 }
 
-// addColumns adds to the target the columns of c it lacks (a column added on the source).
-func (s *pgSink) addColumns(ctx context.Context, t *targetTable, c *merge.Columns) error {
-	var missing []int
-	for i, n := range c.Names {
-		if !t.cols[n] {
-			missing = append(missing, i)
+// readTarget reads an existing target table's columns and their types; it reports false when
+// there is no such table.
+func (s *pgSink) readTarget(ctx context.Context, t *targetTable) (bool, error) {
+	rows, err := s.tx.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod), format_type(atttypid, NULL), attidentity::text
+		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''`, t.ident)
+	if err != nil {
+		return false, fmt.Errorf("read target table %s: %w", t.ident, err)
+	}
+	defer rows.Close()
+	n := 0
+	var always []string // non-key columns GENERATED ALWAYS AS IDENTITY
+	for rows.Next() {
+		var name, typ, base, identity string
+		if err := rows.Scan(&name, &typ, &base, &identity); err != nil {
+			return false, fmt.Errorf("read target table %s: %w", t.ident, err)
+		}
+		n++
+		t.cols[name], t.types[name], t.bases[name] = true, typ, base
+		if identity == "a" {
+			if slices.Contains(t.key, name) {
+				t.overriding = true
+			} else {
+				always = append(always, name)
+			}
 		}
 	}
-	if len(missing) == 0 {
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("read target table %s: %w", t.ident, err)
+	}
+	if len(always) > 0 {
+		var fixes []string
+		for _, c := range always {
+			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s SET GENERATED BY DEFAULT;", t.ident, pgx.Identifier{c}.Sanitize()))
+		}
+		return false, fmt.Errorf("target table %s has columns GENERATED ALWAYS AS IDENTITY that are not its key (%s): an update cannot set them to the source's values; run %s",
+			t.ident, strings.Join(always, ", "), strings.Join(fixes, " "))
+	}
+	return n > 0, nil
+}
+
+// checkConstraints refuses a target table with foreign keys, from it or to it: the sink applies
+// each table's changes in its own order (deletes, then upserts) and backfills the tables one
+// after the other, committing at checkpoints in between, so a valid source state can violate
+// them on the target, and the capture would stop at an arbitrary point.
+func (s *pgSink) checkConstraints(ctx context.Context, t *targetTable) error {
+	rows, err := s.tx.Query(ctx, `SELECT conname::text, conrelid::regclass::text FROM pg_constraint
+		WHERE contype = 'f' AND (conrelid = to_regclass($1) OR confrelid = to_regclass($1)) ORDER BY conname`, t.ident)
+	if err != nil {
+		return fmt.Errorf("read the constraints of target table %s: %w", t.ident, err)
+	}
+	type fk struct{ name, table string }
+	var fks []fk
+	for rows.Next() {
+		var f fk
+		if err := rows.Scan(&f.name, &f.table); err != nil {
+			rows.Close()
+			return err
+		}
+		fks = append(fks, f)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(fks) == 0 {
 		return nil
 	}
+	var drops []string
+	for _, f := range fks {
+		drops = append(drops, fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s;", f.table, pgx.Identifier{f.name}.Sanitize()))
+	}
+	return fmt.Errorf("target table %s has a foreign key (%s): Tidemark applies each table's changes in its own order and backfills tables one after the other, so a valid source state could violate it on the target; drop it (%s), or sync into a schema of its own with --target-schema",
+		t.ident, fks[0].name, strings.Join(drops, " "))
+}
+
+// reconcile brings the target table to the source's columns c (before: the columns the rows had
+// until now, nil when the table is first met in this run), where that is safe, or stops with
+// the statements to run:
+//
+//   - a column of another type: the same type with other modifiers (numeric(12,2) to
+//     numeric(12,4), varchar(10) to varchar(20)) is altered on the target too; another type is
+//     not (the source's USING is unknown): the statement is printed;
+//   - a column the target lacks: added, with the value the source gives the rows it had (its
+//     non-volatile default, which PostgreSQL keeps without rewriting them); one whose existing
+//     rows got values no row event carries (a volatile default) stops the sync;
+//   - a column the target lacks while another the source no longer has is still there: a rename
+//     or a drop and an add cannot be told apart; both statements are printed;
+//   - a column the source dropped stays on the target, no longer maintained.
+func (s *pgSink) reconcile(ctx context.Context, t *targetTable, before, c *merge.Columns) error {
 	types, err := s.typeNames(ctx, c)
 	if err != nil {
 		return err
 	}
-	for _, i := range missing {
-		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.ident, pgx.Identifier{c.Names[i]}.Sanitize(), types[i])
-		if _, err := s.tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("add column %s to %s on the target: %w", c.Names[i], t.ident, err)
-		}
-		t.cols[c.Names[i]] = true
-		if t.stage != "" {
-			if _, err := s.tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.stage, pgx.Identifier{c.Names[i]}.Sanitize(), types[i])); err != nil {
-				return fmt.Errorf("add column %s to the staging table of %s: %w", c.Names[i], t.ident, err)
+	in := map[string]bool{}
+	var missing []int
+	for i, n := range c.Names {
+		in[n] = true
+		switch {
+		case !t.cols[n]:
+			missing = append(missing, i)
+		case t.types[n] != types[i]:
+			if err := s.alterType(ctx, t, c, i, types[i]); err != nil {
+				return err
 			}
 		}
-		s.log.Info().Str("table", t.ident).Str("column", c.Names[i]).Msg("target column added")
 	}
+	var gone []string // target columns the source does not have (any more)
+	for n := range t.cols {
+		if !in[n] {
+			gone = append(gone, n)
+		}
+	}
+	slices.Sort(gone)
+	if len(missing) > 0 && len(gone) > 0 {
+		var renames, adds []string
+		for _, g := range gone {
+			for _, i := range missing {
+				renames = append(renames, fmt.Sprintf("ALTER TABLE %s RENAME COLUMN %s TO %s;", t.ident, pgx.Identifier{g}.Sanitize(), pgx.Identifier{c.Names[i]}.Sanitize()))
+			}
+		}
+		for _, i := range missing {
+			adds = append(adds, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s;", t.ident, pgx.Identifier{c.Names[i]}.Sanitize(), types[i]))
+		}
+		var names []string
+		for _, i := range missing {
+			names = append(names, c.Names[i])
+		}
+		return fmt.Errorf("target table %s lacks the source's column(s) %s and has %s, which the source does not: a renamed column, or one dropped and another added? If renamed, run on the target: %s Otherwise: %s Then run the sync again",
+			t.ident, strings.Join(names, ", "), strings.Join(gone, ", "), strings.Join(renames, " "), strings.Join(adds, " "))
+	}
+	if len(gone) > 0 && before != nil {
+		for _, g := range gone {
+			if slices.Contains(before.Names, g) {
+				s.log.Warn().Str("table", t.ident).Str("column", g).Msg("the source dropped this column: the target keeps it, no longer maintained; drop it when it is not needed (a column added later on the source stops the sync until then, since it could be this one renamed)")
+			}
+		}
+	}
+	for _, i := range missing {
+		if err := s.addColumn(ctx, t, c, c.Names[i], types[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// alterType changes the type of column i on the target to the source's when only the modifiers
+// differ; otherwise it stops with the statement.
+func (s *pgSink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, i int, typ string) error {
+	name := c.Names[i]
+	var base string
+	if err := s.source.QueryRow(ctx, `SELECT format_type($1, NULL)`, c.Types[i]).Scan(&base); err != nil {
+		return fmt.Errorf("read the type of column %s of %s.%s on the source: %w", name, c.Schema, c.Table, err)
+	}
+	quoted := pgx.Identifier{name}.Sanitize()
+	if base != t.bases[name] {
+		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (ALTER TABLE %s ALTER COLUMN %s TYPE %s USING ...;), then run the sync again",
+			name, c.Schema, c.Table, typ, t.types[name], t.ident, t.ident, quoted, typ)
+	}
+	for _, tbl := range []string{t.ident, t.stage} {
+		if tbl == "" {
+			continue
+		}
+		if _, err := s.tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s", tbl, quoted, typ)); err != nil {
+			return fmt.Errorf("change column %s of %s on the target from %s to %s (as on the source): %w", name, tbl, t.types[name], typ, err)
+		}
+	}
+	s.log.Info().Str("table", t.ident).Str("column", name).Str("was", t.types[name]).Str("now", typ).Msg("target column type changed as on the source")
+	t.types[name] = typ
+	return nil
+}
+
+// addColumn adds a column of the source to the target, with the value the source's existing
+// rows have for it.
+func (s *pgSink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, name, typ string) error {
+	var hasDefault, hasMissing bool
+	var missing *string
+	err := s.source.QueryRow(ctx, `SELECT d.adbin IS NOT NULL, a.atthasmissing, a.attmissingval::text
+		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = to_regclass($1) AND a.attname = $2`, pgx.Identifier{c.Schema, c.Table}.Sanitize(), name).Scan(&hasDefault, &hasMissing, &missing)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read column %s of %s.%s on the source: %w", name, c.Schema, c.Table, err)
+	}
+	quoted := pgx.Identifier{name}.Sanitize()
+	def := ""
+	switch {
+	case hasMissing && missing != nil:
+		// The value the source's rows had when the column was added, in its text form.
+		var val *string
+		if err := s.source.QueryRow(ctx, fmt.Sprintf(`SELECT ($1::text::%s[])[1]::text`, typ), *missing).Scan(&val); err != nil {
+			return fmt.Errorf("read the value column %s of %s.%s gives existing rows on the source: %w", name, c.Schema, c.Table, err)
+		}
+		if val != nil {
+			def = " DEFAULT " + quoteLiteral(*val) + "::" + typ
+		}
+	case hasDefault:
+		return fmt.Errorf("column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (ALTER TABLE %s ADD COLUMN %s %s;) and re-backfill the table (--rebackfill %s.%s)",
+			name, c.Schema, c.Table, t.ident, t.ident, quoted, typ, c.Schema, c.Table)
+	}
+	if _, err := s.tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s%s", t.ident, quoted, typ, def)); err != nil {
+		return fmt.Errorf("add column %s to %s on the target: %w", name, t.ident, err)
+	}
+	if t.stage != "" {
+		if _, err := s.tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.stage, quoted, typ)); err != nil {
+			return fmt.Errorf("add column %s to the staging table of %s: %w", name, t.ident, err)
+		}
+	}
+	t.cols[name], t.types[name] = true, typ
+	var base string
+	if err := s.tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`,
+		t.ident, name).Scan(&base); err != nil {
+		return fmt.Errorf("read column %s of %s on the target: %w", name, t.ident, err)
+	}
+	t.bases[name] = base
+	s.log.Info().Str("table", t.ident).Str("column", name).Msg("target column added")
 	return nil
 }

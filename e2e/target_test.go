@@ -1,0 +1,105 @@
+package e2e_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// syncTarget runs `tidemark sync` of tables into the target until caught up.
+func syncTarget(t *testing.T, db *e2e.TestDB, tgt, tables string) error {
+	t.Helper()
+	_, err := runSyncTo(t, db, tgt, "--tables", tables, "--stop-when-caught-up", "--quiet")
+	return err
+}
+
+// targetEquals checks that the target's table equals the source's.
+func targetEquals(t *testing.T, db *e2e.TestDB, tgt, table string) {
+	t.Helper()
+	ctx := context.Background()
+	src, err := e2e.SourceRows(ctx, db.DSN, "public", table, []string{"id"})
+	require.NoError(t, err)
+	dst, err := e2e.SourceRows(ctx, tgt, "public", table, []string{"id"})
+	require.NoError(t, err)
+	require.Empty(t, e2e.Diff(dst, src), "target table %s", table)
+}
+
+// TestTargetFollowsColumnChanges: the source's schema changes reach the PostgreSQL target where
+// that is safe, or stop the sync with the statement to run; the target never diverges silently.
+func TestTargetFollowsColumnChanges(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, amount numeric(12,2), v text)`)
+	db.Exec(`INSERT INTO t SELECT g, g * 1.25, 'v' || g FROM generate_series(1, 20) g`)
+	tgt := targetDB(t, db)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	conn, err := pgxConnect(context.Background(), tgt)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+
+	// A wider type: the target's column follows (it kept 2 decimals and rounded 1.2345).
+	db.Exec(`ALTER TABLE t ALTER COLUMN amount TYPE numeric(12,4)`)
+	db.Exec(`UPDATE t SET amount = 1.2345 WHERE id = 1`)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	targetEquals(t, db, tgt, "t")
+
+	// A column added with a default: rows that existed get the default on the source without a
+	// row event; the target's column gets them too.
+	db.Exec(`ALTER TABLE t ADD COLUMN c int DEFAULT 7`)
+	db.Exec(`UPDATE t SET v = 'changed' WHERE id = 2`)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	targetEquals(t, db, tgt, "t")
+
+	// A renamed column: the target cannot tell it from a column dropped and another added; the
+	// sync stops with both statements, and goes on once the operator ran the right one.
+	db.Exec(`ALTER TABLE t RENAME COLUMN v TO label`)
+	db.Exec(`UPDATE t SET label = 'renamed' WHERE id = 3`)
+	err = syncTarget(t, db, tgt, "public.t")
+	require.Error(t, err)
+	require.ErrorContains(t, err, `RENAME COLUMN "v" TO "label"`)
+	_, err = conn.Exec(context.Background(), `ALTER TABLE t RENAME COLUMN v TO label`)
+	require.NoError(t, err)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	targetEquals(t, db, tgt, "t")
+
+	// A type the target cannot take over by itself (the source's USING is unknown): the sync
+	// stops with the statement.
+	db.Exec(`ALTER TABLE t ALTER COLUMN label TYPE int USING length(label)`)
+	db.Exec(`UPDATE t SET label = 42 WHERE id = 4`)
+	err = syncTarget(t, db, tgt, "public.t")
+	require.Error(t, err)
+	require.ErrorContains(t, err, `ALTER COLUMN "label" TYPE integer`)
+}
+
+// TestPrecreatedTargets: a target made with `pg_dump -s` of the source has a key GENERATED
+// ALWAYS AS IDENTITY, which takes the source's values (OVERRIDING SYSTEM VALUE); a foreign key
+// on the target is refused with the reason (tables are applied in the capture's order, and
+// backfilled one after the other).
+func TestPrecreatedTargets(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO t (v) SELECT 'v' || g FROM generate_series(1, 20) g`)
+	tgt := targetDB(t, db)
+	conn, err := pgxConnect(context.Background(), tgt)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), `CREATE TABLE t (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)`)
+	require.NoError(t, err)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	db.Exec(`INSERT INTO t (v) VALUES ('streamed')`)
+	db.Exec(`UPDATE t SET v = 'changed' WHERE id = 3`)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	targetEquals(t, db, tgt, "t")
+
+	db.Exec(`CREATE TABLE parent (id int PRIMARY KEY)`)
+	db.Exec(`CREATE TABLE child (id int PRIMARY KEY, parent int)`)
+	db.Exec(`INSERT INTO parent VALUES (1), (2)`)
+	db.Exec(`INSERT INTO child VALUES (1, 1), (2, 2)`)
+	_, err = conn.Exec(context.Background(), `CREATE TABLE parent (id int PRIMARY KEY); CREATE TABLE child (id int PRIMARY KEY, parent int REFERENCES parent)`)
+	require.NoError(t, err)
+	err = syncTarget(t, db, tgt, "public.parent,public.child")
+	require.Error(t, err)
+	require.ErrorContains(t, err, "foreign key")
+}
