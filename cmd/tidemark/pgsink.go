@@ -89,17 +89,17 @@ type pgSink struct {
 
 // targetTable is a target table as the sink knows it.
 type targetTable struct {
-	ident   string            // quoted target name
-	cols    map[string]bool   // columns the target has
-	types   map[string]string // their types (format_type, with modifiers)
-	bases   map[string]string // their types without modifiers
-	key     []string          // key columns
+	ident string            // quoted target name
+	cols  map[string]bool   // columns the target has
+	types map[string]string // their types (format_type, with modifiers)
+	bases map[string]string // their types without modifiers
+	key   []string          // key columns
 	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
 	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
 	overriding bool
-	stage   string          // quoted temporary staging table
-	batch   *tableBatch
-	columns *merge.Columns // the Columns the batch's rows have
+	stage      string // quoted temporary staging table
+	batch      *tableBatch
+	columns    *merge.Columns // the Columns the batch's rows have
 	// skipDirect counts the batches that go through the staging table before a direct copy is
 	// tried again, after directFails failed in a row on a key the target already had.
 	skipDirect, directFails int
