@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Config configures a Reader.
@@ -66,6 +67,7 @@ type Chunk struct {
 	Snapshot Snapshot // the chunk's snapshot
 	Bytes    int      // total size of the values
 	Capped   bool     // the chunk ended at Config.MaxBytes, before its row limit
+	Upper    []string // First: the backfill's upper bound, read in the chunk's snapshot; nil: the table is empty
 }
 
 // Reader reads chunks on a query connection it does not own.
@@ -84,25 +86,47 @@ func NewReader(conn *pgx.Conn, cfg Config) (*Reader, error) {
 	return &Reader{conn: conn, cfg: cfg, rowBytes: map[uint32]int{}}, nil
 }
 
-// MaxKey returns the table's last key in key order (text values), or nil when it is empty. A
-// backfill captures it once at its start and never reads past it, so rows inserted later, which
-// the stream carries, cannot stretch the backfill.
-func (r *Reader) MaxKey(ctx context.Context, t *Table) ([]string, error) {
-	var key []string
-	err := r.inTx(ctx, func(ctx context.Context) error {
+// First reads the first chunk of t's backfill: in one transaction, under one snapshot, the
+// table's last key in key order (Chunk.Upper: the backfill's upper bound from then on; nil when
+// the table is empty) and the chunk up to it. The backfill never reads past that bound, so rows
+// inserted later, which the stream carries, cannot stretch it (I15). Reading the bound with the
+// chunk puts it under the chunk's snapshot, which the visibility guard checks (I11): a bound read
+// apart could miss a row whose commit the stream showed before the window and the snapshot did
+// not yet see.
+func (r *Reader) First(ctx context.Context, t *Table, limit int) (*Chunk, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("chunk limit %d: must be positive", limit)
+	}
+	c := &Chunk{Table: t}
+	err := r.inTx(ctx, t, func(ctx context.Context) error {
+		snap, err := r.snapshot(ctx, t)
+		if err != nil {
+			return err
+		}
+		c.Snapshot = snap
 		rr := r.conn.PgConn().ExecParams(ctx, MaxKeySQL(t), nil, nil, nil, nil)
 		for rr.NextRow() {
 			for _, v := range rr.Values() {
-				key = append(key, string(v))
+				c.Upper = append(c.Upper, string(v))
 			}
 		}
-		_, err := rr.Close()
-		return err
+		if _, err := rr.Close(); err != nil {
+			return err
+		}
+		if c.Upper == nil {
+			return nil // empty
+		}
+		args, err := boundArgs(t, nil, c.Upper)
+		if err != nil {
+			return err
+		}
+		return r.readRows(ctx, ChunkSQL(t, false, true, limit), args, c, limit)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read last key of %s: %w", t, err)
+		return nil, fmt.Errorf("read the first chunk of %s: %w", t, err)
 	}
-	return key, nil
+	c.Done = len(c.Rows) < limit && !c.Capped
+	return c, nil
 }
 
 // Next reads the chunk of t after the exclusive bound after (nil: from the start) up to the
@@ -118,7 +142,7 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 		return nil, err
 	}
 	c := &Chunk{Table: t, After: after}
-	err = r.inTx(ctx, func(ctx context.Context) error {
+	err = r.inTx(ctx, t, func(ctx context.Context) error {
 		snap, err := r.snapshot(ctx, t)
 		if err != nil {
 			return err
@@ -158,7 +182,7 @@ func (r *Reader) Explain(ctx context.Context, t *Table, after, upper []string, l
 		return "", err
 	}
 	var plan []string
-	err = r.inTx(ctx, func(ctx context.Context) error {
+	err = r.inTx(ctx, t, func(ctx context.Context) error {
 		res := r.conn.PgConn().ExecParams(ctx, "EXPLAIN "+ChunkSQL(t, after != nil, upper != nil, limit), args, nil, nil, nil).Read()
 		if res.Err != nil {
 			return res.Err
@@ -183,7 +207,7 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 		}
 	}
 	c := &Chunk{Table: t, Done: true}
-	err := r.inTx(ctx, func(ctx context.Context) error {
+	err := r.inTx(ctx, t, func(ctx context.Context) error {
 		snap, err := r.snapshot(ctx, t)
 		if err != nil {
 			return err
@@ -198,14 +222,22 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 }
 
 // inTx runs fn in a short REPEATABLE READ READ ONLY transaction with the statement and lock
-// timeouts.
+// timeouts, once it holds t's ACCESS SHARE lock.
+//
+// The lock comes first, before anything takes the transaction's snapshot (LOCK takes none): a
+// table-rewriting ALTER (ALTER COLUMN ... TYPE, a volatile default, SET ACCESS METHOD) that
+// commits while the chunk waits for its lock writes a new copy of the table whose rows carry the
+// ALTER's transaction id, and a snapshot taken before it commits sees none of them (rewrites are
+// not MVCC-safe): the chunk would read an empty table and end the backfill. Taken after the lock,
+// the snapshot sees the rewrite, and the column check that follows sends the chunk back to
+// discovery.
 //
 // enable_sort is off in it: a chunk must come from the key's index in key order. Without
 // statistics (a table just loaded, not analyzed yet) the planner guesses that a key range holds
 // 0.5% of the table, fewer rows than a chunk, and prefers to read the whole rest of the range and
 // sort it, for every chunk. The setting only makes a sort the last resort: a key whose index
 // order differs from the ORDER BY (an index with another collation) is still sorted.
-func (r *Reader) inTx(ctx context.Context, fn func(context.Context) error) (err error) {
+func (r *Reader) inTx(ctx context.Context, t *Table, fn func(context.Context) error) (err error) {
 	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SET LOCAL enable_sort = off",
 		r.cfg.StatementTimeout.Milliseconds(), r.cfg.LockTimeout.Milliseconds())
 	if _, err := r.conn.PgConn().Exec(ctx, begin).ReadAll(); err != nil {
@@ -220,6 +252,13 @@ func (r *Reader) inTx(ctx context.Context, fn func(context.Context) error) (err 
 			err = cerr
 		}
 	}()
+	if _, err := r.conn.PgConn().Exec(ctx, "LOCK TABLE "+t.Ident()+" IN ACCESS SHARE MODE").ReadAll(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: renamed or dropped
+			return fmt.Errorf("%w: %s: %w", ErrSchemaChanged, t, err)
+		}
+		return err
+	}
 	return fn(ctx)
 }
 

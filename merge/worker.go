@@ -212,19 +212,13 @@ func (w *worker) hook(ctx context.Context, h func(context.Context, int64), id in
 	}
 }
 
-// chunk runs the next range chunk of t to its verdict.
+// chunk runs the next range chunk of t to its verdict. The first chunk of a backfill also reads
+// its upper bound, in the chunk's own snapshot (chunker.Reader.First).
 func (w *worker) chunk(ctx context.Context, t *workTable) error {
 	if t.progress.MaxKey == nil {
-		maxKey, err := w.reader.MaxKey(ctx, t.table)
-		if err != nil {
-			return w.retry(ctx, t, err)
-		}
-		if maxKey == nil {
-			w.log.Info().Str("table", t.name).Msg("table is empty: backfill done")
-			t.progress.Done = true
-			return w.send(ctx, emptyTable{table: t.name})
-		}
-		t.progress.MaxKey = maxKey
+		return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
+			return w.reader.First(ctx, t.table, w.limit)
+		})
 	}
 	return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
@@ -281,7 +275,11 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 		return w.withdraw(ctx, t, id, err)
 	}
 	w.selectTime += time.Since(start)
-	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: t.progress.MaxKey, keys: keys, refresh: refresh}); err != nil {
+	maxKey := t.progress.MaxKey
+	if maxKey == nil {
+		maxKey = c.Upper
+	}
+	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: maxKey, keys: keys, refresh: refresh}); err != nil {
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)

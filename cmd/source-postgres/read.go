@@ -423,25 +423,26 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 	}
 	fr := st.fr
 	r.mu.Unlock()
-	if fr.MaxKey == nil {
-		max, err := reader.MaxKey(ctx, t)
-		if err != nil {
-			return err
-		}
-		if max == nil {
-			r.mu.Lock()
-			fr.Done = true
-			r.mu.Unlock()
-			return r.emitState()
-		}
-		r.mu.Lock()
-		fr.MaxKey = max
-		r.mu.Unlock()
-	}
 	enc := newRowEncoder(r.types, st)
 	var buf []byte
 	for {
-		chunk, err := reader.Next(ctx, t, fr.Cursor, fr.MaxKey, r.s.cfg.BackfillChunkSize)
+		var chunk *chunker.Chunk
+		if fr.MaxKey == nil {
+			// The first chunk reads the upper bound too (nil: the table is empty).
+			if chunk, err = reader.First(ctx, t, r.s.cfg.BackfillChunkSize); err == nil {
+				r.mu.Lock()
+				fr.MaxKey = chunk.Upper
+				r.mu.Unlock()
+				if chunk.Upper == nil {
+					r.mu.Lock()
+					fr.Done = true
+					r.mu.Unlock()
+					return r.emitState()
+				}
+			}
+		} else {
+			chunk, err = reader.Next(ctx, t, fr.Cursor, fr.MaxKey, r.s.cfg.BackfillChunkSize)
+		}
 		if errors.Is(err, chunker.ErrSchemaChanged) {
 			if t, err = chunker.Discover(ctx, r.conn, st.schema, st.name, nil, ""); err != nil {
 				return err
