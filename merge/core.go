@@ -495,8 +495,10 @@ func (c *core) queueReread(ts *tableState, t replicator.Tuple, key []byte) {
 		p := ts.progress
 		p.Reread, p.Cursor, p.MaxKey, p.Done = nil, nil, nil, false
 		ts.indexRereads()
-		for _, w := range ts.open {
-			if w.dirty == nil {
+		// Every window of the table, open or not yet (registered, its low watermark still to
+		// come), was asked for under the old progress.
+		for _, w := range c.windows {
+			if w.ts == ts && w.dirty == nil {
 				w.dirty = errRestarted
 			}
 		}
@@ -676,6 +678,12 @@ func (c *core) high(w *window) {
 		// The stream described the table anew inside the window, and not as the chunk read it.
 		c.end(w, errSchema, true)
 		return
+	case w.keys == nil && !slices.Equal(w.chunk.After, w.ts.progress.Cursor):
+		// A range chunk read from another cursor than the table's (its backfill started over
+		// after the chunk was asked for): completing it would move the cursor past rows the
+		// new backfill has not read.
+		c.end(w, errRestarted, false)
+		return
 	case !c.noGuard && c.guard.violated(w.chunk.Snapshot, w.lLSN):
 		c.end(w, errVisibility, false)
 		return
@@ -708,13 +716,23 @@ func (c *core) high(w *window) {
 		// A key-list chunk: its keys are no longer pending, save those whose last change inside
 		// the window lacked unchanged TOASTed values. Such a key may have no row in the chunk
 		// (re-created after the SELECT) and still need one.
+		// A chunk that stopped at the byte bound read only the keys of its rows: the others
+		// stay (a key absent from it may be one it did not reach).
+		var read map[string]bool
+		if w.chunk.Capped {
+			read = make(map[string]bool, len(w.rowKeys))
+			for _, k := range w.rowKeys {
+				read[string(k)] = true
+			}
+		}
 		done := w.keys[:0:0]
 		for _, k := range w.keys {
 			vals := make([][]byte, len(k))
 			for i, v := range k {
 				vals[i] = []byte(v)
 			}
-			if key, err := t.AppendKey(nil, vals); err == nil && w.touched[string(key)] {
+			key, err := t.AppendKey(nil, vals)
+			if err == nil && (w.touched[string(key)] || read != nil && !read[string(key)]) {
 				continue
 			}
 			done = append(done, k)

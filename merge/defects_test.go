@@ -321,3 +321,52 @@ func TestXIDsJSON(t *testing.T) {
 	require.Empty(t, out)
 	require.Error(t, json.Unmarshal([]byte(`"9-5"`), &out))
 }
+
+// TestBackfillRestartBeatsChunkInFlight: a table whose rows to read again pass maxRereads starts
+// its backfill over; a range chunk registered before that (its low watermark not yet streamed,
+// or read from the worker's older progress) must not complete into the reset progress, which
+// would move the cursor past rows whose updates were dropped with the list. Found by an
+// adversarial review.
+func TestBackfillRestartBeatsChunkInFlight(t *testing.T) {
+	prog := map[string]*TableProgress{"public.t": {Key: []string{"id"}, Cursor: []string{"100"}, MaxKey: []string{"500000"}}}
+	r := newCoreRun(t, prog, toastTable)
+	r.c.rereadPartial = true
+	r.must(toastRel)
+	r.must(register{id: 7, table: "public.t"})
+	var chs []*replicator.Change
+	for k := 1; k <= maxRereads+1; k++ {
+		chs = append(chs, upd(toastRel, nil, text(strconv.Itoa(k)), unchanged))
+	}
+	r.mustTxn(chs...)
+	require.Nil(t, r.c.tables["public.t"].progress.Cursor, "the backfill starts over")
+	r.mark(7, watermark.Low)
+	var rows []chunker.Row
+	for k := 101; k <= 110; k++ {
+		rows = append(rows, chunker.Row{[]byte(strconv.Itoa(k)), []byte("whole")})
+	}
+	c := &chunker.Chunk{Table: toastTable, After: []string{"100"}, Rows: rows, Last: []string{"110"}, Snapshot: chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}}
+	r.must(handover{id: 7, chunk: c, maxKey: []string{"500000"}})
+	r.mark(7, watermark.High)
+	require.Len(t, r.verdicts, 1)
+	require.False(t, r.verdicts[0].completed)
+	require.Nil(t, r.c.tables["public.t"].progress.Cursor, "the cursor stays at the start")
+}
+
+// TestCappedKeyListKeepsUnreadKeys: a key-list chunk that stops at the byte bound read only
+// some of its keys; the others stay to be read, or their withheld updates are lost. Found by an
+// adversarial review.
+func TestCappedKeyListKeepsUnreadKeys(t *testing.T) {
+	pending := map[string]*TableProgress{"public.t": {Done: true, Key: []string{"id"}, Reread: [][]string{{"1"}, {"2"}, {"3"}}}}
+	r := newCoreRun(t, pending, toastTable)
+	r.c.rereadPartial = true
+	r.must(toastRel)
+	r.must(register{id: 1, table: "public.t"})
+	r.mark(1, watermark.Low)
+	c := &chunker.Chunk{Table: toastTable, Done: true, Capped: true, Rows: []chunker.Row{{[]byte("1"), []byte("whole")}}, Last: []string{"1"},
+		Snapshot: chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}}
+	r.must(handover{id: 1, chunk: c, keys: [][]string{{"1"}, {"2"}, {"3"}}})
+	r.mark(1, watermark.High)
+	require.Len(t, r.verdicts, 1)
+	require.True(t, r.verdicts[0].completed)
+	require.ElementsMatch(t, [][]string{{"2"}, {"3"}}, r.c.tables["public.t"].progress.Reread)
+}
