@@ -155,6 +155,7 @@ type core struct {
 	rereadGen int       // counts changes of any table's pending re-reads, for the idle worker
 	notices   []string  // things the merge loop logs (a renamed table followed)
 
+	maxRereads    int  // maxRereads, lower in the model test
 	noGuard       bool // chaos switch: skip the visibility guard
 	noEviction    bool // chaos switch: never evict chunk rows
 	rereadPartial bool // Config.RereadPartial
@@ -162,7 +163,7 @@ type core struct {
 
 func newCore(marks watermark.Config, pos *Position, tables map[string]*chunker.Table) *core {
 	c := &core{marks: marks, tables: map[string]*tableState{}, byOID: map[uint32]*tableState{}, windows: map[int64]*window{}, pos: pos,
-		chunkCols: map[*chunker.Table]*Columns{}, guard: guard{max: 1 << 20}}
+		chunkCols: map[*chunker.Table]*Columns{}, guard: guard{max: 1 << 20}, maxRereads: maxRereads}
 	if pos.Invisible != nil {
 		c.guard.seed(*pos.Invisible)
 	}
@@ -489,9 +490,9 @@ func (c *core) queueReread(ts *tableState, t replicator.Tuple, key []byte) {
 	ts.progress.Reread = append(ts.progress.Reread, vals)
 	c.rereadsChanged()
 	c.fences = c.fences[:0] // a bounded run is not caught up until the row is read
-	if len(ts.progress.Reread) > maxRereads {
+	if len(ts.progress.Reread) > c.maxRereads {
 		c.notices = append(c.notices, fmt.Sprintf("%s: more than %d rows wait to be read again whole (changes that left TOASTed values out): its backfill starts again from the beginning instead; REPLICA IDENTITY FULL avoids this",
-			ts.name, maxRereads))
+			ts.name, c.maxRereads))
 		p := ts.progress
 		p.Reread, p.Cursor, p.MaxKey, p.Done = nil, nil, nil, false
 		ts.indexRereads()
