@@ -184,7 +184,7 @@ func (e *Engine) discover(ctx context.Context, conn *pgx.Conn, from *Position) (
 			case p == nil || p.Refresh:
 			case errors.Is(err, chunker.ErrNoTable) && p.OID != 0:
 				if schema, now, nerr := chunker.NameOf(ctx, conn, p.OID); nerr == nil {
-					err = fmt.Errorf("%w; the table captured as %s (OID %d) is now %s.%s: capture it under that name (its progress carries over)", err, name, p.OID, schema, now)
+					err = fmt.Errorf("%w; the table captured as %s (OID %d) is now %s.%s: rename it back, or capture it under its new name (a new output: it is backfilled under that name)", err, name, p.OID, schema, now)
 				}
 			case errors.Is(err, chunker.ErrNotPublished):
 				err = fmt.Errorf("%w: %w; it was captured, so its changes since it left the publication are not in the slot: add it back, then re-backfill it", ErrPublicationChanged, err)
@@ -198,25 +198,12 @@ func (e *Engine) discover(ctx context.Context, conn *pgx.Conn, from *Position) (
 }
 
 // reconcile fits the position's tables to the configured ones: progress of tables no longer
-// captured goes (a renamed table's carries over to its new name), a table whose key changed
-// starts over, and a captured table must still be the same table (OID) with the same membership
-// of the publication, unless a refresh was asked for. resync starts every table over.
+// captured goes, a table whose key changed stops the run, and a captured table must still be the
+// same table (OID) with the same membership of the publication and the same partitions, unless a
+// refresh was asked for. resync starts every table over.
 func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, tables map[string]*chunker.Table, resync bool) error {
-	byOID := map[uint32]string{}
-	for name, p := range pos.Tables {
-		if tables[name] == nil && p.OID != 0 {
-			byOID[p.OID] = name
-		}
-	}
-	for name, t := range tables {
-		if pos.Tables[name] != nil {
-			continue
-		}
-		if old, ok := byOID[t.OID]; ok {
-			e.log.Info().Str("table", name).Str("was", old).Msg("the table was renamed: its progress carries over")
-			pos.Tables[name] = pos.Tables[old]
-		}
-	}
+	// A table captured under a new name (renamed) is a new output: its progress under the old
+	// name does not carry over, or its new output would lack the rows backfilled under the old.
 	for name := range pos.Tables {
 		if tables[name] == nil {
 			delete(pos.Tables, name) // no longer captured

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -142,8 +143,12 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 	return err
 }
 
-// resolve finds which configured streams' tables exist; a missing one is reported and skipped.
+// resolve checks that every configured stream's table exists. A missing one fails the read with
+// a config error: going on with the other streams would move the state's position past the
+// missing table's changes (a table renamed away and back would then resume as if nothing had
+// happened), and a stream reported COMPLETE without its data would mislead.
 func (s *source) resolve(ctx context.Context, conn *pgx.Conn, streams []*readStream) error {
+	var missing []string
 	for _, st := range streams {
 		var ok bool
 		if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{st.schema, st.name}.Sanitize()).Scan(&ok); err != nil {
@@ -151,8 +156,11 @@ func (s *source) resolve(ctx context.Context, conn *pgx.Conn, streams []*readStr
 		}
 		st.exists = ok
 		if !ok {
-			s.log.Warn().Str("stream", st.key()).Msg("the table of this stream no longer exists (or this role cannot see it); nothing is read for it: refresh the source schema")
+			missing = append(missing, st.key())
 		}
+	}
+	if len(missing) > 0 {
+		return configErrorf("the table of stream(s) %s no longer exists (dropped or renamed), or this role cannot see it: nothing is read, so that no change of it is passed over; refresh the source schema and remove the stream from the connection, rename the table back, or grant SELECT", strings.Join(missing, ", "))
 	}
 	return nil
 }

@@ -60,3 +60,29 @@ func withoutStream(t *testing.T, state []byte, name string) []byte {
 	g["stream_states"] = kept
 	return mustJSON(t, msgs)
 }
+
+// TestMissingTableStopsTheRead: a configured stream whose table is gone (dropped, or renamed away
+// for a while) fails the read with a config error naming it; the read does not go on with the
+// other streams while the state moves past the missing one's changes (renamed back, it would
+// resume as if nothing had happened: an update and a delete lost). Found by an adversarial review.
+func TestMissingTableStopsTheRead(t *testing.T) {
+	e := ordersEnv(t, 20)
+	e.db.Exec(`CREATE TABLE items (id int PRIMARY KEY, v text)`)
+	e.db.Exec(`ALTER PUBLICATION ` + e.db.Publication + ` ADD TABLE items`)
+	cat := e.catalog("public.orders", "public.items")
+	r1 := e.read(cat, nil)
+	s1 := r1.lastState(t)
+	e.db.Exec(`ALTER TABLE orders RENAME TO orders_tmp`)
+	e.db.Exec(`UPDATE orders_tmp SET v = 'changed' WHERE id = 1`)
+	e.db.Exec(`DELETE FROM orders_tmp WHERE id = 2`)
+	e.db.Exec(`INSERT INTO items VALUES (1, 'x')`)
+	failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", s1))
+	require.NotEqual(t, 0, failed.code)
+	errs := failed.traces("ERROR")
+	require.Len(t, errs, 1)
+	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
+	require.Contains(t, errs[0].str("trace", "error", "message"), "public.orders")
+	e.db.Exec(`ALTER TABLE orders_tmp RENAME TO orders`)
+	r3 := e.read(cat, s1)
+	replayEqualsSource(t, e, "public.orders", "id", r1, r3)
+}
