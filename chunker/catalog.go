@@ -102,17 +102,24 @@ func Partitions(ctx context.Context, conn *pgx.Conn, oid uint32) ([]uint32, erro
 	return parts, nil
 }
 
-// Invisible returns the transactions that hold their own transaction id's lock and are not
-// visible to a snapshot taken now (their low 32 bits, as the stream's xids), with that snapshot.
-// They are the running transactions, and the ones committed but not yet visible: a transaction
-// that waits for a synchronous standby after its commit record was flushed is committed in the
-// commit log, but PostgreSQL reports it in progress until it leaves the process array, so the
-// two cannot be told apart from SQL. pg_locks shows every role every transaction id lock.
+// Invisible returns the transactions that may be committed but not yet visible to a snapshot
+// taken now (their low 32 bits, as the stream's xids), with that snapshot: those that hold their
+// own transaction id's lock, are invisible to the snapshot, and are not known to be still
+// running. A transaction that waits for a synchronous standby after its commit record was flushed
+// is committed in the commit log, but PostgreSQL reports it in progress until it leaves the
+// process array (pg_xact_status too); pg_locks shows every role every transaction id lock, and
+// pg_stat_activity shows which backends wait for a standby, for the roles this one may see.
 func Invisible(ctx context.Context, conn *pgx.Conn) ([]uint32, Snapshot, error) {
 	var snapText string
 	var held []string
+	// A prepared transaction holds its lock without a backend: it has not committed (COMMIT
+	// PREPARED will be streamed). A backend this role may see that is not waiting for a
+	// synchronous standby (idle in transaction, running a statement) has not committed either.
+	// The rest may have: a backend waiting for a standby, or one this role may not see.
 	err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text,
-		coalesce((SELECT array_agg(DISTINCT transactionid::text) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted), '{}')`).
+		coalesce((SELECT array_agg(DISTINCT l.transactionid::text) FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid IS NOT NULL
+			AND (a.state IS NULL OR a.wait_event IS NOT DISTINCT FROM 'SyncRep')), '{}')`).
 		Scan(&snapText, &held)
 	if err != nil {
 		return nil, Snapshot{}, fmt.Errorf("read the running transactions: %w", err)

@@ -538,3 +538,41 @@ func TestWideRereadsAcrossChunks(t *testing.T) {
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()))
 	verify(t, db, sink, "public.t", "id")
 }
+
+// TestFirstRunBesideIdleTransaction: a first run on a server with synchronous standbys starts its
+// guard with the transactions that may have committed before the slot's consistent point without
+// being visible yet; a transaction idle in its session (an xid, no commit) is not one of them,
+// and must not hold the backfill until it ends. Found by an adversarial review.
+func TestFirstRunBesideIdleTransaction(t *testing.T) {
+	if server == nil || server.Kind() == e2e.External {
+		t.Skip("changes synchronous_standby_names on the server")
+	}
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 30, 1)
+	db.Exec(`CREATE TABLE other (id int)`)
+	admin := db.Connect()
+	ctx := context.Background()
+	db.Exec(`ALTER DATABASE ` + db.Name + ` SET synchronous_commit = local`)
+	setSync := func(names string) {
+		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { setSync("") })
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	idle := db.Connect()
+	_, err := idle.Exec(ctx, `BEGIN; INSERT INTO other VALUES (1)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = idle.Exec(context.Background(), `ROLLBACK`) })
+	setSync("nonexistent_standby")
+	time.Sleep(200 * time.Millisecond)
+	cfg := engineConfig(db, "public.t")
+	cfg.Source.CreateSlot = false
+	cfg.WatermarkTimeout = 200 * time.Millisecond
+	eng, err := merge.New(cfg, newMemSink(), testLogger(t))
+	require.NoError(t, err)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, eng.Run(rctx, nil), "the backfill finished beside the idle transaction")
+}

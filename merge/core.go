@@ -685,8 +685,7 @@ func (c *core) high(w *window) {
 		// new backfill has not read.
 		c.end(w, errRestarted, false)
 		return
-	case !c.noGuard && c.guard.violated(w.chunk.Snapshot, w.lLSN):
-		c.end(w, errVisibility, false)
+	case !c.noGuard && c.guardViolated(w):
 		return
 	}
 	cols := c.columnsOf(w)
@@ -767,6 +766,21 @@ func (c *core) high(w *window) {
 	p.Rows += int64(emitted)
 	c.remove(w)
 	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted, gen: c.rereadGen})
+}
+
+// guardViolated ends w when a transaction that committed before its low watermark is invisible
+// to its snapshot, naming the transaction (an operator can look it up in pg_stat_activity).
+func (c *core) guardViolated(w *window) bool {
+	bad, xid := c.guard.violated(w.chunk.Snapshot, w.lLSN)
+	if !bad {
+		return false
+	}
+	reason := errVisibility
+	if xid != 0 {
+		reason = fmt.Errorf("%w: transaction %d (committed, not yet visible: a synchronous standby that does not answer? see pg_stat_activity.backend_xid)", errVisibility, xid)
+	}
+	c.end(w, reason, false)
+	return true
 }
 
 // refresh starts ts's output over, at the low watermark of its refresh's first window: a Refresh

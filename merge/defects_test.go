@@ -284,10 +284,17 @@ func TestGuardSeededAtStart(t *testing.T) {
 	g.max = 1 << 20
 	g.seed([]uint32{700})
 	low := pglogrepl.LSN(0x5000)
-	require.True(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650, 700}}, low), "700 is still invisible")
-	require.True(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 690}, low), "700 is at or above xmax")
-	require.False(t, g.violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650}}, low), "700 is visible now")
-	require.False(t, g.violated(chunker.Snapshot{Xmin: 701, Xmax: 701}, low))
+	violated := func(s chunker.Snapshot) bool {
+		bad, _ := g.violated(s, low)
+		if !bad {
+			g.observe(s) // as the core does at the hand-over
+		}
+		return bad
+	}
+	require.True(t, violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650, 700}}), "700 is still invisible")
+	require.True(t, violated(chunker.Snapshot{Xmin: 650, Xmax: 690}), "700 is at or above xmax")
+	require.False(t, violated(chunker.Snapshot{Xmin: 650, Xmax: 800, Xip: []uint64{650}}), "700 is visible now")
+	require.False(t, violated(chunker.Snapshot{Xmin: 701, Xmax: 701}))
 }
 
 // TestGuardHandsInvisibleCommitsOn: the commits the stream showed that no snapshot has shown
@@ -369,4 +376,39 @@ func TestCappedKeyListKeepsUnreadKeys(t *testing.T) {
 	require.Len(t, r.verdicts, 1)
 	require.True(t, r.verdicts[0].completed)
 	require.ElementsMatch(t, [][]string{{"2"}, {"3"}}, r.c.tables["public.t"].progress.Reread)
+}
+
+// TestGuardThresholdFollowsProbes: the idle worker's snapshots move the guard's prune threshold
+// as the chunks' do. Left at the last chunk's xmin while no chunk ran, the threshold was 2^31
+// transactions behind after long enough, and every recent commit looked older than it: one that a
+// later chunk's snapshot does not see was pruned. Found by an adversarial review.
+func TestGuardThresholdFollowsProbes(t *testing.T) {
+	g := guard{max: 1 << 20}
+	g.snapshot(chunker.Snapshot{Xmin: 1000, Xmax: 1000})
+	base := uint32(1000 + 1<<31 + 10)
+	g.observe(chunker.Snapshot{Xmin: uint64(base - 5), Xmax: uint64(base - 5)}) // an idle probe, much later
+	lsn := pglogrepl.LSN(0x100)
+	invisible := base // committed before the low watermark, still running for the snapshot
+	g.commit(invisible, lsn)
+	low := lsn + 1
+	for i := uint32(1); i < 1100; i++ {
+		g.commit(base+i, low+pglogrepl.LSN(i))
+		g.prune(nil)
+	}
+	snap := chunker.Snapshot{Xmin: uint64(invisible), Xmax: uint64(base + 1100), Xip: []uint64{uint64(invisible)}}
+	bad, xid := g.violated(snap, low)
+	require.True(t, bad, "the commit before the low watermark was forgotten (%d kept)", len(g.commits))
+	require.Equal(t, invisible, xid)
+}
+
+// TestGuardSkipsCommitsAlreadyVisible: commits streamed after a snapshot already showed them
+// visible (a backlog) are not kept to be handed to the next run: the set stays small.
+func TestGuardSkipsCommitsAlreadyVisible(t *testing.T) {
+	g := guard{max: 1 << 20}
+	g.observe(chunker.Snapshot{Xmin: 5000, Xmax: 5000})
+	for x := uint32(100); x < 4000; x++ {
+		g.commit(x, pglogrepl.LSN(x))
+	}
+	g.commit(5001, 0x9000)
+	require.Equal(t, XIDs{5001}, *g.invisible())
 }

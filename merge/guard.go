@@ -32,12 +32,21 @@ type guard struct {
 	// yet. A checkpoint hands them, with before, to the next run (Position.Invisible).
 	unconfirmed     map[uint32]struct{}
 	unconfirmedLost bool // the cap on unconfirmed was reached: the next run cannot trust the set
+	last            observedSnapshot // the newest snapshot observed
+	haveLast        bool
 
 	overflow   bool   // commits were dropped by the cap
 	droppedMax uint32 // the newest xid dropped by the cap
-	latestXmin uint32 // xmin of the newest snapshot handed over
+	latestXmin uint64 // xmin of the newest snapshot handed over or observed (a full, 64-bit id: compared as such, never across wraparound)
 	haveXmin   bool
 	lastPrune  int
+}
+
+// observedSnapshot is a snapshot's visibility test, kept to drop at once the commits it shows
+// visible.
+type observedSnapshot struct {
+	xmin, xmax uint32
+	running    map[uint32]struct{}
 }
 
 type xidCommit struct {
@@ -57,9 +66,13 @@ func (g *guard) commit(xid uint32, lsn pglogrepl.LSN) {
 	if g.unconfirmed == nil {
 		g.unconfirmed = map[uint32]struct{}{}
 	}
-	if len(g.unconfirmed) < maxUnconfirmed {
+	switch {
+	case g.haveLast && !invisibleTo(xid, g.last.xmin, g.last.xmax, g.last.running):
+		// Visible to a snapshot seen already (a commit streamed well after it was made, in a
+		// backlog): nothing to confirm.
+	case len(g.unconfirmed) < maxUnconfirmed:
 		g.unconfirmed[xid] = struct{}{}
-	} else {
+	default:
 		g.unconfirmedLost = true
 	}
 	g.commits = append(g.commits, xidCommit{xid, lsn})
@@ -78,9 +91,8 @@ func (g *guard) commit(xid uint32, lsn pglogrepl.LSN) {
 // snapshot notes a snapshot that was handed over: snapshots taken later have an xmin at least as
 // high, so commits below it can be forgotten once no pending snapshot needs them.
 func (g *guard) snapshot(s chunker.Snapshot) {
-	x := uint32(s.Xmin)
-	if !g.haveXmin || precedes(g.latestXmin, x) {
-		g.latestXmin, g.haveXmin = x, true
+	if !g.haveXmin || s.Xmin > g.latestXmin {
+		g.latestXmin, g.haveXmin = s.Xmin, true
 	}
 }
 
@@ -101,11 +113,12 @@ func (g *guard) seed(xids []uint32) {
 	}
 }
 
-// violated reports whether a transaction that committed before lowLSN is invisible to s.
-func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
+// violated reports whether a transaction that committed before lowLSN is invisible to s, and
+// which (0 when commits dropped by the cap could be).
+func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) (bool, uint32) {
 	xmin, xmax := uint32(s.Xmin), uint32(s.Xmax)
 	if g.overflow && !precedes(g.droppedMax, xmin) {
-		return true // a dropped commit could have been invisible: reject to be safe
+		return true, 0 // a dropped commit could have been invisible: reject to be safe
 	}
 	running := make(map[uint32]struct{}, len(s.Xip))
 	for _, x := range s.Xip {
@@ -113,7 +126,7 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
 	}
 	for x := range g.before {
 		if invisibleTo(x, xmin, xmax, running) {
-			return true
+			return true, x
 		}
 	}
 	for _, c := range g.commits {
@@ -124,10 +137,10 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) bool {
 			continue
 		}
 		if _, ok := running[c.xid]; ok || !precedes(c.xid, xmax) {
-			return true
+			return true, c.xid
 		}
 	}
-	return false
+	return false, 0
 }
 
 // prune forgets commits no snapshot still to be checked can need: those below the xmin of every
@@ -137,7 +150,7 @@ func (g *guard) prune(pending []uint32) {
 	if !g.haveXmin || len(g.commits) < 2*g.lastPrune+1024 {
 		return
 	}
-	threshold := g.latestXmin
+	threshold := uint32(g.latestXmin)
 	for _, x := range pending {
 		if precedes(x, threshold) {
 			threshold = x
@@ -173,6 +186,10 @@ func (g *guard) observe(s chunker.Snapshot) {
 	for _, x := range s.Xip {
 		running[uint32(x)] = struct{}{}
 	}
+	if !g.haveLast || !precedes(xmax, g.last.xmax) {
+		g.last, g.haveLast = observedSnapshot{xmin: xmin, xmax: xmax, running: running}, true
+	}
+	g.snapshot(s) // a later snapshot: commits below its xmin need no check (prune)
 	for x := range g.unconfirmed {
 		if !invisibleTo(x, xmin, xmax, running) {
 			delete(g.unconfirmed, x)

@@ -132,11 +132,7 @@ func (w *worker) run(stop, ctx context.Context) error {
 		case <-probes.C:
 			// Commits the stream showed become visible: a snapshot says which, so that
 			// checkpoints hand only those still invisible to the next run.
-			snap, err := chunker.CurrentSnapshot(ctx, w.conn)
-			if err != nil {
-				return err
-			}
-			if err := w.send(ctx, probe{snap: snap}); err != nil {
+			if err := w.probe(ctx); err != nil {
 				return err
 			}
 		case <-stop.Done():
@@ -163,7 +159,8 @@ func (w *worker) seed(ctx context.Context) error {
 		return err
 	}
 	if len(xids) > 0 {
-		w.log.Info().Int("transactions", len(xids)).Msg("the server has synchronous standbys: chunks wait until the transactions running or committed now are visible")
+		w.log.Info().Uints32("xids", xids[:min(len(xids), 20)]).Int("transactions", len(xids)).
+			Msg("the server has synchronous standbys: chunks wait until these transactions, which may have committed, are visible")
 	}
 	return w.send(ctx, seed{xids: xids})
 }
@@ -194,16 +191,35 @@ func (w *worker) send(ctx context.Context, v any) error {
 	}
 }
 
+// wait waits for chunk id's verdict. Meanwhile (behind a backlog of changes, it can be long), it
+// takes a snapshot every second: the commits it shows visible need not be handed to the next run.
 func (w *worker) wait(ctx context.Context, id int64) (verdict, error) {
-	select {
-	case v := <-w.verdicts:
-		if v.id != id {
-			return verdict{}, fmt.Errorf("verdict for chunk %d while chunk %d is in flight", v.id, id)
+	probes := time.NewTicker(time.Second)
+	defer probes.Stop()
+	for {
+		select {
+		case v := <-w.verdicts:
+			if v.id != id {
+				return verdict{}, fmt.Errorf("verdict for chunk %d while chunk %d is in flight", v.id, id)
+			}
+			return v, nil
+		case <-probes.C:
+			if err := w.probe(ctx); err != nil {
+				return verdict{}, err
+			}
+		case <-ctx.Done():
+			return verdict{}, context.Cause(ctx)
 		}
-		return v, nil
-	case <-ctx.Done():
-		return verdict{}, context.Cause(ctx)
 	}
+}
+
+// probe hands the core a snapshot taken now (guard.observe).
+func (w *worker) probe(ctx context.Context) error {
+	snap, err := chunker.CurrentSnapshot(ctx, w.conn)
+	if err != nil {
+		return err
+	}
+	return w.send(ctx, probe{snap: snap})
 }
 
 func (w *worker) hook(ctx context.Context, h func(context.Context, int64), id int64) {
