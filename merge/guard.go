@@ -31,7 +31,7 @@ type guard struct {
 	// unconfirmed are the commits this run's stream showed that no snapshot has shown visible
 	// yet. A checkpoint hands them, with before, to the next run (Position.Invisible).
 	unconfirmed     map[uint32]struct{}
-	unconfirmedLost bool // the cap on unconfirmed was reached: the next run cannot trust the set
+	unconfirmedLost bool             // the cap on unconfirmed was reached: the next run cannot trust the set
 	last            observedSnapshot // the newest snapshot observed
 	haveLast        bool
 
