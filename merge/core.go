@@ -119,6 +119,7 @@ type tableState struct {
 	name          string // configured "schema.table": the output's name and the position's key
 	schema, tname string
 	oid           uint32
+	keyTypes      []uint32             // the key columns' types when the capture started: keys are encoded by type
 	table         *chunker.Table       // as last discovered (chunk side)
 	rel           *replicator.Relation // as last described by the stream in this session
 	cols          *Columns             // Columns of stream events, from rel
@@ -170,6 +171,9 @@ func newCore(marks watermark.Config, pos *Position, tables map[string]*chunker.T
 	for name, t := range tables {
 		schema, tname, _ := strings.Cut(name, ".")
 		ts := &tableState{name: name, schema: schema, tname: tname, oid: t.OID, table: t, progress: pos.Tables[name], rereads: map[string]bool{}}
+		for _, k := range t.Key {
+			ts.keyTypes = append(ts.keyTypes, t.Columns[k].TypeOID)
+		}
 		c.tables[name] = ts
 		c.byOID[t.OID] = ts
 		ts.indexRereads()
@@ -304,9 +308,15 @@ func (c *core) relation(r *replicator.Relation) error {
 	}
 	ts.keyIdx = ts.keyIdx[:0]
 	ts.identityErr = nil
-	for _, name := range ts.table.KeyNames() {
+	for k, name := range ts.table.KeyNames() {
 		i := slices.Index(cols.Names, name)
 		ts.keyIdx = append(ts.keyIdx, i)
+		if i >= 0 && k < len(ts.keyTypes) && r.Columns[i].TypeOID != ts.keyTypes[k] && !ts.progress.Refresh {
+			// Keys are encoded by type (an int and a numeric of one value are different
+			// bytes): the chunks' keys and the stream's would no longer meet.
+			return fmt.Errorf("%w: the type of key column %q of %s changed (type OID %d, now %d): its keys are encoded otherwise from here on; re-backfill the table",
+				ErrKeyChanged, name, ts.name, ts.keyTypes[k], r.Columns[i].TypeOID)
+		}
 		if ts.identityErr != nil {
 			continue
 		}

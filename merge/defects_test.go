@@ -412,3 +412,16 @@ func TestGuardSkipsCommitsAlreadyVisible(t *testing.T) {
 	g.commit(5001, 0x9000)
 	require.Equal(t, XIDs{5001}, *g.invisible())
 }
+
+// TestKeyTypeChangeStops: keys are encoded by type, so after a key column's type changes (int to
+// numeric) the chunks' keys and the stream's no longer meet: the capture stops instead of missing
+// evictions. Found by an adversarial review.
+func TestKeyTypeChangeStops(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	numeric := &replicator.Relation{ID: 16384, Schema: "public", Table: "t", ReplicaIdentity: replicator.IdentityDefault,
+		Columns: []replicator.Column{{Name: "id", TypeOID: 1700, TypeMod: -1, Key: true}, {Name: "big", TypeOID: 25, TypeMod: -1}}}
+	err := r.step(numeric)
+	require.ErrorIs(t, err, ErrKeyChanged)
+	require.ErrorContains(t, err, "public.t")
+}

@@ -426,7 +426,13 @@ func (w *worker) rediscover(ctx context.Context, t *workTable) error {
 		return fmt.Errorf("%w: %s (OID %d) is now %s.%s, and that name belongs to table OID %d", ErrTableReplaced, t.name, t.table.OID, schema, name, nt.OID)
 	}
 	if !slices.Equal(nt.KeyNames(), t.table.KeyNames()) {
-		return fmt.Errorf("the key of %s changed from %v to %v during its capture; re-backfill it", t.name, t.table.KeyNames(), nt.KeyNames())
+		return fmt.Errorf("%w: the key of %s changed from %v to %v during its capture; re-backfill it", ErrKeyChanged, t.name, t.table.KeyNames(), nt.KeyNames())
+	}
+	for i, k := range nt.Key {
+		if was := t.table.Columns[t.table.Key[i]].TypeOID; nt.Columns[k].TypeOID != was {
+			return fmt.Errorf("%w: the type of key column %q of %s changed (type OID %d, now %d) during its capture; re-backfill it",
+				ErrKeyChanged, nt.Columns[k].Name, t.name, was, nt.Columns[k].TypeOID)
+		}
 	}
 	if !slices.Equal(nt.Partitions, t.parts) {
 		return partitionsChanged(t, nt.Partitions)
