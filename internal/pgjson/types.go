@@ -216,17 +216,28 @@ func (t *Type) appendComposite(dst, text []byte) ([]byte, bool, error) {
 	// The stream prints a value with the attributes of its time; when the type changed since,
 	// the value's fields may fit an earlier definition instead. The first reading under which
 	// every field parses as its type wins: the current definition, then the most recent
-	// earlier ones. (Two definitions with as many fields of the same types cannot be told
-	// apart; the current one is taken.)
+	// earlier ones. Two definitions under which it parses alike cannot be told apart from the
+	// text: the value is then marked lossy (its text kept beside it).
 	var firstErr error
-	for _, byField := range d.readings(vals) {
+	readings := d.readings(vals)
+	for i, byField := range readings {
 		out, nulled, err := d.appendFields(dst, byField)
-		if err == nil {
-			return out, nulled, nil
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
 		}
-		if firstErr == nil {
-			firstErr = err
+		// Another definition under which the value parses too, and reads otherwise: the value
+		// may be from before a change of the type that this one cannot tell. The current reading
+		// is written, marked lossy, so that the caller keeps the value's text beside it.
+		for _, other := range readings[i+1:] {
+			if alt, _, err := d.appendFields(nil, other); err == nil && string(alt) != string(out[len(dst):]) {
+				nulled = true
+				break
+			}
 		}
+		return out, nulled, nil
 	}
 	if firstErr != nil && len(vals) == len(d.fields) {
 		return dst, false, firstErr

@@ -124,3 +124,31 @@ func FuzzParsers(f *testing.F) {
 		_, _, _ = parseHstore([]byte(s))
 	})
 }
+
+// TestCompositeAmbiguousAcrossChanges: addr(street, city), then ADD ATTRIBUTE zip, then DROP
+// ATTRIBUTE street: a value printed before both changes, ("1 Main St",Paris), parses as the
+// current (city, zip) too. The text cannot say which it is: the current reading is written and
+// marked lossy, so the caller keeps the value's text beside it. Found by an adversarial review.
+func TestCompositeAmbiguousAcrossChanges(t *testing.T) {
+	s := typ(kString)
+	d := &compositeDef{
+		fields: []Field{{"city", s}, {"zip", s}},
+		all:    []attr{{Field: Field{Name: "street"}, dropped: true}, {Field: Field{"city", s}}, {Field: Field{"zip", s}}},
+	}
+	h := &compositeHolder{}
+	h.def.Store(d)
+	addr := &Type{Name: "addr", kind: kComposite, comp: h}
+	out, lossy, err := addr.Append(nil, []byte(`("1 Main St",Paris)`))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"city":"1 Main St","zip":"Paris"}`, string(out))
+	require.True(t, lossy, "an ambiguous value is marked")
+	// A value only the current definition reads is not.
+	n := typ(kInteger)
+	d2 := &compositeDef{fields: []Field{{"a", n}, {"c", n}}, all: []attr{{Field: Field{"a", n}}, {Field: Field{Name: "b"}, dropped: true}, {Field: Field{"c", n}}}}
+	h2 := &compositeHolder{}
+	h2.def.Store(d2)
+	pair := &Type{Name: "pair", kind: kComposite, comp: h2}
+	_, lossy, err = pair.Append(nil, []byte(`(3,33)`))
+	require.NoError(t, err)
+	require.True(t, lossy, "(3,33) could also be (a, b) from before b was dropped")
+}
