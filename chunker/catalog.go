@@ -183,3 +183,52 @@ func serverVersion(ctx context.Context, conn *pgx.Conn) (int, error) {
 	}
 	return v, nil
 }
+
+// LeafStorage is where a partition's rows are stored, as the catalog says: its file, and whether
+// it holds any. A TRUNCATE gives a partition a new, empty file.
+type LeafStorage struct {
+	OID      uint32 `json:"oid"`
+	Filenode uint32 `json:"filenode"`
+	Rows     bool   `json:"rows"` // its file is not empty
+}
+
+// Storage returns the storage of the leaf partitions among oids (a partitioned table has none of
+// its own), in OID order. pg_relation_size needs no privilege on the partition.
+func Storage(ctx context.Context, conn *pgx.Conn, oids []uint32) ([]LeafStorage, error) {
+	if len(oids) == 0 {
+		return nil, nil
+	}
+	rows, err := conn.Query(ctx, `SELECT c.oid, c.relfilenode, pg_relation_size(c.oid) > 0 FROM pg_class c
+		WHERE c.oid = ANY($1) AND c.relkind = 'r' ORDER BY c.oid`, oids)
+	if err != nil {
+		return nil, fmt.Errorf("read the storage of partitions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeafStorage, error) {
+		var l LeafStorage
+		err := r.Scan(&l.OID, &l.Filenode, &l.Rows)
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the storage of partitions: %w", err)
+	}
+	return out, nil
+}
+
+// Truncated returns the partitions of before that were emptied into a new file in now: a
+// TRUNCATE (or a DELETE of every row and a VACUUM FULL). Under publish_via_partition_root a
+// TRUNCATE of a partition is not streamed at all. A partition rewritten with its rows (VACUUM
+// FULL, CLUSTER) is not reported; one truncated and filled again before it is looked at is
+// missed.
+func Truncated(before, now []LeafStorage) []uint32 {
+	was := map[uint32]LeafStorage{}
+	for _, l := range before {
+		was[l.OID] = l
+	}
+	var out []uint32
+	for _, l := range now {
+		if b, ok := was[l.OID]; ok && b.Rows && !l.Rows && b.Filenode != l.Filenode {
+			out = append(out, l.OID)
+		}
+	}
+	return out
+}

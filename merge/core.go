@@ -44,6 +44,12 @@ type (
 	seed struct{ xids []uint32 }
 	// probe is a snapshot the idle worker took: it shows which commits are visible by now.
 	probe struct{ snap chunker.Snapshot }
+	// storage is where a table's leaf partitions are stored now, as the worker's watch found:
+	// checkpoints carry it, for the next run to compare (TableProgress.Storage).
+	storage struct {
+		table  string
+		leaves []chunker.LeafStorage
+	}
 	// highWritten reports that chunk id's high watermark committed before WAL position after:
 	// once the stream has passed it, the window is stale if the mark was not seen.
 	highWritten struct {
@@ -257,6 +263,10 @@ func (c *core) step(in any) error {
 		c.guard.seed(v.xids)
 	case probe:
 		c.guard.observe(v.snap)
+	case storage:
+		if ts := c.tables[v.table]; ts != nil {
+			ts.progress.Storage = v.leaves
+		}
 	case handover:
 		return c.handover(v)
 	case abandon:
@@ -800,7 +810,7 @@ func (c *core) refresh(ts *tableState) {
 	c.out = append(c.out, Event{Op: Refresh, Columns: chunkColumns(ts.table, ts.schema, ts.tname), LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
 	c.txSeq++
 	p := ts.progress
-	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions}
+	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage}
 	ts.indexRereads()
 	c.rereadsChanged()
 }

@@ -306,7 +306,8 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger(),
 		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
-		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *pos.Tables[name], parts: t.Partitions})
+		p := pos.Tables[name]
+		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage})
 	}
 	w.order(e.cfg.Tables)
 	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wake, stream: stream}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/tidemark/tidemark/chunker"
+
 	"github.com/tidemark/tidemark/replicator"
 )
 
@@ -214,6 +216,10 @@ type TableProgress struct {
 	// Partitions are the OIDs of a partitioned table's partitions when the progress was taken:
 	// one attached or detached since brought or took rows without a row event.
 	Partitions []uint32 `json:"partitions,omitempty"`
+	// Storage is where each leaf partition's rows were stored when last looked at, when the
+	// publication publishes through the root: a TRUNCATE of one partition is not streamed then,
+	// and shows only as a new, empty file (chunker.Truncated).
+	Storage []chunker.LeafStorage `json:"storage,omitempty"`
 }
 
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.
@@ -254,6 +260,7 @@ func (t *TableProgress) clone() TableProgress {
 	c := *t
 	c.Reread = slices.Clone(t.Reread)
 	c.Partitions = slices.Clone(t.Partitions)
+	c.Storage = slices.Clone(t.Storage)
 	return c
 }
 

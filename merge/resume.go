@@ -244,6 +244,17 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			errs = append(errs, fmt.Errorf("%w: %s had partitions %v when the position was taken and has %v now: a partition attached or detached brought or took rows without a row event; re-backfill it",
 				ErrPartitionsChanged, name, p.Partitions, t.Partitions))
 		}
+		if strings.Contains(member, "via_root") && len(t.Partitions) > 0 {
+			storage, err := chunker.Storage(ctx, conn, t.Partitions)
+			if err != nil {
+				return err
+			}
+			if gone := chunker.Truncated(p.Storage, storage); len(gone) > 0 && !p.Refresh {
+				errs = append(errs, fmt.Errorf("%w: partition(s) %v of %s were truncated since the position was taken (emptied into a new file): published through the root, a TRUNCATE of one partition is not streamed, so their rows are still in the output; re-backfill it",
+					ErrPartitionsChanged, gone, name))
+			}
+			p.Storage = storage
+		}
 		p.Key, p.OID, p.Publication, p.Partitions = key, t.OID, member, t.Partitions
 		pos.Tables[name] = p
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -21,9 +22,10 @@ type workTable struct {
 	name     string
 	table    *chunker.Table // as last discovered: its current name, for the chunk queries
 	override []string
-	progress TableProgress // as of the last verdict or wake-up
-	gen      int           // the core's re-read generation progress is as of
-	parts    []uint32      // the partitions it had when the run started
+	progress TableProgress         // as of the last verdict or wake-up
+	gen      int                   // the core's re-read generation progress is as of
+	parts    []uint32              // the partitions it had when the run started
+	storage  []chunker.LeafStorage // its leaf partitions' storage when last looked at (publishing through the root)
 }
 
 // worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
@@ -482,7 +484,31 @@ func (w *worker) watch(ctx context.Context) error {
 			if !slices.Equal(parts, t.parts) {
 				return partitionsChanged(t, parts)
 			}
+			if err := w.watchStorage(ctx, t); err != nil {
+				return err
+			}
 		}
+	}
+	return nil
+}
+
+// watchStorage stops the capture when a leaf partition of t was truncated: published through the
+// root, a TRUNCATE of one partition is not streamed, and shows only as a new, empty file.
+func (w *worker) watchStorage(ctx context.Context, t *workTable) error {
+	if !strings.Contains(t.progress.Publication, "via_root") {
+		return nil
+	}
+	now, err := chunker.Storage(ctx, w.conn, t.parts)
+	if err != nil {
+		return err
+	}
+	if gone := chunker.Truncated(t.storage, now); len(gone) > 0 {
+		return fmt.Errorf("%w: partition(s) %v of %s were truncated (emptied into a new file): published through the root, a TRUNCATE of one partition is not streamed, so their rows are still in the output; re-backfill the table",
+			ErrPartitionsChanged, gone, t.name)
+	}
+	if !slices.Equal(now, t.storage) {
+		t.storage = now
+		return w.send(ctx, storage{table: t.name, leaves: now})
 	}
 	return nil
 }
