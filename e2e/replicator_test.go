@@ -359,6 +359,14 @@ func TestOpenErrors(t *testing.T) {
 		require.Contains(t, err.Error(), "does not publish delete")
 		require.Contains(t, err.Error(), "ALTER PUBLICATION")
 	})
+	// Left out, a TRUNCATE would leave every row in the output (it was a warning).
+	t.Run("publication without truncate", func(t *testing.T) {
+		db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a WITH (publish = 'insert, update, delete')`)
+		t.Cleanup(func() { db.Exec(`DROP PUBLICATION ` + db.Publication) })
+		_, err := openStream(t, db, func(c *replicator.Config) { c.CreateSlot = true })
+		require.ErrorIs(t, err, replicator.ErrPublication)
+		require.Contains(t, err.Error(), "does not publish truncate")
+	})
 	t.Run("slot in use", func(t *testing.T) {
 		db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
 		t.Cleanup(func() { db.Exec(`DROP PUBLICATION ` + db.Publication) })

@@ -76,7 +76,7 @@ func TestDoctor(t *testing.T) {
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish = 'insert, update')`)
 	code, out = runDoctorCmd(t, args...)
 	require.Equal(t, 1, code)
-	require.Contains(t, out, "does not publish every insert, update and delete")
+	require.Contains(t, out, "does not publish every insert, update, delete and truncate")
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish = 'insert, update, delete, truncate')`)
 
 	// The least-privileged role runs a sync.

@@ -261,8 +261,8 @@ func (d *doctor) checkReplicationConnection(ctx context.Context, cfg *pgx.ConnCo
 }
 
 func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
-	var ins, upd, del, all bool
-	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, puballtables FROM pg_publication WHERE pubname = $1`, d.pub).Scan(&ins, &upd, &del, &all)
+	var ins, upd, del, trunc, all bool
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubtruncate, puballtables FROM pg_publication WHERE pubname = $1`, d.pub).Scan(&ins, &upd, &del, &trunc, &all)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		var canCreate bool
@@ -286,8 +286,8 @@ func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
 		}
 	case err != nil:
 		d.problem(fmt.Sprintf("cannot read publication %q: %v", d.pub, err))
-	case !ins || !upd || !del:
-		d.problem(fmt.Sprintf("publication %q does not publish every insert, update and delete", d.pub),
+	case !ins || !upd || !del || !trunc:
+		d.problem(fmt.Sprintf("publication %q does not publish every insert, update, delete and truncate", d.pub),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pgx.Identifier{d.pub}.Sanitize()))
 	default:
 		d.ok("publication %q exists", d.pub)
