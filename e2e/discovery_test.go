@@ -160,6 +160,7 @@ func TestSignalTableRights(t *testing.T) {
 	db.Exec(`REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
 	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
 	cfg := engineConfig(db, "public.t")
+	cfg.Watermarks = watermark.Table
 	cfg.Source.DSN = server.UserDSN(db.Name, role, "pw")
 	run := func() error { return runEngine(t, cfg, newMemSink(), nil) }
 
@@ -183,6 +184,44 @@ func TestSignalTableRights(t *testing.T) {
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.t", "id")
 	require.False(t, strings.Contains(fmt.Sprint(err), "pw"))
+}
+
+// TestReadOnlyRoleMessages: with watermarks as logical messages (the default on PostgreSQL 14
+// and later), a role with only SELECT on the table and REPLICATION, whose transactions are
+// read-only by default and who may create nothing, backfills while the table changes, against
+// a slot and publication a DBA created: the engine writes to no table. Revoking the message
+// function from the role stops the capture with the GRANT that fixes it.
+func TestReadOnlyRoleMessages(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 50, 1)
+	role := "ro_" + db.Name[2:]
+	db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD 'pw'`, role))
+	t.Cleanup(func() {
+		db.Exec(fmt.Sprintf(`DROP OWNED BY %s`, role))
+		db.Exec(fmt.Sprintf(`DROP ROLE %s`, role))
+	})
+	db.Exec(fmt.Sprintf(`GRANT SELECT ON t TO %s`, role))
+	db.Exec(fmt.Sprintf(`ALTER ROLE %s SET default_transaction_read_only = on`, role))
+	db.Exec(`REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	cfg := engineConfig(db, "public.t")
+	cfg.Source.DSN = server.UserDSN(db.Name, role, "pw")
+	cfg.Hooks.AfterLow = onChunk(t, db, 2, fmt.Sprintf(upd, "during", 15), `INSERT INTO t (id, v, ver) VALUES (1000, 'new', nextval('ver'))`)
+	cfg.Hooks.AfterSelect = onChunk(t, db, 3, fmt.Sprintf(upd, "after", 25), `DELETE FROM t WHERE id = 26`)
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	verify(t, db, sink, "public.t", "id")
+	conn := db.Connect()
+	var signal bool
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT to_regclass('public.tidemark_signal') IS NOT NULL`).Scan(&signal))
+	require.False(t, signal, "no signal table")
+
+	// The function is PUBLIC's by default; a DBA may revoke it.
+	db.Exec(`REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC`)
+	cfg.Hooks = merge.Hooks{}
+	err := runEngine(t, cfg, newMemSink(), nil)
+	require.ErrorIs(t, err, watermark.ErrSetup)
+	require.ErrorContains(t, err, fmt.Sprintf(`GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO "%s"`, role))
 }
 
 // TestResumeAfterStop: an engine stopped in the middle of a backfill (its context cancelled)

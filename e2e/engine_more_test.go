@@ -16,6 +16,7 @@ import (
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 // background runs fn in a goroutine until stop is called; stop waits for it.
@@ -213,6 +214,7 @@ func TestE23LowWatermarkFails(t *testing.T) {
 	versionedTable(t, db, 30, 1)
 	var selected []int64
 	cfg := engineConfig(db, "public.t")
+	cfg.Watermarks = watermark.Table
 	cfg.Hooks.BeforeLow = signalTrigger(t, db, `NEW.kind = 'L' AND NEW.chunk = 2`)
 	cfg.Hooks.AfterSelect = func(_ context.Context, id int64) { selected = append(selected, id) }
 	sink := newMemSink()
@@ -236,6 +238,7 @@ func TestE24HighWatermarkFails(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
 			versionedTable(t, db, 30, 1)
 			cfg := engineConfig(db, "public.t")
+			cfg.Watermarks = watermark.Table
 			cfg.Hooks.BeforeLow = signalTrigger(t, db, tc.cond)
 			cfg.Hooks.AfterSelect = onChunk(t, db, 2, fmt.Sprintf(upd, "new", 15))
 			sink := newMemSink()
@@ -257,6 +260,7 @@ func TestE25HighWatermarkTwice(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
+	cfg.Watermarks = watermark.Table
 	cfg.Hooks.AfterHigh = onChunk(t, db, 2, `UPDATE tidemark_signal SET written_at = now()`)
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
@@ -273,8 +277,10 @@ func TestE27ForeignWatermarks(t *testing.T) {
 	versionedTable(t, db, 60, 1)
 	db.Exec(`CREATE PUBLICATION other FOR TABLE t`)
 	a := engineConfig(db, "public.t")
+	a.Watermarks = watermark.Table
 	a.Hooks.AfterLow = onChunk(t, db, 2, fmt.Sprintf(`UPDATE tidemark_signal SET run = 'intruder', kind = 'H', chunk = 2 WHERE slot = '%s'`, db.Slot))
 	b := engineConfig(db, "public.t")
+	b.Watermarks = watermark.Table
 	b.Source.Slot, b.Source.Publication = db.Slot+"_b", "other"
 	b.ChunkSize = 7
 	sa, sb := newMemSink(), newMemSink()

@@ -39,8 +39,10 @@ func TestSignalTableTrust(t *testing.T) {
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE tidemark_signal`)
 
 	asRole := engineConfig(db, "public.t")
+	asRole.Watermarks = watermark.Table
 	asRole.Source.DSN = server.UserDSN(db.Name, role, "pw")
 	asSuper := engineConfig(db, "public.t")
+	asSuper.Watermarks = watermark.Table
 	for name, c := range map[string]merge.Config{"capture role": asRole, "superuser": asSuper} {
 		err := runEngine(t, c, newMemSink(), nil)
 		require.ErrorIs(t, err, watermark.ErrSetup, name)

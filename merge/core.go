@@ -252,7 +252,15 @@ func (c *core) step(in any) error {
 			c.pos.LSN = v.WALEnd
 			c.checkStale()
 		}
-	case *replicator.Message, *replicator.TypeInfo, *replicator.Origin:
+	case *replicator.Message:
+		// A mark written as a logical message (watermark.Messages). Only a transactional one can
+		// be a mark: it comes in its transaction's place in commit order.
+		if v.Transactional && c.inTxn {
+			if m, ok := c.marks.DecodeMessage(v.Prefix, v.Content); ok {
+				c.txMarks = append(c.txMarks, m)
+			}
+		}
+	case *replicator.TypeInfo, *replicator.Origin:
 	case register:
 		ts := c.tables[v.table]
 		if ts == nil {

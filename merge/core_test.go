@@ -122,6 +122,7 @@ type simTxn struct {
 	ops     []simOp
 	mark    *watermark.Mark
 	run     string // the run whose mark this is
+	message bool   // the mark is a logical message (watermark.Messages), not a signal table row
 	schema  simSchema
 	ddl     bool
 	commit  pglogrepl.LSN
@@ -534,6 +535,11 @@ func (s *sim) deliver() {
 	if tx.ddl {
 		return // DDL sends nothing; the next change of the table describes it again
 	}
+	if m := tx.mark; m != nil && tx.message {
+		// A non-transactional message with the same content comes at once, outside any
+		// transaction and ahead of the mark's commit: it is not a mark.
+		s.feed(&replicator.Message{Prefix: watermark.Prefix, Content: []byte(s.marksOf(tx.run).MessageContent(*m))})
+	}
 	s.feed(&replicator.Begin{FinalLSN: tx.commit, XID: tx.xid})
 	s.tracef("deliver xid %d commit %s ops %+v mark %v", tx.xid, tx.commit, tx.ops, tx.mark)
 	d := tx.schema
@@ -567,7 +573,10 @@ func (s *sim) deliver() {
 		}
 		s.feed(ch)
 	}
-	if m := tx.mark; m != nil {
+	if m := tx.mark; m != nil && tx.message {
+		s.feed(&replicator.Message{Transactional: true, XID: tx.xid, Prefix: "other", Content: []byte(s.marksOf(tx.run).MessageContent(*m))})
+		s.feed(&replicator.Message{Transactional: true, XID: tx.xid, Prefix: watermark.Prefix, Content: []byte(s.marksOf(tx.run).MessageContent(*m))})
+	} else if m != nil {
 		s.feed(&replicator.Change{Op: replicator.Update, XID: tx.xid, Rel: simSignal, New: replicator.Tuple{
 			text("s"), text(tx.run), text(strconv.FormatInt(m.ID, 10)), text(string(rune(m.Kind))), text("2026-01-01 00:00:00+00")}})
 	}
@@ -602,8 +611,15 @@ func (s *sim) restart() {
 	s.start(pos)
 }
 
+// marksOf is the watermark configuration of run.
+func (s *sim) marksOf(run string) watermark.Config {
+	return watermark.Config{Slot: s.marks.Slot, Run: run}
+}
+
 func (s *sim) markTxn(m watermark.Mark) {
-	tx := &simTxn{xid: s.nextXID, mark: &m, run: s.marks.Run}
+	// Runs alternate between the transports (without drawing from the random source, so a
+	// seed's history does not depend on it).
+	tx := &simTxn{xid: s.nextXID, mark: &m, run: s.marks.Run, message: s.runNo%2 == 0}
 	s.nextXID++
 	s.commit(tx, false)
 }

@@ -66,7 +66,12 @@ type Faults struct {
 type Config struct {
 	Source replicator.Config // the source, its slot and publication
 	Tables []TableConfig     // the captured tables; at least one
-	// SignalTable is the watermark table as {schema, table}. Zero: watermark.DefaultTable.
+	// Watermarks is how watermarks are written. Zero (watermark.Auto): as transactional logical
+	// messages on PostgreSQL 14 and later, which need no table and no privilege beyond PUBLIC's;
+	// in the signal table before.
+	Watermarks watermark.Transport
+	// SignalTable is the watermark table as {schema, table}, for the Table transport. Zero:
+	// watermark.DefaultTable.
 	SignalTable pgx.Identifier
 	// WatermarkTimeout bounds a watermark write, including a wait for a synchronous standby.
 	// Zero: 10s.
@@ -275,7 +280,11 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	}
 	defer stream.Close(context.WithoutCancel(ctx))
 
-	wcfg := watermark.Config{Table: e.cfg.SignalTable, Slot: e.cfg.Source.Slot, Publication: e.cfg.Source.Publication, Timeout: e.cfg.WatermarkTimeout}
+	transport, err := e.cfg.Watermarks.Resolve(stream.System().ServerVersion)
+	if err != nil {
+		return err
+	}
+	wcfg := watermark.Config{Transport: transport, Table: e.cfg.SignalTable, Slot: e.cfg.Source.Slot, Publication: e.cfg.Source.Publication, Timeout: e.cfg.WatermarkTimeout}
 	if err := watermark.Ensure(ctx, conn, wcfg, e.log); err != nil {
 		return err
 	}

@@ -315,7 +315,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 		sleep(ctx, 100*time.Millisecond)
 	}
 	// If the stream passes this position without showing the high watermark, the watermark is
-	// not coming (the signal table left the publication): the window is stale.
+	// not coming (the signal table left the publication, say): the window is stale.
 	var after string
 	if err := w.conn.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&after); err == nil {
 		if lsn, err := pglogrepl.ParseLSN(after); err == nil {
@@ -361,6 +361,10 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 		}
 	}
 	if errors.Is(v.reason, errStale) && w.fails >= 2 {
+		if w.writer.Config().Transport == watermark.Messages {
+			return fmt.Errorf("chunk %d of %s: %w; the stream does not carry the watermarks' logical messages (prefix %q): check that nothing filters logical messages between the server and Tidemark",
+				v.id, t.name, v.reason, watermark.Prefix)
+		}
 		return fmt.Errorf("chunk %d of %s: %w; check that the signal table %s is in publication %q",
 			v.id, t.name, v.reason, w.cfg.SignalTable.Sanitize(), w.cfg.Source.Publication)
 	}

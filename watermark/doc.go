@@ -1,9 +1,18 @@
-// Package watermark implements the watermarks of the DBLog algorithm: marks written to a signal
-// table in their own transactions, and their recognition in the change stream.
+// Package watermark implements the watermarks of the DBLog algorithm: marks committed in their
+// own transactions, and their recognition in the change stream.
 //
-// # Transport
+// # Transports
 //
-// The signal table (DefaultTable, public.tidemark_signal) holds one row per replication slot,
+// Messages (the default on PostgreSQL 14 and later, docs/adr/0008): each mark is a transactional
+// logical decoding message, pg_logical_emit_message(true, Prefix, content), content being JSON
+// with the slot, the run, the chunk id and the kind. pgoutput (option messages) sends it between
+// its transaction's Begin and Commit, in commit order, and never if the transaction aborts. It
+// writes no table: it needs no privilege beyond PUBLIC's EXECUTE on the function, works in a
+// read-only transaction, and needs no publication membership. Only transactional messages are
+// marks (DecodeMessage is given those only); a non-transactional one is sent at once, outside
+// commit order.
+//
+// Table (PostgreSQL 13, or a signal table configured explicitly, docs/adr/0001): the signal table (DefaultTable, public.tidemark_signal) holds one row per replication slot,
 // upserted by every mark, so it never grows; it must be in the publication, which Ensure
 // arranges or, without the rights, explains with the exact SQL (docs/adr/0001). Each mark
 // carries the slot, the run (a random id per process start) and the chunk id: Decode ignores
@@ -17,6 +26,9 @@
 //
 // # Invariants
 //
+//   - Both transports give a mark the same place in the stream: inside its transaction, acted on
+//     at that transaction's Commit. A transactional message assigns an xid and writes WAL, so
+//     its commit is flushed (and waits for synchronous standbys) like a row's.
 //   - A mark is committed in a transaction of its own, with synchronous_commit = on: the walsender
 //     sends only flushed WAL, so a lower setting would delay marks by up to wal_writer_delay; on
 //     a server with synchronous standbys the mark also waits for them like the application's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,6 +15,79 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 )
+
+// Transport is how marks reach the change stream.
+type Transport string
+
+// The transports.
+const (
+	// Auto is Messages where the server supports them (PostgreSQL 14 and later), Table before.
+	Auto Transport = ""
+	// Messages writes each mark as a transactional logical decoding message
+	// (pg_logical_emit_message): it writes to no table, so it needs no privilege beyond what
+	// PUBLIC has, works in a read-only transaction, and needs no publication membership.
+	Messages Transport = "message"
+	// Table writes each mark as an upsert of the slot's row in a signal table, which must be in
+	// the publication.
+	Table Transport = "table"
+)
+
+// ParseTransport reads a transport's name: auto (or empty), message or table.
+func ParseTransport(s string) (Transport, error) {
+	switch s {
+	case "", "auto":
+		return Auto, nil
+	case "message", "messages":
+		return Messages, nil
+	case "table":
+		return Table, nil
+	}
+	return Auto, fmt.Errorf("watermark transport %q is not one of auto, message, table", s)
+}
+
+func (t Transport) String() string {
+	if t == Auto {
+		return "auto"
+	}
+	return string(t)
+}
+
+// messagesVersion is the first server version whose pgoutput sends logical messages (the
+// messages option).
+const messagesVersion = 140000
+
+// Resolve returns the transport t stands for on a server of version serverVersion
+// (server_version_num): Auto becomes Messages on PostgreSQL 14 and later, Table before.
+// Messages on an older server is an error.
+func (t Transport) Resolve(serverVersion int) (Transport, error) {
+	switch t {
+	case Auto:
+		if serverVersion >= messagesVersion {
+			return Messages, nil
+		}
+		return Table, nil
+	case Messages:
+		if serverVersion < messagesVersion {
+			return "", fmt.Errorf("%w: watermarks as logical messages need PostgreSQL 14 or later (pgoutput's messages option); this server is %d: use the signal table transport", ErrSetup, serverVersion)
+		}
+	}
+	return t, nil
+}
+
+// Prefix is the prefix of every mark written as a logical message. Messages of other prefixes
+// are not marks.
+const Prefix = "tidemark"
+
+// messageContent is a message mark's content, as JSON.
+type messageContent struct {
+	Slot  string `json:"slot"`
+	Run   string `json:"run"`
+	Chunk int64  `json:"chunk"`
+	Kind  string `json:"kind"`
+}
+
+// emit writes one message mark. Bound parameters: prefix, content.
+const emit = `SELECT pg_catalog.pg_logical_emit_message(true, $1, $2)`
 
 // DefaultTable is the signal table used when Config.Table is zero.
 var DefaultTable = pgx.Identifier{"public", "tidemark_signal"}
@@ -53,6 +127,10 @@ type Mark struct {
 
 // Config configures a Writer and the recognition of its marks.
 type Config struct {
+	// Transport is how marks are written: Messages or Table. Auto must be resolved (see
+	// Transport.Resolve) before Ensure or New; Decode and DecodeMessage recognize marks of
+	// either transport whatever it is.
+	Transport Transport
 	// Table is the signal table as {schema, table}. Zero: DefaultTable.
 	Table pgx.Identifier
 	// Slot namespaces the marks: marks written for other slots are ignored. Required.
@@ -82,6 +160,13 @@ func (c *Config) Validate() error {
 	if c.Timeout < 0 {
 		errs = append(errs, errors.New("watermark timeout must not be negative"))
 	}
+	switch c.Transport {
+	case Messages, Table:
+	case Auto:
+		errs = append(errs, errors.New("watermark transport is not resolved (auto): see Transport.Resolve"))
+	default:
+		errs = append(errs, fmt.Errorf("watermark transport %q is not one of message, table", string(c.Transport)))
+	}
 	return errors.Join(errs...)
 }
 
@@ -100,16 +185,47 @@ func (c *Config) EnsureDefaults() {
 	}
 }
 
-// ErrSetup reports a signal table that is missing, misshapen, not in the publication, not
-// writable, or not trusted (another owner, triggers, rules), with the SQL a DBA should run.
-var ErrSetup = errors.New("signal table is not ready")
+// ErrSetup reports a watermark transport that cannot work: a signal table that is missing,
+// misshapen, not in the publication, not writable, or not trusted (another owner, triggers,
+// rules), or logical messages this role may not write or this server cannot send; with the SQL
+// a DBA should run.
+var ErrSetup = errors.New("watermarks are not ready")
 
-// Ensure creates the signal table when it is missing and adds it to the publication when it is
+// Ensure checks that marks can be written with cfg's transport, and for the Table transport
+// prepares the signal table (see ensureTable).
+func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
+	cfg.EnsureDefaults()
+	switch cfg.Transport {
+	case Messages:
+		return ensureMessages(ctx, conn)
+	case Table:
+		return ensureTable(ctx, conn, cfg, log)
+	}
+	return cfg.Validate()
+}
+
+// emitSignature is the function a message mark calls.
+const emitSignature = "pg_catalog.pg_logical_emit_message(boolean, text, text)"
+
+// ensureMessages checks that this role may call pg_logical_emit_message: PUBLIC may by default,
+// but a DBA can revoke it.
+func ensureMessages(ctx context.Context, conn *pgx.Conn) error {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT has_function_privilege($1, 'EXECUTE')`, emitSignature).Scan(&ok); err != nil {
+		return fmt.Errorf("check the privilege to write logical messages: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: this role may not call %s, which writes the watermarks; a DBA should run:\n  GRANT EXECUTE ON FUNCTION %s TO %s;\nor use the signal table transport",
+			ErrSetup, emitSignature, emitSignature, quoteIdent(conn.Config().User))
+	}
+	return nil
+}
+
+// ensureTable creates the signal table when it is missing and adds it to the publication when it is
 // not in it. When the role may not do either, the error prints the exact SQL a DBA should run.
 // An existing table is refused when it carries triggers or rules, or is owned by a role other
 // than this one or a superuser (see checkTrusted).
-func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
-	cfg.EnsureDefaults()
+func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
 	name := cfg.Table.Sanitize()
 	create := fmt.Sprintf(CreateTable, name)
 	var exists bool
@@ -220,10 +336,12 @@ func checkTrusted(ctx context.Context, conn *pgx.Conn, name string) error {
 }
 
 // createdConcurrently reports the error of a CREATE TABLE IF NOT EXISTS that raced another
-// session creating the same table (two engines starting at once): the table exists now.
+// session creating the same table (two engines starting at once): the table exists now. The
+// race shows as a unique violation in the catalog, as the table existing, or as its row type
+// existing (42710), depending on where the two creations met.
 func createdConcurrently(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07")
+	return errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")
 }
 
 // addedConcurrently reports the error of adding a table that another session added meanwhile.
@@ -251,7 +369,11 @@ func New(cfg Config) (*Writer, error) {
 		return nil, err
 	}
 	cfg.EnsureDefaults()
-	return &Writer{cfg: cfg, sql: fmt.Sprintf(upsert, cfg.Table.Sanitize())}, nil
+	w := &Writer{cfg: cfg, sql: emit}
+	if cfg.Transport == Table {
+		w.sql = fmt.Sprintf(upsert, cfg.Table.Sanitize())
+	}
+	return w, nil
 }
 
 // Config returns the writer's configuration with its defaults, including its run id.
@@ -270,7 +392,11 @@ func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue("SET LOCAL synchronous_commit = on")
-	b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
+	if w.cfg.Transport == Table {
+		b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
+	} else {
+		b.Queue(w.sql, Prefix, w.cfg.MessageContent(m))
+	}
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		// Leave no transaction open on the connection for the next statement.
@@ -278,6 +404,29 @@ func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
 		return fmt.Errorf("write %v mark %d: %w", m.Kind, m.ID, err)
 	}
 	return nil
+}
+
+// MessageContent is the content of mark m written as a logical message (with Prefix).
+func (c Config) MessageContent(m Mark) string {
+	b, _ := json.Marshal(messageContent{Slot: c.Slot, Run: c.Run, Chunk: m.ID, Kind: string(rune(m.Kind))})
+	return string(b)
+}
+
+// DecodeMessage recognizes a mark in a transactional logical message. It reports false for
+// messages of other prefixes, slots or runs, and for contents that are not marks.
+func (c Config) DecodeMessage(prefix string, content []byte) (Mark, bool) {
+	if prefix != Prefix {
+		return Mark{}, false
+	}
+	var mc messageContent
+	if err := json.Unmarshal(content, &mc); err != nil || mc.Slot != c.Slot || mc.Run != c.Run || len(mc.Kind) != 1 {
+		return Mark{}, false
+	}
+	switch k := Kind(mc.Kind[0]); k {
+	case Low, High, Fence:
+		return Mark{ID: mc.Chunk, Kind: k}, true
+	}
+	return Mark{}, false
 }
 
 // IsTable reports whether schema.table is the signal table.

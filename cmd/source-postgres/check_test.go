@@ -62,6 +62,10 @@ func TestItem13_CheckFailsWithAnActionableMessage(t *testing.T) {
 		{"missing slot", func(c map[string]any) { c["create_replication_slot"] = false }, []string{`replication slot "` + e.db.Slot + `" does not exist`, "pg_create_logical_replication_slot"}},
 		{"missing publication", func(c map[string]any) { c["replication_method"].(map[string]any)["publication"] = "no_such_pub" }, []string{`publication "no_such_pub" does not exist`, "CREATE PUBLICATION"}},
 		{"no REPLICATION privilege", func(c map[string]any) { c["username"], c["password"] = role, rolePassword }, []string{"REPLICATION", "ALTER ROLE"}},
+		{"signal table checked when configured", func(c map[string]any) {
+			c["username"], c["password"] = role, rolePassword
+			c["signal_table"] = "public.tidemark_signal"
+		}, []string{`signal table "public"."tidemark_signal" does not exist, and this role may not create it`}},
 		{"not CDC", func(c map[string]any) { c["replication_method"] = map[string]any{"method": "Xmin"} }, []string{"CDC"}},
 	}
 	for _, tc := range cases {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 //go:embed spec.json
@@ -250,9 +251,6 @@ func (c *config) check() error {
 	} else if err := inRange("initial_load_timeout_hours", r.InitialLoadTimeoutHours, 4, 24, 8); err != nil {
 		errs = append(errs, err)
 	}
-	if c.SignalTable == "" {
-		c.SignalTable = "public.tidemark_signal"
-	}
 	if _, err := c.signalTable(); err != nil {
 		errs = append(errs, err)
 	}
@@ -300,12 +298,26 @@ func (c *config) tunnelled() bool {
 
 func (c *config) createSlot() bool { return c.CreateReplicationSlot == nil || *c.CreateReplicationSlot }
 
+// signalTable is the signal table of the table transport: signal_table, or the default.
 func (c *config) signalTable() (pgx.Identifier, error) {
+	if c.SignalTable == "" {
+		return watermark.DefaultTable, nil
+	}
 	schema, table, ok := strings.Cut(c.SignalTable, ".")
 	if !ok || schema == "" || table == "" || strings.Contains(table, ".") {
 		return nil, fmt.Errorf("signal_table %q must be schema.table", c.SignalTable)
 	}
 	return pgx.Identifier{schema, table}, nil
+}
+
+// watermarks is the watermark transport: the signal table when signal_table is set, logical
+// messages otherwise where the server supports them (which need no privilege beyond Airbyte's
+// read-only role's).
+func (c *config) watermarks() watermark.Transport {
+	if c.SignalTable != "" {
+		return watermark.Table
+	}
+	return watermark.Auto
 }
 
 // budget is the longest a read runs.

@@ -187,6 +187,31 @@ func newEnv(t testing.TB) *env {
 	return e
 }
 
+// readOnlyRole switches the config to a role set up as Airbyte's guide sets it up for CDC and
+// nothing more: LOGIN, REPLICATION, SELECT on the given tables, transactions read-only by
+// default, no CREATE anywhere; a DBA (the test's superuser) created the publication and the
+// slot, so the connector is told not to create one.
+func (e *env) readOnlyRole(tables ...string) string {
+	e.t.Helper()
+	role := "ab_" + e.db.Name[2:]
+	const password = "ro-secret-5c4b3a"
+	e.db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'`, role, password))
+	e.t.Cleanup(func() {
+		e.db.Exec(`DROP OWNED BY ` + role)
+		e.db.Exec(`DROP ROLE ` + role)
+	})
+	for _, t := range tables {
+		e.db.Exec(fmt.Sprintf(`GRANT SELECT ON %s TO %s`, t, role))
+	}
+	e.db.Exec(fmt.Sprintf(`ALTER ROLE %s SET default_transaction_read_only = on`, role))
+	e.db.Exec(`REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
+	e.db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.db.Slot)
+	e.cfg["username"], e.cfg["password"] = role, password
+	e.cfg["create_replication_slot"] = false
+	e.secrets = append(e.secrets, password)
+	return role
+}
+
 // cdc returns the replication_method object of the config, to change.
 func (e *env) cdc() map[string]any { return e.cfg["replication_method"].(map[string]any) }
 

@@ -237,6 +237,7 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 			DSN: s.dsn, Slot: rm.ReplicationSlot, Publication: rm.Publication,
 			CreateSlot: s.cfg.createSlot(), Configure: s.configure, ApplicationName: "tidemark-airbyte",
 		},
+		Watermarks:         s.cfg.watermarks(),
 		SignalTable:        sig,
 		ChunkSize:          s.cfg.BackfillChunkSize,
 		CheckpointInterval: s.cfg.stateInterval(),

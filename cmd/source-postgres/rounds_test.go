@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -16,9 +17,10 @@ import (
 // before; the acceptance tests of the connector issue.
 
 // liveWorkload writes to the tables (id int primary key, v text) until stop is closed: inserts,
-// updates, deletes and key changes, in transactions of one to three statements.
-func liveWorkload(t *testing.T, e *env, tables []string, ids int) (stop chan struct{}, done chan struct{}) {
-	stop, done = make(chan struct{}), make(chan struct{})
+// updates, deletes and key changes, in transactions of one to three statements. committed
+// counts the transactions that committed.
+func liveWorkload(t *testing.T, e *env, tables []string, ids int) (stop chan struct{}, done chan struct{}, committed *atomic.Int64) {
+	stop, done, committed = make(chan struct{}), make(chan struct{}), new(atomic.Int64)
 	go func() {
 		defer close(done)
 		ctx := context.Background()
@@ -59,15 +61,18 @@ func liveWorkload(t *testing.T, e *env, tables []string, ids int) (stop chan str
 			if err := tx.Commit(ctx); err != nil {
 				return
 			}
+			committed.Add(1)
 			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
 		}
 	}()
-	return stop, done
+	return stop, done, committed
 }
 
 // TestSyncRounds: five reads during a live workload, each from the last state of the one
 // before; one of them killed with SIGKILL at a random moment and retried by the platform from
-// the last state it had. A dedup destination then equals the source.
+// the last state it had. A dedup destination then equals the source. The connector runs as
+// the read-only role of Airbyte's setup guide (SELECT and REPLICATION, read-only transactions,
+// a slot and publication the DBA made): it writes to no table of the source.
 func TestSyncRounds(t *testing.T) {
 	e := newEnv(t)
 	for _, tb := range []string{"orders", "events"} {
@@ -75,10 +80,14 @@ func TestSyncRounds(t *testing.T) {
 		e.db.Exec(`INSERT INTO ` + tb + ` SELECT g, 'v' || g FROM generate_series(1, 20000) g`)
 	}
 	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE orders, events`)
+	e.readOnlyRole("orders", "events")
 	e.cfg["backfill_chunk_size"] = 1000
+	status, msg := e.checkStatus()
+	require.Equal(t, "SUCCEEDED", status, msg)
 	cat := e.catalog()
 	d := newDestination(map[string][]string{"public.orders": {"id"}, "public.events": {"id"}})
-	stop, done := liveWorkload(t, e, []string{"orders", "events"}, 25000)
+	stop, done, committed := liveWorkload(t, e, []string{"orders", "events"}, 25000)
+	var before int64
 
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -89,6 +98,11 @@ func TestSyncRounds(t *testing.T) {
 		if round == 4 {
 			close(stop)
 			<-done
+			// The rounds ran against a changing source, or they proved nothing.
+			require.Greater(t, committed.Load(), int64(100), "the workload committed transactions during the rounds")
+		}
+		if round == 1 {
+			before = committed.Load()
 		}
 		args := []string{"read", "--config", e.config(), "--catalog", cat}
 		if state != nil {
@@ -112,8 +126,12 @@ func TestSyncRounds(t *testing.T) {
 		state = r.lastState(t)
 		t.Logf("round %d: %d records", round, len(r.records()))
 	}
+	require.Greater(t, committed.Load(), before, "transactions committed between the rounds")
 	d.equalsSource(t, e, "public.orders")
 	d.equalsSource(t, e, "public.events")
+	var signal bool
+	require.NoError(t, e.db.Conn.QueryRow(context.Background(), `SELECT to_regclass('public.tidemark_signal') IS NOT NULL`).Scan(&signal))
+	require.False(t, signal, "the connector wrote no signal table")
 }
 
 // TestBackfillAcrossSyncs: a table larger than one sync's time budget is backfilled over several
@@ -223,10 +241,11 @@ func TestStreamsAddedAndRemoved(t *testing.T) {
 	// b joins while a changes.
 	e.db.Exec(`UPDATE a SET v = 'changed' WHERE id <= 10`)
 	both := e.catalog("public.a", "public.b")
-	stop, done := liveWorkload(t, e, []string{"a", "b"}, 3000)
+	stop, done, committed := liveWorkload(t, e, []string{"a", "b"}, 3000)
 	r = e.read(both, r.lastState(t))
 	close(stop)
 	<-done
+	require.Positive(t, committed.Load(), "the workload committed during the read")
 	d.apply(t, r.records())
 	counts := map[string]int{}
 	for _, m := range r.records() {

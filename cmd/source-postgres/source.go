@@ -151,8 +151,10 @@ func (s *source) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	sig, _ := s.cfg.signalTable()
 	findings := preflight.Check(ctx, c, preflight.Options{
 		Slot: rm.ReplicationSlot, Publication: rm.Publication, Tables: tables, CreateSlot: s.cfg.createSlot(),
+		Watermarks: s.cfg.watermarks(), SignalTable: sig,
 	})
 	problems := preflight.Problems(findings)
 	if len(problems) == 0 {

@@ -58,10 +58,11 @@ func TestCleanupKeepsSharedPublication(t *testing.T) {
 	db.Exec(`DROP PUBLICATION ` + db.Publication)
 
 	// A publication sync created for this slot, while another pgoutput slot of the database may
-	// stream it: kept. Once that slot is gone: dropped.
+	// stream it: kept. Once that slot is gone: dropped. (The sync writes its watermarks in the
+	// signal table, which cleanup handles too.)
 	e, _, errOut2 := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
-		"--tables", "public.t", "--to", filepath.Join(t.TempDir(), "out.jsonl"), "--stop-when-caught-up", "--quiet"}, e), errOut2.String())
+		"--tables", "public.t", "--to", filepath.Join(t.TempDir(), "out.jsonl"), "--stop-when-caught-up", "--quiet", "--watermarks", "table"}, e), errOut2.String())
 	other := db.Slot + "_other"
 	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, other)
 	code, out, errOut = cleanup(t, db, "--slot", db.Slot, "--publication", db.Publication)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/cmd/internal/preflight"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 // errProblems makes doctor exit with 1 when it found problems.
@@ -21,14 +23,28 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
 	slot := fs.String("slot", "tidemark", "logical replication slot")
 	pub := fs.String("publication", "tidemark", "publication")
+	watermarks := fs.String("watermarks", "auto", "the watermark transport the capture will use: auto, message or table (as tidemark sync)")
+	signalTable := fs.String("signal-table", "public.tidemark_signal", "the signal table of the table transport, as schema.table")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	transport, err := watermark.ParseTransport(*watermarks)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if transport == watermark.Auto && flagGiven(fs, "signal-table") {
+		transport = watermark.Table
+	}
+	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
+	if !ok || sigSchema == "" || sigTable == "" {
+		return fmt.Errorf("%w: --signal-table must be schema.table", errUsage)
 	}
 	if *source == "" {
 		fs.Usage()
 		return fmt.Errorf("%w: --source is required", errUsage)
 	}
-	opts := preflight.Options{Slot: *slot, Publication: *pub, CreateSlot: true, CreatePublication: true}
+	opts := preflight.Options{Slot: *slot, Publication: *pub, CreateSlot: true, CreatePublication: true,
+		Watermarks: transport, SignalTable: pgx.Identifier{sigSchema, sigTable}}
 	if *tables != "" {
 		parsed, err := parseTables(*tables)
 		if err != nil {

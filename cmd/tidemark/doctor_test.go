@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,10 +52,6 @@ func TestDoctor(t *testing.T) {
 		{[]string{`table public.orders cannot be read`, `GRANT SELECT ON "public"."orders" TO "` + role + `";`}, `GRANT SELECT ON orders TO ` + role},
 		{[]string{`publication "` + db.Publication + `" does not exist, and this role may not create it`, `CREATE PUBLICATION "` + db.Publication + `" FOR TABLE "public"."orders";`},
 			`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE orders`},
-		{[]string{`signal table "public"."tidemark_signal" does not exist, and this role may not create it`, `CREATE TABLE IF NOT EXISTS "public"."tidemark_signal"`,
-			`GRANT SELECT, INSERT, UPDATE ON "public"."tidemark_signal" TO "` + role + `";`, `ALTER PUBLICATION "` + db.Publication + `" ADD TABLE "public"."tidemark_signal";`},
-			`CREATE TABLE public.tidemark_signal (slot text PRIMARY KEY, run text NOT NULL, chunk bigint NOT NULL, kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now());
-			 GRANT SELECT, INSERT, UPDATE ON public.tidemark_signal TO ` + role + `; ALTER PUBLICATION ` + db.Publication + ` ADD TABLE public.tidemark_signal`},
 	}
 	for i, step := range steps {
 		code, out := runDoctorCmd(t, args...)
@@ -64,6 +61,25 @@ func TestDoctor(t *testing.T) {
 		}
 		db.Exec(step.fix)
 	}
+	code, out = runDoctorCmd(t, args...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "All is well")
+	require.Contains(t, out, "watermarks are logical messages", "the default transport needs no table and no write privilege")
+
+	// The signal table transport needs a table in the publication that the role may write.
+	table := append(slices.Clone(args), "--watermarks", "table")
+	code, out = runDoctorCmd(t, table...)
+	require.Equal(t, 1, code, out)
+	for _, w := range []string{`signal table "public"."tidemark_signal" does not exist, and this role may not create it`, `CREATE TABLE IF NOT EXISTS "public"."tidemark_signal"`,
+		`GRANT SELECT, INSERT, UPDATE ON "public"."tidemark_signal" TO "` + role + `";`, `ALTER PUBLICATION "` + db.Publication + `" ADD TABLE "public"."tidemark_signal";`} {
+		require.Contains(t, out, w)
+	}
+	db.Exec(`CREATE TABLE public.tidemark_signal (slot text PRIMARY KEY, run text NOT NULL, chunk bigint NOT NULL, kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now());
+		 GRANT SELECT, INSERT, UPDATE ON public.tidemark_signal TO ` + role + `; ALTER PUBLICATION ` + db.Publication + ` ADD TABLE public.tidemark_signal`)
+	code, out = runDoctorCmd(t, table...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "signal table \"public\".\"tidemark_signal\" is ready")
+
 	code, out = runDoctorCmd(t, args...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "All is well")

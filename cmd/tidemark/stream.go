@@ -43,6 +43,14 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// flagGiven reports whether the flag name was set on the command line (rather than left at
+// its default).
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
 func runStream(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("stream", "stream --source DSN --slot NAME --publication NAME [flags]", e)
 	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")

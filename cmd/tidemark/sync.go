@@ -19,6 +19,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 func runSync(ctx context.Context, args []string, e *env) error {
@@ -39,7 +40,8 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	rebackfill := fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
 	quiet := fs.Bool("quiet", false, "no progress display")
-	signalTable := fs.String("signal-table", "public.tidemark_signal", "the watermark table, as schema.table; created when missing")
+	watermarks := fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
+	signalTable := fs.String("signal-table", "public.tidemark_signal", "the watermark table of the table transport, as schema.table; created when missing")
 	wmTimeout := fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
 	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
 	breakEngine := fs.String("testing-break", "", "testing: break the engine on purpose, for the chaos harness to catch: no-guard, no-eviction, ack-ahead")
@@ -63,6 +65,13 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
 	if !ok || sigSchema == "" || sigTable == "" {
 		problems = append(problems, "--signal-table must be schema.table")
+	}
+	transport, terr := watermark.ParseTransport(*watermarks)
+	if terr != nil {
+		problems = append(problems, "--watermarks must be auto, message or table")
+	}
+	if transport == watermark.Auto && flagGiven(fs, "signal-table") {
+		transport = watermark.Table
 	}
 	refresh, refreshAll, rerr := parseRebackfill(*rebackfill, tcs)
 	if rerr != nil {
@@ -144,6 +153,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		AckCheckpoints:     true,
 		StopWhenCaughtUp:   *stopCaughtUp,
 		AddToPublication:   true,
+		Watermarks:         transport,
 		SignalTable:        pgx.Identifier{sigSchema, sigTable},
 		WatermarkTimeout:   *wmTimeout,
 		Faults:             faults,

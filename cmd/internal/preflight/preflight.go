@@ -1,5 +1,5 @@
 // Package preflight checks, all at once, everything a capture needs on the source: settings,
-// privileges, slot, publication, tables and signal table, each problem with the SQL or setting
+// privileges, slot, publication, tables and the watermark transport, each problem with the SQL or setting
 // that fixes it (and its managed-cloud variants). tidemark doctor prints the findings; the
 // Airbyte connector's check reports them.
 package preflight
@@ -35,12 +35,21 @@ type Options struct {
 	// CreatePublication: the capture creates the publication when it is missing, and adds the
 	// captured tables to it, when the role may.
 	CreatePublication bool
+	// Watermarks is the watermark transport the capture will use (Auto: resolved by the
+	// server's version, as the engine does).
+	Watermarks watermark.Transport
+	// SignalTable is the signal table of the Table transport. Zero: watermark.DefaultTable.
+	SignalTable pgx.Identifier
 }
 
 // Check checks everything a capture needs on the source, all at once, and returns the findings
 // in order. It never stops at the first problem, except when it cannot connect.
 func Check(ctx context.Context, cfg *pgx.ConnConfig, opts Options) []Finding {
-	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, createSlot: opts.CreateSlot, createPub: opts.CreatePublication}
+	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, createSlot: opts.CreateSlot, createPub: opts.CreatePublication,
+		watermarks: opts.Watermarks, signal: opts.SignalTable}
+	if len(d.signal) == 0 {
+		d.signal = watermark.DefaultTable
+	}
 	d.run(ctx, cfg)
 	return d.findings
 }
@@ -86,6 +95,8 @@ type doctor struct {
 	tables     []pgx.Identifier
 	createSlot bool
 	createPub  bool
+	watermarks watermark.Transport
+	signal     pgx.Identifier
 	findings   []Finding
 	user       string
 }
@@ -152,7 +163,7 @@ func (d *doctor) run(ctx context.Context, cfg *pgx.ConnConfig) {
 	d.checkReplicationConnection(ctx, cfg)
 	d.checkPublication(ctx, conn)
 	d.checkTables(ctx, conn)
-	d.checkSignalTable(ctx, conn)
+	d.checkWatermarks(ctx, conn, version)
 	if keep == "-1" {
 		d.warn("max_slot_wal_keep_size is unlimited: a slot nobody reads keeps WAL until the disk fills",
 			"ALTER SYSTEM SET max_slot_wal_keep_size = '50GB';  -- a bound that fits your disk; then SELECT pg_reload_conf();")
@@ -343,13 +354,37 @@ func (d *doctor) checkTables(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
+// checkWatermarks checks the watermark transport the capture will use.
+func (d *doctor) checkWatermarks(ctx context.Context, conn *pgx.Conn, version int) {
+	t, err := d.watermarks.Resolve(version)
+	if err != nil {
+		d.problem(err.Error(), "use the signal table transport (--watermarks table; in the connector, set signal_table)")
+		return
+	}
+	if t == watermark.Table {
+		d.checkSignalTable(ctx, conn)
+		return
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT has_function_privilege('pg_catalog.pg_logical_emit_message(boolean, text, text)', 'EXECUTE')`).Scan(&ok); err != nil {
+		d.problem(fmt.Sprintf("cannot check the privilege to write logical messages: %v", err))
+		return
+	}
+	if !ok {
+		d.problem("watermarks are logical messages, and this role may not call pg_logical_emit_message",
+			fmt.Sprintf("GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO %s;", pgx.Identifier{d.user}.Sanitize()))
+		return
+	}
+	d.ok("watermarks are logical messages (no signal table, no write privilege needed)")
+}
+
 func (d *doctor) checkSignalTable(ctx context.Context, conn *pgx.Conn) {
-	name := watermark.DefaultTable.Sanitize()
+	name := d.signal.Sanitize()
 	create := fmt.Sprintf(watermark.CreateTable, name) + ";"
 	grant := fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s;", name, pgx.Identifier{d.user}.Sanitize())
 	addToPub := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), name)
 	var exists, canCreate bool
-	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, has_schema_privilege($2, 'CREATE')`, name, watermark.DefaultTable[0]).Scan(&exists, &canCreate)
+	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, has_schema_privilege($2, 'CREATE')`, name, d.signal[0]).Scan(&exists, &canCreate)
 	if err != nil {
 		d.problem(fmt.Sprintf("cannot check the signal table %s: %v", name, err))
 		return
@@ -366,7 +401,7 @@ func (d *doctor) checkSignalTable(ctx context.Context, conn *pgx.Conn) {
 	var writable, inPub bool
 	_ = conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'INSERT, UPDATE'),
 		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $2 AND schemaname = $3 AND tablename = $4)`,
-		name, d.pub, watermark.DefaultTable[0], watermark.DefaultTable[1]).Scan(&writable, &inPub)
+		name, d.pub, d.signal[0], d.signal[1]).Scan(&writable, &inPub)
 	if !writable {
 		d.problem(fmt.Sprintf("signal table %s is not writable by this role", name), grant)
 		return
