@@ -97,9 +97,22 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	}
 	pubQuery := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
 	if version >= 150000 {
-		pubQuery = `SELECT true, attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+		// pg_publication_tables.attnames lists every column when the publication has no column
+		// list: taken as one, it would hide a column added after discovery from every later
+		// chunk (while the stream carries it). Only a column list (prattrs, on the table or an
+		// ancestor it is published through; pg_partition_ancestors lists nothing for a table
+		// that is not a partition) limits the columns.
+		pubQuery = `SELECT true,
+				CASE WHEN EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+					WHERE p.pubname = $1 AND pr.prattrs IS NOT NULL
+					  AND (pr.prrelid = $4::oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors($4::oid::regclass))))
+				THEN attnames END,
+				rowfilter
+			FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	} else {
+		pubQuery += ` AND $4::oid IS NOT NULL`
 	}
-	err = conn.QueryRow(ctx, pubQuery, publication, schema, name).Scan(&published, &pubCols, &rowFilter)
+	err = conn.QueryRow(ctx, pubQuery, publication, schema, name, t.OID).Scan(&published, &pubCols, &rowFilter)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
 	}
