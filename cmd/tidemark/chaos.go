@@ -24,7 +24,8 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	seed := fs.Uint64("seed", 0, "the seed of the workload and the fault schedule; 0: a random one, printed")
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
-	faults := fs.String("faults", "", "only these faults, comma-separated: "+strings.Join(chaos.FaultKinds(), ", ")+"; default all")
+	faults := fs.String("faults", "", "the faults, comma-separated: families ("+strings.Join(chaos.FaultFamilies(), ", ")+") or kinds ("+strings.Join(chaos.FaultKinds(), ", ")+"); default: the default family")
+	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight (a short run meets each)")
 	source := fs.String("source", "", "a staging database to run against (the run uses only its own schema tidemark_chaos, slot and publication); default a throwaway PostgreSQL")
 	target := fs.String("target", "", "postgres mode: the database to write to; default a second database of the throwaway PostgreSQL")
 	rows := fs.Int("rows", 20000, "rows of the main table before the run (backfilled under the faults)")
@@ -75,7 +76,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	failed := false
 	for _, m := range modes {
 		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
-			Tidemark: self, Rows: *rows, Faults: splitList(*faults), ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log}
+			Tidemark: self, Rows: *rows, Faults: splitList(*faults), InTurn: *inTurn, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log}
 		if *dir != "" {
 			cfg.Dir = filepath.Join(*dir, string(m))
 			if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -37,8 +38,12 @@ type Config struct {
 	Duration time.Duration // how long the workload runs under faults. Zero: 1 minute
 	// FaultEvery is the mean time between faults. Zero: 3s.
 	FaultEvery time.Duration
-	// Faults restricts the faults to these kinds (FaultKinds); empty: all of them.
+	// Faults are the faults to inject: kinds (FaultKinds) and families (FaultFamilies: "default",
+	// "ddl"). Empty: the default family.
 	Faults []string
+	// InTurn takes the faults in turn, in the order of Faults, instead of drawing each kind by
+	// its weight: a short run meets every one (the tests). The times between them stay drawn.
+	InTurn bool
 	// Source is a staging database to run against (its role must create schemas, slots and
 	// publications); empty: a throwaway PostgreSQL started for the run, which also allows the
 	// faults that restart or reconfigure the server.
@@ -70,14 +75,19 @@ type Report struct {
 	Transactions int64         // workload transactions committed
 	Faults       map[string]int
 	Void         map[string]int // faults of Faults that could not be applied (a restart that failed...)
+	Stops        map[string]int // clear stops with the cause a fault explains, by fault kind
+	Remedies     map[string]int // what followed them: "undo KIND", "rebackfill TABLE" (or all), "reset TABLE" (Airbyte)
 	Starts       int            // capture processes started
-	Failures     int            // capture processes that failed on their own (not killed by the harness)
-	LastFailure  string         // the last one's error
-	Records      int            // output records checked
-	Duplicates   int
-	Latency      []time.Duration // commit to delivery of live changes, sorted
-	Violations   []string
-	Dir          string
+	Failures     int            // capture processes that failed on their own (not killed by the harness), expected stops included
+	LastFailure  string         // the last one's error, apart from expected stops
+	// OtherFailures counts the failures that named no cause (a connection dropped or reset by
+	// a fault...), by message without numbers.
+	OtherFailures map[string]int
+	Records       int // output records checked
+	Duplicates    int
+	Latency       []time.Duration // commit to delivery of live changes, sorted
+	Violations    []string
+	Dir           string
 }
 
 // OK reports whether the run found no violation.
@@ -111,11 +121,22 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, ", without effect: %s", strings.Join(void, " "))
 	}
 	fmt.Fprintln(w)
+	if len(r.Stops) > 0 || len(r.Remedies) > 0 {
+		fmt.Fprintf(w, "stopped with the expected cause: %d (%s); remedies: %s\n", sum(r.Stops), formatCounts(r.Stops), formatCounts(r.Remedies))
+	}
 	fmt.Fprintf(w, "capture: %d starts, %d restarts, %d failed on their own", r.Starts, max(r.Starts-1, 0), r.Failures)
 	if r.LastFailure != "" {
 		fmt.Fprintf(w, " (last: %.200s)", r.LastFailure)
 	}
 	fmt.Fprintln(w)
+	if len(r.OtherFailures) > 0 {
+		kinds := slices.SortedFunc(maps.Keys(r.OtherFailures), func(a, b string) int { return r.OtherFailures[b] - r.OtherFailures[a] })
+		var top []string
+		for _, k := range kinds[:min(len(kinds), 3)] {
+			top = append(top, fmt.Sprintf("%d× %.120s", r.OtherFailures[k], k))
+		}
+		fmt.Fprintf(w, "failures that named no cause: %d, of %d kinds (%s)\n", sum(r.OtherFailures), len(kinds), strings.Join(top, "; "))
+	}
 	fmt.Fprintf(w, "output: %d records checked, %d duplicates\n", r.Records, r.Duplicates)
 	if len(r.Latency) > 0 {
 		fmt.Fprintf(w, "latency of live changes (commit to delivery, %d samples): p50=%s p99=%s max=%s\n", len(r.Latency),
@@ -135,6 +156,26 @@ func (r *Report) Write(w io.Writer) {
 	}
 }
 
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// formatCounts writes m as "k=v k=v", sorted by key.
+func formatCounts(m map[string]int) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, " ")
+}
+
 // run is one chaos run in progress.
 type run struct {
 	cfg    Config
@@ -147,11 +188,36 @@ type run struct {
 	slot   string
 	report *Report
 	rng    *rand.Rand // the fault schedule
+	schema *schemaState
+	capt   capture
+	work   *workload
+	// targetSrv is the PostgreSQL mode's target server when the restore fault is on: the
+	// source's server is restored, and the target must not be restored with it.
+	targetSrv *e2e.Server
+	restores  int // restore faults so far (names their backups)
 
-	mu     sync.Mutex
-	faults map[string]int
-	void   map[string]int // faults without effect
-	sup    *supervisor
+	mu            sync.Mutex
+	faults        map[string]int
+	void          map[string]int // faults without effect
+	stops         map[string]int // expected stops by fault kind
+	remedies      map[string]int
+	otherFailures map[string]int
+	violations    []string       // found while the run goes on
+	exps          []*expectation // the stops the faults may cause
+	auditFrom     int64          // the PostgreSQL target's audit covers txlog ids above (a restore raises it)
+	sup           *supervisor
+	journal       *os.File // Dir/journal.log: the faults, the capture's runs and how they ended
+}
+
+// note writes a line to the run's journal (Dir/journal.log), which a failed run leaves behind:
+// the faults in order, each capture process and how it ended, with its last log lines when it
+// failed, the stops and their remedies.
+func (r *run) note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.journal != nil {
+		fmt.Fprintf(r.journal, "%s %s\n", time.Now().UTC().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+	}
 }
 
 // Run runs the harness. It returns an error when the harness itself could not run (no
@@ -184,13 +250,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	default:
 		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte)", cfg.Mode)
 	}
-	for _, f := range cfg.Faults {
-		if !slices.Contains(FaultKinds(), f) {
-			return nil, fmt.Errorf("chaos: unknown fault %q (%s)", f, strings.Join(FaultKinds(), ", "))
-		}
+	faults, err := expandFaults(cfg.Faults)
+	if err != nil {
+		return nil, err
 	}
+	cfg.Faults = faults
 	start := time.Now()
-	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{}, void: map[string]int{},
+	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{}, void: map[string]int{}, stops: map[string]int{}, remedies: map[string]int{},
+		otherFailures: map[string]int{}, schema: newSchemaState(),
 		report: &Report{Mode: cfg.Mode, Seed: cfg.Seed},
 		rng:    rand.New(rand.NewPCG(cfg.Seed, 2)),
 		slot:   fmt.Sprintf("tidemark_chaos_%d", cfg.Seed%1000000)}
@@ -203,14 +270,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.cfg.Dir = dir
 	}
 	r.report.Dir = r.cfg.Dir
+	if f, err := os.Create(filepath.Join(r.cfg.Dir, "journal.log")); err == nil {
+		r.journal = f
+		defer func() {
+			r.mu.Lock()
+			r.journal = nil
+			r.mu.Unlock()
+			f.Close()
+		}()
+	}
+	r.note("mode %s seed %d duration %s faults %s", cfg.Mode, cfg.Seed, cfg.Duration, strings.Join(cfg.Faults, ","))
 	if err := r.prepare(ctx); err != nil {
 		r.close(ctx)
 		return nil, err
 	}
 	defer r.close(ctx)
-	err := r.execute(ctx)
+	err = r.execute(ctx)
 	r.report.Duration = time.Since(start)
-	r.report.Faults, r.report.Void = r.faults, r.void
+	r.mu.Lock()
+	r.report.Faults, r.report.Void, r.report.Stops, r.report.Remedies = r.faults, r.void, r.stops, r.remedies
+	r.report.OtherFailures = r.otherFailures
+	r.mu.Unlock()
 	if err != nil {
 		return r.report, err
 	}
@@ -238,6 +318,18 @@ func (r *run) prepare(ctx context.Context) error {
 		if r.cfg.Target == "" {
 			r.target = srv.DSN("chaos_target")
 		}
+		if r.cfg.Mode == Postgres && r.cfg.Target == "" && slices.Contains(r.cfg.Faults, "restore") {
+			// The restore fault takes the whole server back: the target needs a server of its own.
+			ts, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+			if err != nil {
+				return fmt.Errorf("start the target's PostgreSQL: %w", err)
+			}
+			r.targetSrv = ts
+			if err := ts.CreateDatabase(ctx, "chaos_target"); err != nil {
+				return err
+			}
+			r.target = ts.DSN("chaos_target")
+		}
 	} else {
 		r.dsn = r.cfg.Source
 	}
@@ -259,7 +351,7 @@ func (r *run) prepare(ctx context.Context) error {
 	// Leftovers of an earlier run with the same seed.
 	_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, r.slot)
 	_, _ = conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.slot}.Sanitize())
-	collation, err := setup(ctx, conn, r.cfg.Rows)
+	collation, err := setup(ctx, conn, r.cfg.Rows, r.ddl())
 	if err != nil {
 		return err
 	}
@@ -292,6 +384,9 @@ func (r *run) close(ctx context.Context) {
 	if r.proxy != nil {
 		r.proxy.Close()
 	}
+	if r.targetSrv != nil {
+		_ = r.targetSrv.Stop(ctx)
+	}
 	if r.srv != nil {
 		_ = r.srv.Stop(ctx)
 		return
@@ -314,6 +409,9 @@ func (r *run) close(ctx context.Context) {
 	_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.slot)
 	_, _ = conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.slot}.Sanitize())
 	_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+Schema+` CASCADE`)
+	if r.ddl() {
+		_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+MovedSchema+` CASCADE`)
+	}
 	if r.target != "" && r.cfg.Mode == Postgres {
 		if tc, err := pgx.Connect(ctx, r.target); err == nil {
 			_, _ = tc.Exec(ctx, `DROP SCHEMA IF EXISTS `+Schema+` CASCADE`)
@@ -335,16 +433,18 @@ func (r *run) execute(ctx context.Context) error {
 	case Airbyte:
 		capt = newAirbyteCapture(r)
 	}
+	r.capt = capt
 	if err := capt.prepare(ctx); err != nil {
 		return err
 	}
-	w := &workload{dsn: r.dsn, rng: rand.New(rand.NewPCG(r.cfg.Seed, 1)), rows: r.cfg.Rows}
+	w := &workload{dsn: r.dsn, rng: rand.New(rand.NewPCG(r.cfg.Seed, 1)), rows: r.cfg.Rows, schema: r.schema}
+	r.work = w
 	wctx, stopWorkload := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		w.run(wctx)
 	})
-	r.sup = &supervisor{start: capt.start, log: r.log}
+	r.sup = &supervisor{start: capt.start, exited: r.exited, log: r.log}
 	sctx, stopCapture := context.WithCancel(ctx)
 	wg.Go(func() {
 		r.sup.run(sctx)
@@ -367,9 +467,101 @@ func (r *run) execute(ctx context.Context) error {
 	}
 	if err := capt.finish(ctx); err != nil {
 		r.report.Violations = append(r.report.Violations, "the final catch-up failed: "+err.Error())
+		r.takeViolations()
 		return nil
 	}
-	return capt.verify(ctx, r.report)
+	err := capt.verify(ctx, r.report)
+	r.takeViolations()
+	return err
+}
+
+// takeViolations moves what the run found while it went on into the report.
+func (r *run) takeViolations() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.report.Violations = append(r.report.Violations, r.violations...)
+	r.violations = nil
+}
+
+// ddl reports whether the run injects faults of the ddl family.
+func (r *run) ddl() bool {
+	for _, k := range faultKinds {
+		if k.family == "ddl" && slices.Contains(r.cfg.Faults, k.name) {
+			return true
+		}
+	}
+	return false
+}
+
+// watchRemedy watches a process started with re-backfills until it ended: once it wrote a
+// checkpoint, the re-backfills are in it (the next runs resume them, and need not ask again);
+// once they started there, their expectations retire (settle).
+func (r *run) watchRemedy(p *process) {
+	defer close(p.watched)
+	asked := true
+	for {
+		ended := false
+		select {
+		case <-p.done:
+			ended = true
+		case <-time.After(300 * time.Millisecond):
+		}
+		if asked {
+			if cp, err := r.capt.checkpoint(context.Background()); err == nil && cp != nil && cp.raw != p.before {
+				r.capt.remedied(p.remedy)
+				asked = false
+			}
+		}
+		r.settle(context.Background())
+		if ended {
+			return
+		}
+	}
+}
+
+// exited judges a capture process that ended (once its remedy is watched): a failure is judged
+// by failed. It reports whether the process stopped with a cause a fault explains.
+func (r *run) exited(ctx context.Context, p *process) bool {
+	if p.watched != nil {
+		<-p.watched
+	}
+	r.settle(ctx)
+	lived := time.Since(p.started).Round(time.Millisecond)
+	switch {
+	case p.wasKilled():
+		r.note("capture pid %d killed after %s", p.cmd.Process.Pid, lived)
+		return false
+	case p.err == nil:
+		r.note("capture pid %d ended after %s%s", p.cmd.Process.Pid, lived, warnings(p.stderr.String()))
+		return false
+	}
+	msg := p.failure()
+	r.note("capture pid %d failed after %s: %s\n%s", p.cmd.Process.Pid, lived, oneLine(msg), lastLines(p.stderr.String(), 30))
+	return r.failed(ctx, p.started, msg)
+}
+
+// warnings returns the warnings and errors a process logged (zerolog JSON lines), indented on
+// lines of their own; "" when there are none.
+func warnings(stderr string) string {
+	var out []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) {
+			out = append(out, "\n    | "+l)
+		}
+	}
+	if len(out) > 10 {
+		out = append(out[:10], fmt.Sprintf("\n    | ... and %d more", len(out)-10))
+	}
+	return strings.Join(out, "")
+}
+
+// lastLines returns the last n lines of s, indented.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "    | " + strings.Join(lines, "\n    | ")
 }
 
 // ensureServer waits until the source accepts connections again (after a restart fault).
@@ -398,6 +590,14 @@ type capture interface {
 	// finish runs the capture without faults until it has caught up.
 	finish(ctx context.Context) error
 	verify(ctx context.Context, rep *Report) error
+	// rebackfill starts table's output over (every table's for ""), as an operator would after
+	// a stop that asks for it, and says how ("rebackfill", "reset").
+	rebackfill(ctx context.Context, table string) string
+	// remedied is told that a process started with the re-backfills of tables wrote a durable
+	// checkpoint.
+	remedied(tables []string)
+	// checkpoint reads the durable checkpoint; nil when there is none yet.
+	checkpoint(ctx context.Context) (*checkpointInfo, error)
 }
 
 // sourceTables returns the source's rows of each table in their JSON form, by key.
@@ -421,14 +621,10 @@ func (r *run) checkOracle(ctx context.Context, o *e2e.Oracle, rep *Report) error
 	}
 	rep.Violations = append(rep.Violations, o.Violations()...)
 	rep.Records, rep.Duplicates = o.Records(), o.Duplicates()
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for k := range src {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
-		if d := e2e.Diff(o.Rows(name), src[name]); d != "" {
+	for _, name := range slices.Sorted(maps.Keys(src)) {
+		replay := o.Rows(name)
+		r.schema.fillAdded(name, replay, src[name])
+		if d := e2e.Diff(replay, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: %s differs from the source: %s", name, d))
 		}
 	}

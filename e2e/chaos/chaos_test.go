@@ -105,9 +105,50 @@ func TestChaos(t *testing.T) {
 	}
 }
 
+// TestChaosDDL runs each mode under the schema and operations faults (the ddl family: renames,
+// columns, replica identities, the publication, TRUNCATE, a commit kept invisible across a
+// restart of the capture, a restore of the source to an earlier point), taken in turn so that
+// a short run meets each, with a random seed (printed). The capture follows each change or stops
+// with an error naming its cause; the harness checks the cause, applies the remedy the error
+// gives, and the run goes on; the oracle finds the output equal to the source. A stop that names
+// no cause, or one no fault explains, or a difference, fails it.
+func TestChaosDDL(t *testing.T) {
+	t.Parallel() // with TestChaosCatchesBrokenEngines, after TestChaos: the package's time stays about the same
+	seed := randomSeed()
+	// standby-restart last: it waits (up to 20 s) for a checkpoint past its held commit.
+	turns := []string{"identity", "restore", "publication", "rename", "truncate", "column", "standby-restart"}
+	t.Logf("seed %d; replay with tidemark chaos --mode M --seed %d --faults %s --in-turn --duration 35s --fault-every 2s", seed, seed, strings.Join(turns, ","))
+	var cfgs []chaos.Config
+	for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
+		cfg := config(t, mode, seed)
+		cfg.Faults, cfg.InTurn, cfg.Duration = turns, true, 35*time.Second
+		cfgs = append(cfgs, cfg)
+	}
+	for i, rep := range concurrently(t, cfgs) {
+		require.True(t, rep.OK(), "%s seed %d: %s", rep.Mode, seed, strings.Join(rep.Violations, "\n"))
+		require.Greater(t, rep.Transactions, int64(500), "the workload ran")
+		effective := func(kind string) int { return rep.Faults[kind] - rep.Void[kind] }
+		for _, kind := range []string{"identity", "publication", "rename", "truncate", "column"} {
+			require.Positive(t, effective(kind), "%s: the %s fault took effect", rep.Mode, kind)
+		}
+		if cfgs[i].Source == "" {
+			// A restore always leaves the capture a checkpoint of a history the server no longer
+			// has: it must have stopped on it.
+			require.Positive(t, effective("restore"), "%s: the source was restored", rep.Mode)
+			require.Positive(t, rep.Stops["restore"], "%s: the capture refused its checkpoint after the restore", rep.Mode)
+		}
+		stops := 0
+		for _, n := range rep.Stops {
+			stops += n
+		}
+		require.Positive(t, stops, "%s: the capture stopped on a fault's cause, and went on after the remedy", rep.Mode)
+	}
+}
+
 // TestChaosCatchesBrokenEngines: the harness is only worth something if it fails a broken
 // engine. Each switch breaks one rule; the harness reports a violation.
 func TestChaosCatchesBrokenEngines(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		breaks string
 		faults []string

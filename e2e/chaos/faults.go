@@ -12,25 +12,66 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 )
 
-// The faults, with their weights in the schedule. restart and commit-stall change the server,
-// so they run only on a server the harness started.
-var faultKinds = []struct {
+// The faults, with their weights in the schedule and their family. restart, commit-stall,
+// standby-restart and restore change the server, so they run only on a server the harness
+// started. The default family is what a run injects unless told otherwise; the ddl family (schema
+// changes and operations, ddl.go) is asked for with --faults ddl (or default,ddl for both).
+type faultKind struct {
 	name     string
 	weight   int
 	embedded bool
-}{
-	{"kill", 35, false},          // kill -9 of the capture process
-	{"restart", 6, true},         // PostgreSQL immediate shutdown and start
-	{"walsender", 10, false},     // pg_terminate_backend of the slot's walsender
-	{"drop", 8, false},           // the proxy closes every connection
-	{"reset", 7, false},          // the proxy resets every connection (RST)
-	{"stall", 8, false},          // the proxy forwards nothing for 1-4 s
-	{"commit-stall", 8, true},    // a committed transaction stays invisible for 1-3 s (see commitStall)
-	{"slow-consumer", 12, false}, // the output is not consumed for 1-4 s
+	family   string
+}
+
+var faultKinds = []faultKind{
+	{"kill", 35, false, "default"},          // kill -9 of the capture process
+	{"restart", 6, true, "default"},         // PostgreSQL immediate shutdown and start
+	{"walsender", 10, false, "default"},     // pg_terminate_backend of the slot's walsender
+	{"drop", 8, false, "default"},           // the proxy closes every connection
+	{"reset", 7, false, "default"},          // the proxy resets every connection (RST)
+	{"stall", 8, false, "default"},          // the proxy forwards nothing for 1-4 s
+	{"commit-stall", 8, true, "default"},    // a committed transaction stays invisible for 1-3 s (see commitStall)
+	{"slow-consumer", 12, false, "default"}, // the output is not consumed for 1-4 s
+	{"rename", 8, false, "ddl"},             // a table renamed (or moved to another schema) for 1-4 s, then back
+	{"column", 8, false, "ddl"},             // a nullable column added, or one the harness added dropped
+	{"identity", 8, false, "ddl"},           // REPLICA IDENTITY FULL, or USING INDEX another unique index, for 1-4 s
+	{"publication", 6, false, "ddl"},        // a table dropped from the publication for 1-4 s, then added back
+	{"truncate", 6, false, "ddl"},           // TRUNCATE of a table (the main table is reloaded in the same transaction)
+	{"standby-restart", 5, true, "ddl"},     // a commit kept invisible across a kill -9 and restart of the capture
+	{"restore", 3, true, "ddl"},             // the source restored to a base backup taken seconds before, on a new timeline
+}
+
+// FaultFamilies are the names that stand for a family of faults in Config.Faults.
+func FaultFamilies() []string { return []string{"default", "ddl"} }
+
+// expandFaults replaces the families in list by their kinds; empty is the default family.
+func expandFaults(list []string) ([]string, error) {
+	if len(list) == 0 {
+		list = []string{"default"}
+	}
+	var out []string
+	for _, f := range list {
+		switch {
+		case slices.Contains(FaultFamilies(), f):
+			for _, k := range faultKinds {
+				if k.family == f && !slices.Contains(out, k.name) {
+					out = append(out, k.name)
+				}
+			}
+		case slices.Contains(FaultKinds(), f):
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		default:
+			return nil, fmt.Errorf("chaos: unknown fault %q (families %s; kinds %s)", f, strings.Join(FaultFamilies(), ", "), strings.Join(FaultKinds(), ", "))
+		}
+	}
+	return out, nil
 }
 
 // noEffect starts the description of a fault that could not be applied (counted apart in the
@@ -49,12 +90,18 @@ func FaultKinds() []string {
 // faultLoop injects faults at random times (drawn from the seed) until end.
 func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 	enabled := func(k string, embedded bool) bool {
-		return (!embedded || r.srv != nil) && (len(r.cfg.Faults) == 0 || slices.Contains(r.cfg.Faults, k))
+		return (!embedded || r.srv != nil) && slices.Contains(r.cfg.Faults, k)
 	}
 	var total int
+	var turns []string // InTurn: the enabled kinds, in the order of Config.Faults
 	for _, k := range faultKinds {
 		if enabled(k.name, k.embedded) {
 			total += k.weight
+		}
+	}
+	for _, name := range r.cfg.Faults {
+		if i := slices.IndexFunc(faultKinds, func(k faultKind) bool { return k.name == name }); i >= 0 && enabled(name, faultKinds[i].embedded) {
+			turns = append(turns, name)
 		}
 	}
 	if total == 0 {
@@ -62,7 +109,7 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 		return
 	}
 	mean := float64(r.cfg.FaultEvery)
-	for ctx.Err() == nil {
+	for turn := 0; ctx.Err() == nil; turn++ {
 		wait := time.Duration(math.Min(math.Max(r.rng.ExpFloat64()*mean, mean/10), 3*mean))
 		if time.Now().Add(wait).After(end) {
 			sleep(ctx, time.Until(end))
@@ -74,8 +121,12 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 			if !enabled(k.name, k.embedded) {
 				continue
 			}
-			if n -= k.weight; n < 0 {
+			if r.cfg.InTurn && k.name != turns[turn%len(turns)] {
+				continue
+			}
+			if n -= k.weight; n < 0 || r.cfg.InTurn {
 				d := time.Duration(1000+r.rng.IntN(3000)) * time.Millisecond
+				r.note("fault %s begins", k.name)
 				what := r.inject(ctx, k.name, d, capt)
 				r.mu.Lock()
 				r.faults[k.name]++
@@ -84,6 +135,7 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 				}
 				r.mu.Unlock()
 				r.log.Info().Str("fault", k.name).Str("what", what).Msg("fault")
+				r.note("fault %s: %s", k.name, what)
 				break
 			}
 		}
@@ -111,11 +163,13 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		r.proxy.stall(ctx, d)
 		return "connections stalled for " + d.String()
 	case "commit-stall":
-		return r.commitStall(ctx, d*3/4)
+		return r.commitStall(ctx, d*3/4, false)
 	case "slow-consumer":
 		return capt.slow(ctx, d)
+	case "standby-restart":
+		return r.commitStall(ctx, d*3/4, true)
 	}
-	return ""
+	return r.schemaFault(ctx, kind, d)
 }
 
 // commitStall holds a transaction between its commit record and its visibility for d: the
@@ -128,7 +182,13 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 // the stopped transaction in their snapshot's running list although it precedes their low
 // watermark in the stream. SIGCONT ends it. Sending signals to the server's backends needs the
 // harness to run as root or as the server's OS user; without that every commit waits for d.
-func (r *run) commitStall(ctx context.Context, d time.Duration) string {
+//
+// acrossRestart (the standby-restart fault) keeps it invisible across a restart of the capture:
+// once the capture's durable checkpoint has passed the held commit, the capture is killed (-9),
+// and the commit stays invisible for d after the supervisor started it again. The next run does
+// not see the commit in its stream (it resumes after it): only its checkpoint can tell it that
+// the commit is not visible yet (Position.Invisible), and its chunks must wait for it.
+func (r *run) commitStall(ctx context.Context, d time.Duration, acrossRestart bool) string {
 	bg := context.WithoutCancel(ctx)
 	conn, err := pgx.Connect(ctx, r.dsn)
 	if err != nil {
@@ -141,8 +201,19 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 	}
 	// The update takes its row locks before commits wait for the standby: a workload transaction
 	// waiting for it with a lock the update needs would block the update until the stall ends.
-	sql := fmt.Sprintf(`UPDATE %s.accounts SET v = v || 's', ver = nextval('%s.ver') WHERE id %% 20 = %d`, Schema, Schema, r.rng.IntN(20))
+	// Across a restart it lasts longer: it updates fewer rows, so that the workload seldom waits
+	// for its locks.
+	every := 20
+	if acrossRestart {
+		every = 200
+	}
+	sql := fmt.Sprintf(`UPDATE %s SET v = v || 's', ver = nextval('%s.ver') WHERE id %% %d = %d`, r.schema.name("accounts"), Schema, every, r.rng.IntN(every))
 	if _, err := conn.Exec(ctx, "BEGIN; "+sql); err != nil {
+		return noEffect + err.Error()
+	}
+	var xid uint64
+	if err := conn.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		_, _ = conn.Exec(bg, "ROLLBACK")
 		return noEffect + err.Error()
 	}
 	r.exec(bg, `ALTER SYSTEM SET synchronous_standby_names = 'tidemark_chaos_absent_standby'`)
@@ -179,6 +250,8 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 		<-spray
 		return noEffect + "the spraying transaction did not wait for the standby"
 	}
+	// Its commit record is flushed: the WAL position now is past it.
+	committed := r.walPosition(bg)
 	stopped := syscall.Kill(pid, syscall.SIGSTOP) == nil
 	if !stopped {
 		// Not allowed to signal the backend: hold every commit instead.
@@ -188,10 +261,55 @@ func (r *run) commitStall(ctx context.Context, d time.Duration) string {
 		return "commits held back for " + d.String() + " (the backend could not be stopped)"
 	}
 	lift()
+	if !acrossRestart {
+		sleep(ctx, d)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		<-spray
+		return "a committed transaction kept invisible for " + d.String()
+	}
+	// Across a restart: wait (up to 20 s) for a durable checkpoint past the commit, kill the
+	// capture, let the supervisor start it again, and keep the commit invisible for d more.
+	var cp *checkpointInfo
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 200*time.Millisecond) {
+		if c, err := r.capt.checkpoint(bg); err == nil && c != nil && committed != 0 && c.LSN >= committed {
+			cp = c
+			break
+		}
+	}
+	starts, _, _ := r.sup.counts()
+	killed := r.sup.kill()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 50*time.Millisecond) {
+		if n, _, _ := r.sup.counts(); n > starts {
+			break
+		}
+	}
 	sleep(ctx, d)
 	_ = syscall.Kill(pid, syscall.SIGCONT)
 	<-spray
-	return "a committed transaction kept invisible for " + d.String()
+	if cp == nil {
+		return noEffect + "the capture had not checkpointed past the held commit within 20 s (" + killed + ")"
+	}
+	carried := "not listed"
+	if cp.invisible(uint32(xid)) {
+		carried = "listed"
+	}
+	return fmt.Sprintf("a committed transaction (xid %d) kept invisible across a restart of the capture (%s), for %s after it; the checkpoint past its commit %s it as invisible",
+		xid, killed, d, carried)
+}
+
+// walPosition returns the source's current WAL write position (0 when it cannot be read).
+func (r *run) walPosition(ctx context.Context) pglogrepl.LSN {
+	conn, err := pgx.Connect(ctx, r.dsn)
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var s string
+	if conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s) != nil {
+		return 0
+	}
+	lsn, _ := pglogrepl.ParseLSN(s)
+	return lsn
 }
 
 // exec runs a statement on the source, directly, and returns the rows it affected or returned.
@@ -215,13 +333,35 @@ type process struct {
 	done    chan struct{} // closed when it has exited and its output is read
 	err     error
 	stderr  *tail
+	trace   *errTrace     // Airbyte: the TRACE ERROR it printed
+	remedy  []string      // the re-backfills it was started with ("" for every table)
+	before  string        // the durable checkpoint when it started, for remedy
+	watched chan struct{} // with remedy: closed when watchRemedy is done
 	mu      sync.Mutex
 	killed  bool
 }
 
+// errTrace is the TRACE ERROR of an Airbyte read.
+type errTrace struct {
+	mu                   sync.Mutex
+	failureType, message string
+}
+
+func (t *errTrace) set(failureType, message string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.failureType, t.message = failureType, message
+}
+
+func (t *errTrace) get() (string, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.failureType, t.message
+}
+
 // spawn starts cmd; after is called when it has exited, before done is closed.
 func spawn(cmd *exec.Cmd, after func(error)) (*process, error) {
-	p := &process{cmd: cmd, started: time.Now(), done: make(chan struct{}), stderr: &tail{}}
+	p := &process{cmd: cmd, started: time.Now(), done: make(chan struct{}), stderr: &tail{}, trace: &errTrace{}}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -256,16 +396,32 @@ func (p *process) freeze(ctx context.Context, d time.Duration) {
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 }
 
-// failure describes why the process failed: its last error log line.
+// failure describes why the process failed: the error tidemark printed last ("tidemark sync:
+// ...", with the lines of its hint), the Airbyte connector's TRACE ERROR (its failure type and
+// whole message), or else its last error log line.
 func (p *process) failure() string {
-	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	return failureText(p.stderr.String(), p.trace, p.err)
+}
+
+func failureText(stderr string, trace *errTrace, err error) string {
+	if trace != nil {
+		if ft, msg := trace.get(); msg != "" {
+			return "[" + ft + "] " + msg
+		}
+	}
+	if i := strings.LastIndex("\n"+stderr, "\ntidemark "); i >= 0 {
+		if rest := strings.TrimSpace(stderr[i:]); rest != "" && !strings.HasPrefix(rest, "{") {
+			return rest
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		if strings.Contains(lines[i], "error") {
 			return lines[i]
 		}
 	}
-	if p.err != nil {
-		return p.err.Error()
+	if err != nil {
+		return err.Error()
 	}
 	return ""
 }
@@ -293,15 +449,20 @@ func (t *tail) String() string {
 }
 
 // supervisor keeps the capture running: it starts it again whenever it ends (killed, failed or,
-// for Airbyte rounds, finished), as an operator's service manager or the platform does.
+// for Airbyte rounds, finished), as an operator's service manager or the platform does. A
+// failure is first judged by exited (an expected stop is remedied there, and does not count as a
+// failure in a row).
 type supervisor struct {
-	start func(ctx context.Context) (*process, error)
-	log   zerolog.Logger
+	start  func(ctx context.Context) (*process, error)
+	exited func(ctx context.Context, p *process) (expected bool) // after each process; nil: none
+	log    zerolog.Logger
 
 	mu         sync.Mutex
 	cur        *process
+	held       chan struct{} // non-nil while held: closed to resume
 	starts     int
 	failures   int
+	expected   int // failures that were stops a fault explains
 	last       string
 	quickFails int // failures in a row within seconds of their start, with the same error
 	lastQuick  string
@@ -309,16 +470,24 @@ type supervisor struct {
 
 func (s *supervisor) run(ctx context.Context) {
 	for ctx.Err() == nil {
+		s.mu.Lock()
+		if held := s.held; held != nil {
+			s.mu.Unlock()
+			select {
+			case <-held:
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
 		p, err := s.start(ctx)
 		if err != nil {
-			s.mu.Lock()
 			s.failures++
 			s.last = err.Error()
 			s.mu.Unlock()
 			sleep(ctx, 500*time.Millisecond)
 			continue
 		}
-		s.mu.Lock()
 		s.cur = p
 		s.starts++
 		s.mu.Unlock()
@@ -328,10 +497,20 @@ func (s *supervisor) run(ctx context.Context) {
 			p.kill()
 			<-p.done
 		}
+		expected := false
+		if s.exited != nil && ctx.Err() == nil {
+			expected = s.exited(ctx, p)
+		} else if p.watched != nil {
+			<-p.watched
+		}
 		s.mu.Lock()
 		s.cur = nil
 		switch {
 		case p.wasKilled() || ctx.Err() != nil:
+			s.quickFails = 0
+		case p.err != nil && expected:
+			s.failures++
+			s.expected++
 			s.quickFails = 0
 		case p.err != nil:
 			s.failures++
@@ -348,6 +527,41 @@ func (s *supervisor) run(ctx context.Context) {
 		}
 		s.mu.Unlock()
 		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// hold kills the running capture process and starts none until resume.
+func (s *supervisor) hold() {
+	s.mu.Lock()
+	if s.held == nil {
+		s.held = make(chan struct{})
+	}
+	p := s.cur
+	s.mu.Unlock()
+	if p != nil {
+		p.kill()
+		<-p.done
+	}
+	// The run loop judges the killed process and clears cur; wait for it, so that nothing of
+	// the capture runs when hold returns.
+	for {
+		s.mu.Lock()
+		idle := s.cur == nil
+		s.mu.Unlock()
+		if idle {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// resume ends a hold.
+func (s *supervisor) resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held != nil {
+		close(s.held)
+		s.held = nil
 	}
 }
 
@@ -373,6 +587,12 @@ func (s *supervisor) counts() (starts, failures int, last string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.starts, s.failures, s.last
+}
+
+func (s *supervisor) expectedStops() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expected
 }
 
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.

@@ -28,15 +28,16 @@ type syncCapture struct {
 	toPG bool
 	out  string // the JSON lines file
 
-	mu   sync.Mutex
-	seen map[string]time.Time // txlog id → when its insert first appeared in the output
-	at   map[string]time.Time // txlog id → when it was written
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	seen    map[string]time.Time // txlog id → when its insert first appeared in the output
+	at      map[string]time.Time // txlog id → when it was written
+	pending map[string]bool      // re-backfills to ask for ("" for every table) until one is durable
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 func (c *syncCapture) prepare(ctx context.Context) error {
-	c.seen, c.at = map[string]time.Time{}, map[string]time.Time{}
+	c.seen, c.at, c.pending = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
 	if !c.toPG {
 		// Live changes are timed as they reach the file.
 		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -48,7 +49,8 @@ func (c *syncCapture) prepare(ctx context.Context) error {
 	return nil
 }
 
-func (c *syncCapture) args(final bool) []string {
+// args are the arguments of a sync; remedy are the re-backfills it asks for.
+func (c *syncCapture) args(final bool, remedy []string) []string {
 	r := c.r
 	var tabs []string
 	for _, t := range tables {
@@ -74,12 +76,118 @@ func (c *syncCapture) args(final bool) []string {
 	if final {
 		args = append(args, "--stop-when-caught-up")
 	}
+	if len(remedy) > 0 {
+		args = append(args, "--rebackfill", remedyArg(remedy))
+	}
 	return args
 }
 
-func (c *syncCapture) start(ctx context.Context) (*process, error) {
-	cmd := exec.Command(c.r.cfg.Tidemark, c.args(false)...)
-	return spawn(cmd, nil)
+// remedyArg is --rebackfill's value for the re-backfills remedy ("" for every table).
+func remedyArg(remedy []string) string {
+	if slices.Contains(remedy, "") {
+		return "all"
+	}
+	return strings.Join(remedy, ",")
+}
+
+func (c *syncCapture) start(ctx context.Context) (*process, error) { return c.launch(ctx, false) }
+
+// launch starts a sync with the re-backfills still pending, noting the checkpoint it starts
+// from: they are durable once it wrote another (remedied).
+func (c *syncCapture) launch(ctx context.Context, final bool) (*process, error) {
+	c.mu.Lock()
+	var remedy []string
+	for t := range c.pending {
+		remedy = append(remedy, t)
+	}
+	c.mu.Unlock()
+	slices.Sort(remedy)
+	var before string
+	if len(remedy) > 0 {
+		cp, err := c.checkpoint(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if cp != nil {
+			before = cp.raw
+		}
+	}
+	p, err := spawn(exec.Command(c.r.cfg.Tidemark, c.args(final, remedy)...), nil)
+	if err != nil {
+		return nil, err
+	}
+	p.remedy, p.before = remedy, before
+	if len(remedy) > 0 {
+		c.r.note("capture pid %d started with --rebackfill %s", p.cmd.Process.Pid, remedyArg(remedy))
+	} else {
+		c.r.note("capture pid %d started", p.cmd.Process.Pid)
+	}
+	if len(remedy) > 0 {
+		p.watched = make(chan struct{})
+		go c.r.watchRemedy(p) // waited for by exited
+	}
+	return p, nil
+}
+
+// rebackfill asks the next runs to start table's output over (every table's for ""), until one
+// of them has a durable checkpoint.
+func (c *syncCapture) rebackfill(_ context.Context, table string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if table == "" {
+		clear(c.pending)
+	}
+	if !c.pending[""] {
+		c.pending[table] = true
+	}
+	return "rebackfill"
+}
+
+// remedied notes that a run asked for the re-backfills of tables and wrote a checkpoint: the
+// checkpoint carries them (as asked, or done), so the next runs need not ask again.
+func (c *syncCapture) remedied(tables []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range tables {
+		delete(c.pending, t)
+	}
+}
+
+// checkpoint reads the durable checkpoint: the JSON lines output's file, the target's row.
+func (c *syncCapture) checkpoint(ctx context.Context) (*checkpointInfo, error) {
+	if !c.toPG {
+		b, err := os.ReadFile(c.out + ".checkpoint")
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		var f struct {
+			Position json.RawMessage `json:"position"`
+		}
+		if err := json.Unmarshal(b, &f); err != nil {
+			return nil, fmt.Errorf("checkpoint file: %w", err)
+		}
+		if len(f.Position) == 0 || string(f.Position) == "null" {
+			return nil, nil
+		}
+		return parsePosition(f.Position)
+	}
+	conn, err := pgx.Connect(ctx, c.r.target)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var raw []byte
+	err = conn.QueryRow(ctx, `SELECT position::text FROM public.tidemark_checkpoint WHERE id = $1`, c.r.slot).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) || isUndefinedTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return parsePosition(raw)
 }
 
 func (c *syncCapture) slow(ctx context.Context, d time.Duration) string {
@@ -111,12 +219,11 @@ func (c *syncCapture) slow(ctx context.Context, d time.Duration) string {
 }
 
 // finish runs sync until it has caught up, without faults, retrying while an earlier process's
-// session still holds the slot.
+// session still holds the slot, and remedying the stops the faults explain.
 func (c *syncCapture) finish(ctx context.Context) error {
 	var last string
 	for range 20 {
-		cmd := exec.CommandContext(ctx, c.r.cfg.Tidemark, c.args(true)...)
-		p, err := spawn(cmd, nil)
+		p, err := c.launch(ctx, true)
 		if err != nil {
 			return err
 		}
@@ -129,6 +236,7 @@ func (c *syncCapture) finish(ctx context.Context) error {
 			return errors.New("sync did not catch up within 5 minutes")
 		}
 		t.Stop()
+		c.r.exited(ctx, p)
 		if p.err == nil {
 			if c.stop != nil {
 				time.Sleep(300 * time.Millisecond) // the tail reads the end of the file
@@ -162,7 +270,8 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 	defer f.Close()
 	recs, err := e2e.ParseJSONL(io.LimitReader(f, cp.Offset), keys())
 	if err != nil {
-		return err
+		rep.Violations = append(rep.Violations, "the output cannot be replayed by the tables' keys: "+err.Error())
+		return nil
 	}
 	o := e2e.NewOracle("ver")
 	for _, rec := range recs {
@@ -195,6 +304,7 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 			return err
 		}
 		rep.Records += len(dst)
+		c.r.schema.fillAdded(name, dst, src[name])
 		if d := e2e.Diff(dst, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: target %s differs from the source: %s", name, d))
 		}
@@ -204,15 +314,21 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 		return err
 	}
 	defer conn.Close(ctx)
+	// After a restore of the source, the transactions of the restored history before its re-backfill
+	// came to the target as backfilled rows, not applied: the audit covers those after it
+	// (auditFrom, the last txlog id then), each of which must be applied once.
+	c.r.mu.Lock()
+	from := c.r.auditFrom
+	c.r.mu.Unlock()
 	var logged, applied int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+Schema+`.txlog`).Scan(&logged); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+Schema+`.txlog WHERE id > $1`, from).Scan(&logged); err != nil {
 		return err
 	}
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`).Scan(&applied); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296 WHERE t.id > $1`, from).Scan(&applied); err != nil {
 		return err
 	}
 	if applied != logged {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("audit: %d source transactions, %d applied", logged, applied))
+		rep.Violations = append(rep.Violations, fmt.Sprintf("audit: %d source transactions, %d applied (txlog id > %d)", logged, applied, from))
 	}
 	rows, err := conn.Query(ctx, `SELECT extract(epoch FROM l.applied_at - t.at) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`)
 	if err != nil {
@@ -371,32 +487,42 @@ func (c *airbyteCapture) round(ctx context.Context, cfgPath string) (*process, e
 	c.mu.Unlock()
 	cmd := exec.Command(c.r.cfg.Connector, args...)
 	cmd.Env = append(os.Environ(), "LOG_LEVEL=info")
-	out, err := cmd.StdoutPipe()
+	// A pipe of our own, read to its end: the one of cmd.StdoutPipe is closed by Wait as soon as
+	// the process exits, which loses what it printed last (its final STATE, its TRACE ERROR).
+	out, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
+	cmd.Stdout = w
 	var wg sync.WaitGroup
+	tr := &errTrace{}
 	p, err := spawn(cmd, func(err error) {
 		wg.Wait()
+		out.Close()
 		if err == nil {
 			c.mu.Lock()
 			c.complete++
 			c.mu.Unlock()
 		}
 	})
+	w.Close() // the child has its copy: the reader sees EOF when the child exits
 	if err != nil {
+		out.Close()
 		return nil, err
 	}
+	p.trace = tr
+	c.r.note("capture pid %d started (a read, state of %d bytes)", p.cmd.Process.Pid, len(c.state))
 	wg.Go(func() {
-		c.consume(ctx, out)
+		c.consume(ctx, out, tr)
 	})
 	return p, nil
 }
 
 func (c *airbyteCapture) start(ctx context.Context) (*process, error) { return c.round(ctx, c.config) }
 
-// consume reads a round's messages: records wait for the next state, which commits them.
-func (c *airbyteCapture) consume(ctx context.Context, out io.Reader) {
+// consume reads a round's messages: records wait for the next state, which commits them; a
+// TRACE ERROR goes to tr.
+func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrace) {
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	var pending []e2e.Record
@@ -408,6 +534,7 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader) {
 			sleep(ctx, d)
 		}
 		if !sc.Scan() {
+			_, _ = io.Copy(io.Discard, out) // after a line too long: the connector must not block on a full pipe
 			return
 		}
 		line := sc.Bytes()
@@ -419,6 +546,14 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader) {
 				Stream    string                     `json:"stream"`
 				Data      map[string]json.RawMessage `json:"data"`
 			} `json:"record"`
+			Trace struct {
+				Type  string `json:"type"`
+				Error struct {
+					Message         string `json:"message"`
+					InternalMessage string `json:"internal_message"`
+					FailureType     string `json:"failure_type"`
+				} `json:"error"`
+			} `json:"trace"`
 		}
 		if json.Unmarshal(line, &m) != nil {
 			continue // a line cut by a kill
@@ -434,6 +569,14 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader) {
 					c.seen[id], c.at[id] = time.Now(), parseTime(m.Record.Data["at"])
 				}
 				c.mu.Unlock()
+			}
+		case "TRACE":
+			if m.Trace.Type == "ERROR" {
+				msg := m.Trace.Error.InternalMessage
+				if msg == "" {
+					msg = m.Trace.Error.Message
+				}
+				tr.set(m.Trace.Error.FailureType, msg)
 			}
 		case "STATE":
 			for _, rec := range pending {
@@ -480,6 +623,73 @@ func (c *airbyteCapture) slow(ctx context.Context, d time.Duration) string {
 	return "output not read for " + d.String()
 }
 
+// rebackfill does what the platform does when a stream is reset (Airbyte's "Clear data" or
+// "Reset"; every stream for ""): the destination drops the stream's rows, and the state loses
+// its entry, from which the next read starts the stream over.
+func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
+	c.mu.Lock()
+	var cleared []string
+	if table == "" {
+		c.state = nil
+		for name := range keys() {
+			cleared = append(cleared, name)
+		}
+	} else {
+		c.state = withoutStream(c.state, table)
+		cleared = []string{table}
+	}
+	c.mu.Unlock()
+	for _, name := range cleared {
+		c.oracle.Apply(e2e.Record{Table: name, Op: "refresh"})
+	}
+	return "reset"
+}
+
+// remedied: a reset is in the state when it is made.
+func (c *airbyteCapture) remedied([]string) {}
+
+// withoutStream returns the state (the platform's array of state messages) without table's
+// stream state.
+func withoutStream(state []byte, table string) []byte {
+	var msgs []map[string]any
+	if state == nil || json.Unmarshal(state, &msgs) != nil {
+		return state
+	}
+	for _, m := range msgs {
+		g, _ := m["global"].(map[string]any)
+		if g == nil {
+			continue
+		}
+		streams, _ := g["stream_states"].([]any)
+		kept := []any{}
+		for _, st := range streams {
+			if m, ok := st.(map[string]any); ok {
+				if d, ok := m["stream_descriptor"].(map[string]any); ok && fmt.Sprint(d["namespace"])+"."+fmt.Sprint(d["name"]) == table {
+					continue
+				}
+			}
+			kept = append(kept, st)
+		}
+		g["stream_states"] = kept
+	}
+	b, err := json.Marshal(msgs)
+	if err != nil {
+		return state
+	}
+	return b
+}
+
+// checkpoint reads the last state the platform keeps.
+func (c *airbyteCapture) checkpoint(context.Context) (*checkpointInfo, error) {
+	c.mu.Lock()
+	state := c.state
+	c.mu.Unlock()
+	if state == nil {
+		return nil, nil
+	}
+	return parseAirbyteState(state)
+}
+
 // finish runs rounds without faults, straight to the server, until one ends well.
 func (c *airbyteCapture) finish(ctx context.Context) error {
 	direct := c.config
@@ -505,6 +715,7 @@ func (c *airbyteCapture) finish(ctx context.Context) error {
 			return err
 		}
 		<-p.done
+		c.r.exited(ctx, p)
 		if p.err == nil {
 			return nil
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,8 +45,11 @@ func keys() map[string][]string {
 // case, accents and scripts that order differently under ICU than under C.
 var tenants = []string{"apple", "Apple", "Äpfel", "zoë", "Zoe", "zoe", "ß", "ss", "日本", "Ω", "émile", "Emile"}
 
-// setup creates the schema and its tables with rows initial rows in accounts.
-func setup(ctx context.Context, conn *pgx.Conn, rows int) (collation string, err error) {
+// setup creates the schema and its tables with rows initial rows in accounts. With ddl, it also
+// makes what the schema faults need: the schema a table is moved to, and on each table a second
+// unique index (on ver, which is unique: every insert and update draws a new one) for a replica
+// identity on another index than the key.
+func setup(ctx context.Context, conn *pgx.Conn, rows int, ddl bool) (collation string, err error) {
 	collation = "C"
 	var icu bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = 'und-x-icu')`).Scan(&icu); err == nil && icu {
@@ -64,6 +68,12 @@ func setup(ctx context.Context, conn *pgx.Conn, rows int) (collation string, err
 		fmt.Sprintf(`INSERT INTO %[1]s.items SELECT t, s, nextval('%[1]s.ver'), 'i' FROM unnest($1::text[]) t, generate_series(1, 200) s`, Schema),
 		fmt.Sprintf(`INSERT INTO %[1]s.notes SELECT 'n-' || g, nextval('%[1]s.ver'), 'note ' || g FROM generate_series(1, 1000) g`, Schema),
 	}
+	if ddl {
+		stmts = append(stmts, `DROP SCHEMA IF EXISTS `+MovedSchema+` CASCADE`, `CREATE SCHEMA `+MovedSchema)
+		for _, t := range ddlTables {
+			stmts = append(stmts, fmt.Sprintf(`CREATE UNIQUE INDEX %[2]s_ver_key ON %[1]s.%[2]s (ver)`, Schema, t))
+		}
+	}
 	for _, s := range stmts {
 		var args []any
 		if strings.Contains(s, "$1") {
@@ -76,13 +86,23 @@ func setup(ctx context.Context, conn *pgx.Conn, rows int) (collation string, err
 	return collation, nil
 }
 
-// workload writes random transactions until ctx ends, reconnecting after a fault.
+// workload writes random transactions until ctx ends, reconnecting after a fault. It writes to
+// the tables under their current names and sets the newest column the harness added to each
+// (schema), as an application that follows its own migrations would.
 type workload struct {
 	dsn     string
 	rng     *rand.Rand
 	rows    int
+	schema  *schemaState
 	commits atomic.Int64 // transactions committed
+	// gate is held (read) by each transaction; pause takes it to stop the workload between
+	// transactions (while the source is restored).
+	gate sync.RWMutex
 }
+
+// pause stops the workload once its transaction in progress has ended; resume lets it go on.
+func (w *workload) pause()  { w.gate.Lock() }
+func (w *workload) resume() { w.gate.Unlock() }
 
 func (w *workload) run(ctx context.Context) {
 	var conn *pgx.Conn
@@ -101,11 +121,13 @@ func (w *workload) run(ctx context.Context) {
 			}
 			conn = c
 		}
+		w.gate.RLock()
 		stmts := w.transaction(&next)
 		stmts = append(stmts, `INSERT INTO `+Schema+`.txlog DEFAULT VALUES`)
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_, err := conn.Exec(tctx, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT")
 		cancel()
+		w.gate.RUnlock()
 		if err != nil {
 			if !conn.IsClosed() {
 				_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -118,53 +140,58 @@ func (w *workload) run(ctx context.Context) {
 }
 
 // transaction draws the statements of one transaction: one to four changes, sometimes a large
-// one, over the three tables.
+// one, over the three tables. The draws do not depend on the schema faults, so a seed draws the
+// same transactions with or without them.
 func (w *workload) transaction(next *int64) []string {
 	r := w.rng
-	s := Schema
-	ver := `nextval('` + s + `.ver')`
+	n := w.schema.view()
+	acc, items, notes := n.names["accounts"], n.names["items"], n.names["notes"]
+	ver := `nextval('` + Schema + `.ver')`
 	var out []string
 	for range 1 + r.IntN(4) {
 		id := 1 + r.Int64N(*next)
-		switch n := r.IntN(100); {
-		case n < 20:
+		switch k := r.IntN(100); {
+		case k < 20:
 			big := "NULL"
 			if r.IntN(10) == 0 {
 				big = fmt.Sprintf("repeat(md5('%d'), %d)", id, 200+r.IntN(2000)) // TOASTed
 			}
-			out = append(out, fmt.Sprintf(`INSERT INTO %s.accounts VALUES (%d, %s, 'new', %s) ON CONFLICT (id) DO UPDATE SET ver = excluded.ver, v = 'upserted'`, s, *next, ver, big))
+			out = append(out, fmt.Sprintf(`INSERT INTO %s AS t (id, ver, v, big%s) VALUES (%d, %s, 'new', %s%s) ON CONFLICT (id) DO UPDATE SET ver = excluded.ver, v = 'upserted'%s`,
+				acc, n.col("accounts"), *next, ver, big, n.val("accounts", "'n'"), n.set("accounts", "'upserted'")))
 			*next++
-		case n < 45:
+		case k < 45:
 			// Leaves big alone: an unchanged TOASTed value in the stream.
-			out = append(out, fmt.Sprintf(`UPDATE %s.accounts SET v = v || 'u', ver = %s WHERE id = %d`, s, ver, id))
-		case n < 50:
-			out = append(out, fmt.Sprintf(`UPDATE %s.accounts SET big = repeat(md5(v), %d), ver = %s WHERE id = %d`, s, 100+r.IntN(1000), ver, id))
-		case n < 58:
-			out = append(out, fmt.Sprintf(`DELETE FROM %s.accounts WHERE id = %d`, s, id))
-		case n < 63:
+			out = append(out, fmt.Sprintf(`UPDATE %s SET v = v || 'u'%s, ver = %s WHERE id = %d`, acc, n.set("accounts", "'u'"), ver, id))
+		case k < 50:
+			out = append(out, fmt.Sprintf(`UPDATE %s SET big = repeat(md5(v), %d), ver = %s WHERE id = %d`, acc, 100+r.IntN(1000), ver, id))
+		case k < 58:
+			out = append(out, fmt.Sprintf(`DELETE FROM %s WHERE id = %d`, acc, id))
+		case k < 63:
 			to := *next
 			*next++
-			out = append(out, fmt.Sprintf(`UPDATE %s.accounts SET id = %d, ver = %s WHERE id = %d`, s, to, ver, id))
-		case n < 64:
+			out = append(out, fmt.Sprintf(`UPDATE %s SET id = %d, ver = %s WHERE id = %d`, acc, to, ver, id))
+		case k < 64:
 			// A large transaction: hundreds of rows in one statement.
-			out = append(out, fmt.Sprintf(`UPDATE %s.accounts SET v = 'bulk', ver = %s WHERE id BETWEEN %d AND %d`, s, ver, id, id+200+int64(r.IntN(1500))))
-		case n < 80:
+			out = append(out, fmt.Sprintf(`UPDATE %s SET v = 'bulk'%s, ver = %s WHERE id BETWEEN %d AND %d`, acc, n.set("accounts", "'bulk'"), ver, id, id+200+int64(r.IntN(1500))))
+		case k < 80:
 			t := tenants[r.IntN(len(tenants))]
 			sku := 1 + r.IntN(300)
 			switch r.IntN(3) {
 			case 0:
-				out = append(out, fmt.Sprintf(`INSERT INTO %s.items VALUES ('%s', %d, %s, 'i') ON CONFLICT (tenant, sku) DO UPDATE SET ver = excluded.ver, v = 'again'`, s, t, sku, ver))
+				out = append(out, fmt.Sprintf(`INSERT INTO %s AS t (tenant, sku, ver, v%s) VALUES ('%s', %d, %s, 'i'%s) ON CONFLICT (tenant, sku) DO UPDATE SET ver = excluded.ver, v = 'again'%s`,
+					items, n.col("items"), t, sku, ver, n.val("items", "'i'"), n.set("items", "'again'")))
 			case 1:
-				out = append(out, fmt.Sprintf(`UPDATE %s.items SET v = v || 'u', ver = %s WHERE tenant = '%s' AND sku = %d`, s, ver, t, sku))
+				out = append(out, fmt.Sprintf(`UPDATE %s SET v = v || 'u'%s, ver = %s WHERE tenant = '%s' AND sku = %d`, items, n.set("items", "'u'"), ver, t, sku))
 			default:
-				out = append(out, fmt.Sprintf(`DELETE FROM %s.items WHERE tenant = '%s' AND sku = %d`, s, t, sku))
+				out = append(out, fmt.Sprintf(`DELETE FROM %s WHERE tenant = '%s' AND sku = %d`, items, t, sku))
 			}
 		default:
 			code := fmt.Sprintf("n-%d", 1+r.IntN(1200))
 			if r.IntN(4) == 0 {
-				out = append(out, fmt.Sprintf(`DELETE FROM %s.notes WHERE code = '%s'`, s, code))
+				out = append(out, fmt.Sprintf(`DELETE FROM %s WHERE code = '%s'`, notes, code))
 			} else {
-				out = append(out, fmt.Sprintf(`INSERT INTO %s.notes VALUES ('%s', %s, 'b') ON CONFLICT (code) DO UPDATE SET ver = excluded.ver, body = %s.notes.body || 'x'`, s, code, ver, s))
+				out = append(out, fmt.Sprintf(`INSERT INTO %s AS t (code, ver, body%s) VALUES ('%s', %s, 'b'%s) ON CONFLICT (code) DO UPDATE SET ver = excluded.ver, body = t.body || 'x'%s`,
+					notes, n.col("notes"), code, ver, n.val("notes", "'b'"), n.set("notes", "'x'")))
 			}
 		}
 	}

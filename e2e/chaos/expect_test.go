@@ -1,0 +1,254 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/merge"
+)
+
+// TestFailureText: the error a capture process stopped with is what it printed last, not its
+// exit status: tidemark's "tidemark sync: ..." line with its hint (after JSON log lines that do
+// not say "error"), the Airbyte connector's TRACE ERROR.
+func TestFailureText(t *testing.T) {
+	syncErr := `{"level":"info","message":"starting"}` + "\n" +
+		`{"level":"warn","table":"tidemark_chaos.notes","message":"chunk abandoned"}` + "\n" +
+		"tidemark sync: a change of a captured table cannot be placed: tidemark_chaos.notes at 0/1A2B3C4: its key column \"code\" arrived NULL; restore it\n" +
+		"to re-backfill it, run the same command once with --rebackfill tidemark_chaos.notes\n"
+	got := failureText(syncErr, &errTrace{}, errors.New("exit status 1"))
+	require.Contains(t, got, "tidemark sync: a change of a captured table cannot be placed: tidemark_chaos.notes")
+	require.Contains(t, got, "--rebackfill tidemark_chaos.notes")
+
+	tr := &errTrace{}
+	tr.set("config_error", "table tidemark_chaos.items was truncated on the source (transaction 12, commit 0/16)")
+	require.Equal(t, "[config_error] table tidemark_chaos.items was truncated on the source (transaction 12, commit 0/16)",
+		failureText(`{"level":"error","error":"x"}`, tr, errors.New("exit status 1")))
+
+	// Killed: no message; the exit status is all there is.
+	require.Equal(t, "signal: killed", failureText(`{"level":"info","message":"x"}`, &errTrace{}, errors.New("signal: killed")))
+	require.Equal(t, `{"level":"error","error":"receive: EOF"}`, failureText(`{"level":"error","error":"receive: EOF"}`+"\n", &errTrace{}, errors.New("exit status 1")))
+}
+
+// TestCausesAndExpectations: a stop matches an expectation by its cause and its table, and only
+// for processes started before the expectation was retired.
+func TestCausesAndExpectations(t *testing.T) {
+	un := (&merge.UnplaceableError{Table: "tidemark_chaos.notes", Reason: "its key column \"code\" arrived NULL", Fix: "restore"}).Error()
+	require.Equal(t, []cause{causeUnplaceable}, causesOf("tidemark sync: "+un))
+	pub := fmt.Errorf("%w: %w; add it back", merge.ErrPublicationChanged, fmt.Errorf("%w: tidemark_chaos.items is not in publication p", chunker.ErrNotPublished)).Error()
+	require.ElementsMatch(t, []cause{causePublication, causeNotInPub}, causesOf(pub))
+	ahead := (&merge.PositionAheadError{Position: "0/5", Server: "0/4"}).Error()
+	require.Equal(t, []cause{causeAhead}, causesOf(ahead))
+	require.Empty(t, causesOf("receive message: unexpected EOF"))
+	require.Equal(t, []cause{causeStreamGone}, causesOf("[config_error] the table of stream(s) tidemark_chaos.notes no longer exists (dropped or renamed), or this role cannot see it"))
+	require.Equal(t, []cause{causeColumnGone}, causesOf(`tidemark sync: target table "tidemark_chaos"."notes" lacks the source's column(s) x3 and has x1, which the source does not: a renamed column, or one dropped and another added? If renamed, run on the target: ...`))
+
+	now := time.Now()
+	e := &expectation{kind: "identity", table: "tidemark_chaos.notes", causes: []cause{causeUnplaceable, causeKeyChanged}, refresh: true, undone: make(chan struct{})}
+	require.True(t, e.matches(now, un, causesOf(un)))
+	require.False(t, e.matches(now, pub, causesOf(pub)), "another cause")
+	other := (&merge.UnplaceableError{Table: "tidemark_chaos.notes_x", Reason: "r", Fix: "f"}).Error()
+	require.False(t, e.matches(now, other, causesOf(other)), "another table")
+	e.retired = now
+	require.True(t, e.matches(now.Add(-time.Second), un, causesOf(un)), "a process started before the retirement")
+	require.False(t, e.matches(now.Add(time.Second), un, causesOf(un)), "a process started after it")
+
+	all := &expectation{kind: "restore", causes: positionCauses, refresh: true, undone: make(chan struct{})}
+	require.True(t, all.matches(now, ahead, causesOf(ahead)))
+}
+
+// TestFailedJudges: a stop an expectation allows is counted and remedied; the same stop with no
+// expectation, or after it was retired, is a violation; a failure naming no cause is counted.
+func TestFailedJudges(t *testing.T) {
+	capt := &fakeCapture{}
+	r := &run{stops: map[string]int{}, remedies: map[string]int{}, otherFailures: map[string]int{}, capt: capt}
+	un := "tidemark sync: " + (&merge.UnplaceableError{Table: "tidemark_chaos.notes", Reason: "r", Fix: "f"}).Error()
+	require.False(t, r.failed(t.Context(), time.Now(), un))
+	require.Len(t, r.violations, 1, "a clear stop nothing explains")
+
+	// A fault on the table that never stops the capture: covered by a re-backfill asked after it.
+	quiet := r.expect("truncate", "tidemark_chaos.notes", true, nil, causeTruncated)
+	require.NoError(t, quiet.restore(t.Context()))
+	undone := 0
+	e := r.expect("identity", "tidemark_chaos.notes", true, func(context.Context) error { undone++; return nil }, causeUnplaceable, causeKeyChanged)
+	capt.cp = &checkpointInfo{raw: "before"}
+	require.True(t, r.failed(t.Context(), time.Now(), un))
+	require.Equal(t, 1, undone, "the change is undone first")
+	require.Equal(t, []string{"tidemark_chaos.notes"}, capt.asked)
+	require.Equal(t, map[string]int{"identity": 1}, r.stops)
+	require.Equal(t, map[string]int{"undo identity": 1, "rebackfill tidemark_chaos.notes": 1}, r.remedies)
+	require.True(t, r.busy("tidemark_chaos.notes"))
+
+	// Retired once the re-backfill has started in a checkpoint written since it was asked for:
+	// not while the checkpoint is the one of the stop, nor while it only asks for it.
+	all := func(refresh bool) map[string]bool {
+		m := map[string]bool{}
+		for name := range keys() {
+			m[name] = refresh
+		}
+		return m
+	}
+	capt.cp = &checkpointInfo{raw: "before", Tables: all(true), Refresh: all(false)}
+	r.settle(t.Context())
+	require.True(t, e.retired.IsZero(), "the checkpoint of the stop")
+	capt.cp = &checkpointInfo{raw: "asked", Tables: all(true), Refresh: map[string]bool{"tidemark_chaos.notes": true}}
+	r.settle(t.Context())
+	require.True(t, e.retired.IsZero(), "asked for, not started")
+	require.True(t, r.busy("tidemark_chaos.notes"), "no other fault on the table until it started")
+	capt.cp = &checkpointInfo{raw: "started", Tables: all(true), Refresh: all(false)}
+	r.settle(t.Context())
+	require.False(t, e.retired.IsZero())
+	require.False(t, quiet.retired.IsZero(), "covered by the re-backfill")
+
+	// A lasting cause: each of its stops takes the remedy, and it is never retired.
+	remedies := 0
+	col := r.lasting("column", "tidemark_chaos.notes", func(context.Context) error { remedies++; return nil }, causeColumnGone)
+	require.Same(t, col, r.lasting("column", "tidemark_chaos.notes", nil, causeColumnGone))
+	require.False(t, r.busy("tidemark_chaos.notes"), "a shared expectation leaves the table to other faults")
+	gone := `tidemark sync: target table "tidemark_chaos"."notes" lacks the source's column(s) x3 and has x1, which the source does not: a renamed column, or one dropped and another added?`
+	require.True(t, r.failed(t.Context(), time.Now(), gone))
+	require.True(t, r.failed(t.Context(), time.Now().Add(time.Minute), gone))
+	require.True(t, col.retired.IsZero())
+	require.Equal(t, 2, remedies)
+	require.Equal(t, 2, r.stops["column"])
+	require.False(t, r.busy("tidemark_chaos.notes"))
+	require.False(t, r.failed(t.Context(), time.Now().Add(time.Second), un))
+	require.Len(t, r.violations, 2, "the same stop after the remedy is durable")
+
+	require.False(t, r.failed(t.Context(), time.Now(), "tidemark sync: receive message: unexpected EOF"))
+	require.Equal(t, map[string]int{"tidemark sync: receive message: unexpected EOF": 1}, r.otherFailures)
+	require.Len(t, r.violations, 2, "a connection failure is not a violation")
+	require.False(t, r.failed(t.Context(), time.Now(), `tidemark sync: apply to target: ERROR: column "x3" of relation "notes" does not exist (SQLSTATE 42703)`))
+	require.Len(t, r.violations, 3, "a failure that names no cause and is no connection failure is one")
+	require.False(t, r.failed(t.Context(), time.Now(), "[transient_error] read a snapshot: unexpected EOF"))
+	require.False(t, r.failed(t.Context(), time.Now(), "[system_error] something unexpected"))
+	require.Len(t, r.violations, 4)
+}
+
+// TestWithoutStream: the platform's reset of a stream drops its entry from the state and keeps
+// the others and the shared position.
+func TestWithoutStream(t *testing.T) {
+	state := `[{"type":"GLOBAL","global":{"shared_state":{"tidemark":1,"lsn":100,"lsn_text":"0/64","timeline":2,"invisible":"7-9,12"},"stream_states":[` +
+		`{"stream_descriptor":{"name":"notes","namespace":"tidemark_chaos"},"stream_state":{"sync_mode":"incremental","done":true,"key":["code"]}},` +
+		`{"stream_descriptor":{"name":"items","namespace":"tidemark_chaos"},"stream_state":{"sync_mode":"incremental","done":false,"refresh":true,"key":["tenant","sku"]}}]}}]`
+	out := withoutStream([]byte(state), "tidemark_chaos.notes")
+	cp, err := parseAirbyteState(out)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"tidemark_chaos.items": true}, cp.Tables)
+	require.True(t, cp.Refresh["tidemark_chaos.items"])
+	require.EqualValues(t, 100, cp.LSN)
+	require.EqualValues(t, 2, cp.Timeline)
+	require.True(t, cp.invisible(8))
+	require.True(t, cp.invisible(12))
+	require.False(t, cp.invisible(10))
+	var v []map[string]any
+	require.NoError(t, json.Unmarshal(out, &v))
+	require.Equal(t, "GLOBAL", v[0]["type"])
+	require.Nil(t, withoutStream(nil, "tidemark_chaos.notes"))
+}
+
+// TestParsePosition reads a checkpoint's position as merge writes it.
+func TestParsePosition(t *testing.T) {
+	b, err := json.Marshal(merge.Position{Version: merge.PositionVersion, LSN: 0x16B3748, Timeline: 3,
+		Tables:    map[string]*merge.TableProgress{"tidemark_chaos.txlog": {Refresh: true}, "tidemark_chaos.notes": {Done: true}},
+		Invisible: &merge.XIDs{5, 6, 7, 40}})
+	require.NoError(t, err)
+	cp, err := parsePosition(b)
+	require.NoError(t, err)
+	require.EqualValues(t, 0x16B3748, cp.LSN)
+	require.EqualValues(t, 3, cp.Timeline)
+	require.True(t, cp.Refresh["tidemark_chaos.txlog"])
+	require.False(t, cp.Refresh["tidemark_chaos.notes"])
+	require.True(t, cp.Tables["tidemark_chaos.notes"])
+	require.True(t, cp.invisible(6))
+	require.True(t, cp.invisible(40))
+	require.False(t, cp.invisible(8))
+}
+
+// TestExpandFaults: families stand for their kinds; the default is the default family.
+func TestExpandFaults(t *testing.T) {
+	def, err := expandFaults(nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"kill", "restart", "walsender", "drop", "reset", "stall", "commit-stall", "slow-consumer"}, def)
+	both, err := expandFaults([]string{"ddl", "kill"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"rename", "column", "identity", "publication", "truncate", "standby-restart", "restore", "kill"}, both)
+	_, err = expandFaults([]string{"ddl", "nope"})
+	require.ErrorContains(t, err, `unknown fault "nope"`)
+}
+
+// TestFillAdded: a replayed row without a column the harness added (written before the column
+// existed) has NULL there, as in the source; a value the output has is kept, so a difference
+// stays one; columns the harness did not add are left alone.
+func TestFillAdded(t *testing.T) {
+	s := newSchemaState()
+	s.columnAdded("notes", "x1")
+	str := func(v string) *string { return &v }
+	src := map[string]map[string]*string{
+		`"n-1"`: {"code": str(`"n-1"`), "body": str(`"b"`), "x1": str("null")},
+		`"n-2"`: {"code": str(`"n-2"`), "body": str(`"b"`), "x1": str(`"x"`)},
+	}
+	replay := map[string]map[string]*string{
+		`"n-1"`: {"code": str(`"n-1"`)},
+		`"n-2"`: {"code": str(`"n-2"`), "x1": str(`"y"`)},
+	}
+	s.fillAdded("tidemark_chaos.notes", replay, src)
+	require.Equal(t, "null", *replay[`"n-1"`]["x1"])
+	require.Equal(t, `"y"`, *replay[`"n-2"`]["x1"])
+	_, has := replay[`"n-1"`]["body"]
+	require.False(t, has)
+}
+
+// fakeCapture records the re-backfills asked of it, and has the checkpoint cp.
+type fakeCapture struct {
+	asked []string
+	cp    *checkpointInfo
+}
+
+func (f *fakeCapture) prepare(context.Context) error                       { return nil }
+func (f *fakeCapture) start(context.Context) (*process, error)             { return nil, errors.New("fake") }
+func (f *fakeCapture) slow(context.Context, time.Duration) string          { return "" }
+func (f *fakeCapture) finish(context.Context) error                        { return nil }
+func (f *fakeCapture) verify(context.Context, *Report) error               { return nil }
+func (f *fakeCapture) remedied([]string)                                   {}
+func (f *fakeCapture) checkpoint(context.Context) (*checkpointInfo, error) { return f.cp, nil }
+func (f *fakeCapture) rebackfill(_ context.Context, table string) string {
+	f.asked = append(f.asked, table)
+	return "rebackfill"
+}
+
+// TestRoundReadsToTheEnd: a round's output is read to its end, however fast the connector
+// exits after printing it: the last records, their STATE and the TRACE ERROR after them are
+// not lost (the harness once closed the pipe when the process exited, before reading it all).
+func TestRoundReadsToTheEnd(t *testing.T) {
+	dir := t.TempDir()
+	var out []byte
+	for i := range 3000 {
+		out = fmt.Appendf(out, `{"type":"RECORD","record":{"namespace":"tidemark_chaos","stream":"notes","data":{"code":"n-%d","ver":%d,"body":"%0200d"}}}`+"\n", i, i+1, i)
+	}
+	out = append(out, `{"type":"STATE","state":{"type":"GLOBAL","global":{"shared_state":{"lsn":7},"stream_states":[]}}}`+"\n"...)
+	out = append(out, `{"type":"TRACE","trace":{"type":"ERROR","emitted_at":1.0,"error":{"message":"m","internal_message":"boom","failure_type":"system_error"}}}`+"\n"...)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "out"), out, 0o600))
+	script := filepath.Join(dir, "connector")
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\ncat "+filepath.Join(dir, "out")+"\nexit 1\n"), 0o700))
+	for i := range 20 {
+		r := &run{cfg: Config{Connector: script, Dir: dir}}
+		c := newAirbyteCapture(r)
+		p, err := c.round(t.Context(), filepath.Join(dir, "config.json"))
+		require.NoError(t, err)
+		<-p.done
+		require.Equal(t, "[system_error] boom", p.failure(), "round %d", i)
+		require.Equal(t, 3000, c.oracle.Records(), "round %d", i)
+		cp, err := c.checkpoint(t.Context())
+		require.NoError(t, err)
+		require.EqualValues(t, 7, cp.LSN)
+	}
+}
