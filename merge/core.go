@@ -448,7 +448,7 @@ func (c *core) change(ch *replicator.Change) error {
 		return nil
 	}
 	if ch.Op != replicator.Insert && ts.identityErr != nil {
-		return c.unplaceable(ts, fmt.Sprintf("an %s arrived while %v", ch.Op, ts.identityErr))
+		return c.unplaceable(ts, fmt.Sprintf("a change (%s) arrived while %v", ch.Op, ts.identityErr))
 	}
 	var newKey, oldKey []byte
 	var partial bool // an update that lacks unchanged TOASTed values

@@ -40,7 +40,12 @@ func classify(err error) string {
 		replicator.ErrPublicationMissing, replicator.ErrPublication, replicator.ErrWalLevel,
 		replicator.ErrServerVersion, merge.ErrSystemChanged, merge.ErrPositionBehindSlot,
 		merge.ErrNoTables, chunker.ErrNoKey, chunker.ErrNoTable, chunker.ErrNotPublished,
-		watermark.ErrSetup,
+		chunker.ErrRowFilter, watermark.ErrSetup,
+		// A change that cannot be placed, or a table whose key, identity, publication
+		// membership or partitions changed: the user must act (restore, then reset the stream);
+		// a retry would stop the same way.
+		merge.ErrUnplaceable, merge.ErrKeyChanged, merge.ErrTableReplaced, merge.ErrPublicationChanged,
+		merge.ErrPartitionsChanged,
 	} {
 		if errors.Is(err, target) {
 			return configFailure
@@ -84,6 +89,17 @@ func isConnectFailure(err error) bool {
 	return errors.As(err, &ce)
 }
 
+// needsReset reports a stop whose way on is a new backfill of a stream: the engine cannot place
+// its changes, or the table changed in a way the stream does not carry.
+func needsReset(err error) bool {
+	for _, target := range []error{merge.ErrUnplaceable, merge.ErrKeyChanged, merge.ErrTableReplaced, merge.ErrPublicationChanged, merge.ErrPartitionsChanged} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
 // userMessage is the short message the platform shows: what went wrong and what to do.
 func userMessage(err error) string {
 	switch classify(err) {
@@ -93,6 +109,9 @@ func userMessage(err error) string {
 		}
 		return "The source could not be reached or dropped the connection; the next attempt resumes from the last state: " + err.Error()
 	case configFailure:
+		if needsReset(err) {
+			return err.Error() + ". Once the table is as it should be, clear the stream's data and sync it again (Airbyte: Refresh the stream, or Reset its data): its output starts over from a new backfill"
+		}
 		return err.Error()
 	}
 	return "Unexpected error in Tidemark's source-postgres (please report it): " + err.Error()

@@ -35,6 +35,12 @@ func TestItem37_Classification(t *testing.T) {
 		{wrap(merge.ErrSystemChanged), configFailure},
 		{wrap(chunker.ErrNoKey), configFailure},
 		{wrap(chunker.ErrNotPublished), configFailure},
+		{wrap(chunker.ErrRowFilter), configFailure},
+		{wrap(&merge.UnplaceableError{Table: "public.t", Reason: "its key column arrived NULL"}), configFailure},
+		{wrap(merge.ErrKeyChanged), configFailure},
+		{wrap(merge.ErrTableReplaced), configFailure},
+		{wrap(merge.ErrPublicationChanged), configFailure},
+		{wrap(merge.ErrPartitionsChanged), configFailure},
 		{wrap(&pgconn.PgError{Code: "28P01"}), configFailure},
 		{wrap(&pgconn.PgError{Code: "42501"}), configFailure},
 		{wrap(&net.DNSError{Err: "no such host", Name: "db.invalid", IsNotFound: true}), configFailure},
@@ -57,6 +63,9 @@ func TestItem37_Classification(t *testing.T) {
 		require.Equal(t, c.want, classify(c.err), "%v", c.err)
 		require.NotEmpty(t, userMessage(c.err))
 	}
+	// A stop whose way on is a new backfill says how to get one in Airbyte.
+	require.Contains(t, userMessage(wrap(merge.ErrKeyChanged)), "Refresh the stream")
+	require.NotContains(t, userMessage(wrap(chunker.ErrNoKey)), "Refresh the stream")
 }
 
 // TestScrubber: secrets are replaced raw and as JSON escapes them (a PEM key's newlines).

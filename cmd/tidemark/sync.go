@@ -303,7 +303,8 @@ func withRebackfillHint(err error) error {
 		return nil
 	case errors.As(err, &un):
 		return fmt.Errorf("%w\nto re-backfill it, run the same command once with --rebackfill %s", err, un.Table)
-	case errors.Is(err, merge.ErrPublicationChanged), errors.Is(err, merge.ErrTableReplaced), errors.Is(err, merge.ErrPartitionsChanged):
+	case errors.Is(err, merge.ErrPublicationChanged), errors.Is(err, merge.ErrTableReplaced), errors.Is(err, merge.ErrPartitionsChanged),
+		errors.Is(err, merge.ErrKeyChanged):
 		return fmt.Errorf("%w\nto re-backfill, run the same command once with --rebackfill and the table (or all)", err)
 	case errors.Is(err, merge.ErrForeignPosition), errors.Is(err, merge.ErrTimelineForked), errors.Is(err, merge.ErrSystemChanged),
 		errors.Is(err, merge.ErrPositionBehindSlot), errors.Is(err, merge.ErrPositionAhead):
