@@ -25,7 +25,8 @@ import (
 	"github.com/tidemark/tidemark/replicator"
 )
 
-// benchSettings match the conditions of reference/baselines.md: durable commits, a warm cache.
+// benchSettings are the conditions of every figure (docs/benchmarks.md): durable commits, a
+// warm cache.
 var benchSettings = map[string]string{
 	"fsync": "on", "synchronous_commit": "on", "shared_buffers": "1GB", "max_wal_size": "4GB", "checkpoint_timeout": "15min",
 }
@@ -153,7 +154,7 @@ func (b *bench) run(ctx context.Context) error {
 	_ = conn.QueryRow(ctx, `SELECT pg_table_size('bench_rows') / 1e6`).Scan(&heapMB)
 	b.printf("# bench_rows: %d rows, heap %.1f MB, built in %s\n", b.rows, heapMB, time.Since(start).Round(time.Second))
 
-	// Reference: COPY through psql to /dev/null, as in reference/baselines.md.
+	// The reference: COPY through psql, output discarded (docs/benchmarks.md).
 	copyS, err := b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY bench_rows TO STDOUT`, &copyMB) })
 	if err != nil {
 		return err
