@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/rs/zerolog"
@@ -26,7 +27,44 @@ type env struct {
 	stdout   io.Writer
 	stderr   io.Writer
 	log      zerolog.Logger
-	terminal bool // stderr is a terminal: show progress bars rather than log lines
+	terminal bool       // stderr is a terminal: show progress bars rather than log lines
+	logs     *logOutput // where log lines go; nil: a writer of the caller's (tests)
+}
+
+// logOutput is where log lines go: stderr, or, while the progress display is drawn on the
+// terminal, above its bars (a line written straight to the terminal would break them).
+type logOutput struct {
+	base io.Writer
+	mu   sync.Mutex
+	over io.Writer
+}
+
+func (o *logOutput) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	over := o.over
+	o.mu.Unlock()
+	if over != nil {
+		if n, err := over.Write(b); err == nil {
+			return n, nil
+		}
+		// The display ended meanwhile: the line goes to the terminal itself.
+	}
+	return o.base.Write(b)
+}
+
+// above sends log lines to w (the progress display) until the returned function is called.
+func (o *logOutput) above(w io.Writer) (restore func()) {
+	if o == nil {
+		return func() {}
+	}
+	o.mu.Lock()
+	o.over = w
+	o.mu.Unlock()
+	return func() {
+		o.mu.Lock()
+		o.over = nil
+		o.mu.Unlock()
+	}
 }
 
 var commands = []command{
@@ -47,7 +85,15 @@ var errUsage = errors.New("usage")
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, log: newLogger(os.Stderr), terminal: term.IsTerminal(int(os.Stderr.Fd()))}))
+	os.Exit(run(ctx, os.Args[1:], newEnv(os.Stdout, os.Stderr)))
+}
+
+// newEnv is the environment of a command run from a shell: output to stdout, logs (and, on a
+// terminal, the progress display) to stderr.
+func newEnv(stdout, stderr *os.File) *env {
+	terminal := term.IsTerminal(int(stderr.Fd()))
+	logs := &logOutput{base: stderr}
+	return &env{stdout: stdout, stderr: stderr, log: newLogger(logs, terminal), terminal: terminal, logs: logs}
 }
 
 func run(ctx context.Context, args []string, e *env) int {
@@ -90,8 +136,8 @@ func usage(w io.Writer) {
 }
 
 // newLogger logs for people on a terminal and as JSON lines otherwise.
-func newLogger(w *os.File) zerolog.Logger {
-	if term.IsTerminal(int(w.Fd())) {
+func newLogger(w io.Writer, terminal bool) zerolog.Logger {
+	if terminal {
 		return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05"}).With().Timestamp().Logger().Level(zerolog.InfoLevel)
 	}
 	return zerolog.New(w).With().Timestamp().Logger().Level(zerolog.InfoLevel)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -72,6 +73,73 @@ func TestDemo(t *testing.T) {
 		require.Contains(t, out.String(), w)
 	}
 	t.Log(out.String())
+}
+
+// TestDemoOnATerminal: the demo as a person sees it in a terminal (a pseudo-terminal and a
+// small emulator): log lines written while the bars are drawn go above them and never break
+// them, each table has one bar, the bars' names are aligned, and a finished table shows the
+// rate it was backfilled at (not 0 rows/s).
+func TestDemoOnATerminal(t *testing.T) {
+	if server == nil || server.Kind() != e2e.Local {
+		t.Skip("the demo starts a local cluster of its own")
+	}
+	master, slave, err := openPTY(120, 40)
+	if err != nil {
+		t.Skipf("no pseudo-terminal here: %v", err)
+	}
+	defer master.Close()
+	var raw bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = io.Copy(&raw, master) // ends with EIO once the slave is closed
+	}()
+	e := newEnv(slave, slave)
+	require.True(t, e.terminal)
+	code := run(context.Background(), []string{"demo", "--rows", "20000", "--live", "2s"}, e)
+	slave.Close()
+	<-read
+	var sc screen
+	sc.write(raw.Bytes())
+	lines := sc.text()
+	final := strings.Join(lines, "\n")
+	require.Equal(t, 0, code, final)
+	t.Log("\n" + final)
+
+	tables := []string{"public.customers", "public.orders", "public.products"}
+	rate := regexp.MustCompile(`(\d+) rows/s`)
+	var bars []int // the line of each table's bar
+	for _, name := range tables {
+		var at []int
+		for i, l := range lines {
+			if strings.HasPrefix(l, name+" ") && strings.Contains(l, "rows/s") {
+				at = append(at, i)
+			}
+		}
+		require.Len(t, at, 1, "one bar for %s", name)
+		bars = append(bars, at[0])
+		m := rate.FindStringSubmatch(lines[at[0]])
+		require.NotNil(t, m, lines[at[0]])
+		n, _ := strconv.Atoi(m[1])
+		require.Positive(t, n, "a finished table shows its rate: %q", lines[at[0]])
+	}
+	slices.Sort(bars)
+	require.Equal(t, bars[0]+len(tables)-1, bars[len(bars)-1], "the bars are together, no log line between them")
+	col := -1
+	for _, i := range bars {
+		c := strings.Index(lines[i], "[")
+		require.Positive(t, c, lines[i])
+		if col >= 0 {
+			require.Equal(t, col, c, "the bars start in the same column:\n%s", final)
+		}
+		col = c
+	}
+	for i, l := range lines {
+		if strings.Contains(l, "INF") || strings.Contains(l, "WRN") {
+			require.Less(t, i, bars[0], "log lines go above the bars: %q", l)
+		}
+	}
+	require.Contains(t, final, "verification         passed")
 }
 
 // TestStreamSource: `tidemark stream --source --ack` streams a real database and acknowledges

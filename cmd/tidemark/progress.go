@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -46,11 +45,14 @@ type syncStats struct {
 	pending     []time.Time         // commit times of sampled stream events not yet checkpointed
 	latencies   []float64           // source commit to durable in the target, ms (sampled)
 	backfilled  time.Duration       // time from the start until every backfill was done
+	firstRow    map[string]time.Time // when the table's first backfilled row was emitted
+	doneAt      map[string]time.Time // when a checkpoint first had the table's backfill done
 }
 
 func newSyncStats(tables []merge.TableConfig) *syncStats {
 	s := &syncStats{start: time.Now(), estimate: map[string]int64{}, snapshot: map[string]int64{}, done: map[string]bool{},
-		chunks: map[string]int64{}, events: map[[2]string]int64{}, abandoned: map[string]int64{}}
+		chunks: map[string]int64{}, events: map[[2]string]int64{}, abandoned: map[string]int64{},
+		firstRow: map[string]time.Time{}, doneAt: map[string]time.Time{}}
 	for _, t := range tables {
 		s.tables = append(s.tables, t.Schema+"."+t.Name)
 	}
@@ -75,6 +77,9 @@ func (w statsSink) Emit(ctx context.Context, evs []merge.Event) error {
 		table := ev.Columns.Schema + "." + ev.Columns.Table
 		s.events[[2]string{table, ev.Op.String()}]++
 		if ev.Op == merge.Snapshot {
+			if s.snapshot[table] == 0 {
+				s.firstRow[table] = time.Now()
+			}
 			s.snapshot[table]++
 		} else {
 			s.changes++
@@ -107,6 +112,9 @@ func (w statsSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	all := len(pos.Tables) > 0
 	for name, p := range pos.Tables {
 		s.done[name] = p.Done && len(p.Reread) == 0
+		if s.done[name] && s.doneAt[name].IsZero() {
+			s.doneAt[name] = now
+		}
 		s.chunks[name] = p.Chunks
 		all = all && s.done[name]
 	}
@@ -184,10 +192,25 @@ func (s *syncStats) estimates(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
-// display shows the progress until ctx ends: bars on a terminal, a log line every 10 seconds
-// otherwise.
-func (s *syncStats) display(ctx context.Context, out io.Writer, terminal bool, log zerolog.Logger) {
-	if !terminal {
+// rate is the table's backfill rate in rows per second: from its first row to its end, or to
+// now while it runs. The caller holds s.mu.
+func (s *syncStats) rate(name string, now time.Time) float64 {
+	first := s.firstRow[name]
+	if first.IsZero() {
+		return 0
+	}
+	end := now
+	if !s.doneAt[name].IsZero() {
+		end = s.doneAt[name]
+	}
+	return float64(s.snapshot[name]) / max(end.Sub(first).Seconds(), 0.001)
+}
+
+// display shows the progress until ctx ends: bars on a terminal, with the log lines written
+// meanwhile above them; a log line every 10 seconds otherwise.
+func (s *syncStats) display(ctx context.Context, e *env) {
+	log := e.log
+	if !e.terminal {
 		t := time.NewTicker(10 * time.Second)
 		defer t.Stop()
 		for {
@@ -200,15 +223,30 @@ func (s *syncStats) display(ctx context.Context, out io.Writer, terminal bool, l
 		}
 	}
 	// The caller found out that out is a terminal; ForceTTY keeps mpb from asking again.
-	p := mpb.New(mpb.WithOutput(out), mpb.WithRefreshRate(250*time.Millisecond), mpb.ForceTTY(), mpb.WithAutoRefresh())
+	p := mpb.New(mpb.WithOutput(e.stderr), mpb.WithRefreshRate(250*time.Millisecond), mpb.ForceTTY(), mpb.WithAutoRefresh())
+	// Log lines go above the bars while they are drawn, and to the terminal again once the
+	// display has ended (p.Wait below): a line written in between falls back by itself.
+	defer e.logs.above(p)()
 	bars := map[string]*mpb.Bar{}
 	s.mu.Lock()
 	for _, name := range s.tables {
 		total := max(s.estimate[name], 1)
+		rows := decor.Any(func(st decor.Statistics) string {
+			if st.Completed {
+				return fmt.Sprintf("%d rows", st.Current)
+			}
+			return fmt.Sprintf("%d / %d", st.Current, st.Total)
+		}, decor.WCSyncWidth)
+		rate := decor.Any(func(decor.Statistics) string {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return fmt.Sprintf("%.0f rows/s", s.rate(name, time.Now()))
+		}, decor.WCSyncSpace)
+		// Names, counters and rates each in a column of their own width, the same on every bar.
 		bars[name] = p.AddBar(total, mpb.BarWidth(30),
-			mpb.PrependDecorators(decor.Name(name, decor.WC{C: decor.DindentRight | decor.DextraSpace}), decor.CountersNoUnit("%d / %d", decor.WCSyncWidth)),
-			mpb.AppendDecorators(decor.Percentage(decor.WCSyncSpace), decor.EwmaSpeed(nil, " %.0f rows/s", 30, decor.WCSyncSpace),
-				decor.OnComplete(decor.EwmaETA(decor.ET_STYLE_GO, 30, decor.WCSyncSpace), " done")))
+			mpb.PrependDecorators(decor.Name(name, decor.WCSyncSpaceR), rows),
+			mpb.AppendDecorators(decor.Percentage(decor.WCSyncSpace), rate,
+				decor.OnComplete(decor.EwmaETA(decor.ET_STYLE_GO, 30, decor.WCSyncSpace), "done")))
 	}
 	s.mu.Unlock()
 	live := p.AddBar(0, mpb.BarFillerClearOnComplete(), mpb.PrependDecorators(decor.Any(func(decor.Statistics) string {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
@@ -175,12 +174,8 @@ func runSync(ctx context.Context, args []string, e *env) error {
 // and the metrics server beside it; it owns their goroutines and waits for them.
 func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.Sink, from *merge.Position, stats *syncStats,
 	source, metricsAddr string, quiet bool) error {
-	log := e.log
-	if e.terminal && !quiet {
-		// The bars own the terminal; the engine logs only warnings and errors meanwhile.
-		log = log.Level(zerolog.WarnLevel)
-	}
-	eng, err := merge.New(cfg, sink, log)
+	// On a terminal, the progress display shows the engine's log lines above its bars.
+	eng, err := merge.New(cfg, sink, e.log)
 	if err != nil {
 		return err
 	}
@@ -194,7 +189,7 @@ func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.S
 	var wg sync.WaitGroup
 	wg.Go(func() { stats.poll(sideCtx, pollConn, cfg.Source.Slot) })
 	if !quiet {
-		wg.Go(func() { stats.display(sideCtx, e.stderr, e.terminal, e.log) })
+		wg.Go(func() { stats.display(sideCtx, e) })
 	}
 	stopMetrics := func() error { return nil }
 	if metricsAddr != "" {
