@@ -34,17 +34,17 @@ type syncStats struct {
 	snapshot    map[string]int64 // backfilled rows emitted
 	done        map[string]bool
 	chunks      map[string]int64
-	events      map[[2]string]int64 // by table and op
-	changes     int64               // stream events
-	lastLSN     pglogrepl.LSN       // position of the last event or checkpoint
-	lastCommit  time.Time           // commit time of the last stream event
-	checkpoint  time.Time           // when the last checkpoint was taken
-	walLSN      pglogrepl.LSN       // the source's current WAL position (polled)
-	retainedWAL int64               // bytes the slot retains (polled)
-	abandoned   map[string]int64    // chunks abandoned, by reason class
-	pending     []time.Time         // commit times of sampled stream events not yet checkpointed
-	latencies   []float64           // source commit to durable in the target, ms (sampled)
-	backfilled  time.Duration       // time from the start until every backfill was done
+	events      map[[2]string]int64  // by table and op
+	changes     int64                // stream events
+	lastLSN     pglogrepl.LSN        // position of the last event or checkpoint
+	lastCommit  time.Time            // commit time of the last stream event
+	checkpoint  time.Time            // when the last checkpoint was taken
+	walLSN      pglogrepl.LSN        // the source's current WAL position (polled)
+	retainedWAL int64                // bytes the slot retains (polled)
+	abandoned   map[string]int64     // chunks abandoned, by reason class
+	pending     []time.Time          // commit times of sampled stream events not yet checkpointed
+	latencies   []float64            // source commit to durable in the target, ms (sampled)
+	backfilled  time.Duration        // time from the start until every backfill was done
 	firstRow    map[string]time.Time // when the table's first backfilled row was emitted
 	doneAt      map[string]time.Time // when a checkpoint first had the table's backfill done
 }
