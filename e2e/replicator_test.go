@@ -73,6 +73,7 @@ func TestStreamDecodesChanges(t *testing.T) {
 	require.Equal(t, "<null>", text(ch.Old, 1), "a key tuple carries only key columns")
 	require.Equal(t, "10", text(ch.New, 0))
 	require.Equal(t, "two", text(ch.New, 1))
+	require.Greater(t, tx.Commit.LSN, last, "commits come in LSN order")
 
 	db.Exec(`DELETE FROM a WHERE id = 1`)
 	tx = s.next(wait)

@@ -907,13 +907,3 @@ func (c *core) pendingXmins() []uint32 {
 	return xs
 }
 
-// openWindows reports how many chunks are between registration and their verdict.
-func (c *core) openWindows() int { return len(c.windows) }
-
-// abandonAll ends every window, as when the stream restarts: marks re-streamed later would be
-// ignored, so no window could close.
-func (c *core) abandonAll(reason error) {
-	for _, w := range c.windows {
-		c.end(w, reason, false)
-	}
-}

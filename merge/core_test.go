@@ -40,7 +40,6 @@ import (
 // and the backfill finishes.
 
 var (
-	simTable  = simTableWith(false)
 	simSignal = &replicator.Relation{ID: 16385, Schema: "public", Table: "tidemark_signal", ReplicaIdentity: replicator.IdentityDefault,
 		Columns: []replicator.Column{{Name: "slot", TypeOID: 25, Key: true}, {Name: "run", TypeOID: 25}, {Name: "chunk", TypeOID: 20}, {Name: "kind", TypeOID: 25}, {Name: "written_at", TypeOID: 1184}}}
 	simMarks = watermark.Config{Slot: "s", Run: "run1"}
