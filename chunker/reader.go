@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark/tidemark/internal/pgerr"
 )
 
 // Config configures a Reader.
@@ -253,8 +254,7 @@ func (r *Reader) inTx(ctx context.Context, t *Table, fn func(context.Context) er
 		}
 	}()
 	if _, err := r.conn.PgConn().Exec(ctx, "LOCK TABLE "+t.Ident()+" IN ACCESS SHARE MODE").ReadAll(); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: renamed or dropped
+		if pgerr.UndefinedTable(err) { // renamed or dropped
 			return fmt.Errorf("%w: %s: %w", ErrSchemaChanged, t, err)
 		}
 		return err

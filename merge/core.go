@@ -906,4 +906,3 @@ func (c *core) pendingXmins() []uint32 {
 	}
 	return xs
 }
-

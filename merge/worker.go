@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -393,8 +393,7 @@ func (w *worker) withdraw(ctx context.Context, t *workTable, id int64, cause err
 			return err
 		}
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(cause, &pgErr) && pgErr.Code == "57014" { // statement timeout: smaller chunks
+	if pgerr.Canceled(cause) { // statement timeout: smaller chunks
 		w.limit = max(1, w.limit/2)
 	}
 	return w.retry(ctx, t, cause)

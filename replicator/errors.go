@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgerrcode"
+
+	"github.com/tidemark/tidemark/internal/pgerr"
 )
 
 // Errors callers branch on. Each is wrapped with a message that names the object and the fix.
@@ -24,22 +26,19 @@ var (
 // stays in the chain (with its SQLSTATE) for callers that classify errors.
 func connectError(what string, user string, err error) error {
 	hint := ""
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "28P01":
-			hint = "; check the user name and password"
-		case "28000":
-			hint = fmt.Sprintf("; the server's pg_hba.conf must allow user %q, for replication connections too"+
-				" (for example: host replication %s 0.0.0.0/0 scram-sha-256, then SELECT pg_reload_conf())", user, user)
-		case "42501":
-			hint = fmt.Sprintf("; grant the REPLICATION attribute: ALTER ROLE %s WITH REPLICATION;"+
-				" on Amazon RDS or Aurora: GRANT rds_replication TO %s;", quoteIdent(user), quoteIdent(user))
-		case "3D000":
-			hint = "; check the database name"
-		case "53300":
-			hint = "; the server has no free connection slots (max_connections, or max_wal_senders for replication connections)"
-		}
+	switch pgerr.Code(err) {
+	case pgerrcode.InvalidPassword:
+		hint = "; check the user name and password"
+	case pgerrcode.InvalidAuthorizationSpecification:
+		hint = fmt.Sprintf("; the server's pg_hba.conf must allow user %q, for replication connections too"+
+			" (for example: host replication %s 0.0.0.0/0 scram-sha-256, then SELECT pg_reload_conf())", user, user)
+	case pgerrcode.InsufficientPrivilege:
+		hint = fmt.Sprintf("; grant the REPLICATION attribute: ALTER ROLE %s WITH REPLICATION;"+
+			" on Amazon RDS or Aurora: GRANT rds_replication TO %s;", quoteIdent(user), quoteIdent(user))
+	case pgerrcode.InvalidCatalogName:
+		hint = "; check the database name"
+	case pgerrcode.TooManyConnections:
+		hint = "; the server has no free connection slots (max_connections, or max_wal_senders for replication connections)"
 	}
 	return fmt.Errorf("connect to %s: %w%s", what, err, hint)
 }

@@ -12,8 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/pgerr"
 )
 
 // Transport is how marks reach the change stream.
@@ -339,21 +340,12 @@ func checkTrusted(ctx context.Context, conn *pgx.Conn, name string) error {
 // session creating the same table (two engines starting at once): the table exists now. The
 // race shows as a unique violation in the catalog, as the table existing, or as its row type
 // existing (42710), depending on where the two creations met.
-func createdConcurrently(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")
-}
+func createdConcurrently(err error) bool { return pgerr.AlreadyExists(err) }
 
 // addedConcurrently reports the error of adding a table that another session added meanwhile.
-func addedConcurrently(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42710"
-}
+func addedConcurrently(err error) bool { return pgerr.DuplicateObject(err) }
 
-func isPrivilege(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42501"
-}
+func isPrivilege(err error) bool { return pgerr.Privilege(err) }
 
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
 

@@ -11,7 +11,9 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/watermark"
@@ -56,15 +58,12 @@ func classify(err error) string {
 		// silent: the next attempt may well succeed.
 		return transientFailure
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	if pgerr.Code(err) != "" {
 		switch {
-		case pgErr.Code == "28P01", pgErr.Code == "28000", pgErr.Code == "42501", pgErr.Code == "3D000",
-			pgErr.Code == "42P01", pgErr.Code == "42704":
+		case pgerr.UserMustAct(err):
 			// Authentication, authorization, missing database or object: the user must act.
 			return configFailure
-		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "57"),
-			strings.HasPrefix(pgErr.Code, "53"), pgErr.Code == "40001", pgErr.Code == "40P01", pgErr.Code == "55P03":
+		case pgerr.Transient(err):
 			// Connection problems, shutdowns, resources, serialization and lock timeouts.
 			return transientFailure
 		}

@@ -7,9 +7,11 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
+
 	"github.com/tidemark/tidemark/cmd/internal/preflight"
 	"github.com/tidemark/tidemark/internal/pgconf"
 )
@@ -105,11 +107,11 @@ func connectError(cfg *config, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "28P01":
+		case pgerrcode.InvalidPassword:
 			return configErrorf("%s: the password or user name is wrong (%s)", what, pgErr.Message)
-		case "28000":
+		case pgerrcode.InvalidAuthorizationSpecification:
 			return configErrorf("%s: the server refused the connection (%s); the server's pg_hba.conf must allow this user from this address, with the ssl_mode used", what, pgErr.Message)
-		case "3D000":
+		case pgerrcode.InvalidCatalogName:
 			return configErrorf("%s: the database does not exist (%s)", what, pgErr.Message)
 		}
 	}

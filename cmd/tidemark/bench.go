@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -350,7 +351,7 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	}
 	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
 	slot := fmt.Sprintf("bench_sub_%d", b.slots)
-	if err := execAll(ctx, b.dsn, `CREATE PUBLICATION bench_rows_only FOR TABLE bench_rows`); err != nil && !strings.Contains(err.Error(), "already exists") {
+	if err := execAll(ctx, b.dsn, `CREATE PUBLICATION bench_rows_only FOR TABLE bench_rows`); err != nil && !pgerr.DuplicateObject(err) {
 		return 0, err
 	}
 	if err := execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot)); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -530,7 +531,7 @@ func (s *pgSink) direct(ctx context.Context, t *targetTable, names []string, row
 		t.directFails = 0
 		return true, nil
 	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "23505" {
+	if !pgerr.UniqueViolation(err) {
 		return false, err
 	}
 	if _, rerr := s.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT tidemark_direct"); rerr != nil {

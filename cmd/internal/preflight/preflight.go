@@ -11,11 +11,13 @@ import (
 	"io"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -182,11 +184,11 @@ func connectFix(err error, user string) []string {
 		return []string{"check the host, port, and that the server accepts TCP connections (listen_addresses, firewall)"}
 	}
 	switch pgErr.Code {
-	case "28P01":
+	case pgerrcode.InvalidPassword:
 		return []string{"check the user name and password"}
-	case "28000":
+	case pgerrcode.InvalidAuthorizationSpecification:
 		return []string{fmt.Sprintf("allow the user in pg_hba.conf, for example: host all %s 0.0.0.0/0 scram-sha-256", user)}
-	case "3D000":
+	case pgerrcode.InvalidCatalogName:
 		return []string{"check the database name"}
 	}
 	return nil
@@ -259,9 +261,8 @@ func (d *doctor) checkReplicationConnection(ctx context.Context, cfg *pgx.ConnCo
 	rcfg.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
-		var pgErr *pgconn.PgError
 		fix := []string{fmt.Sprintf("allow replication connections in pg_hba.conf: host replication %s <client address> scram-sha-256, then SELECT pg_reload_conf();", d.user)}
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		if pgerr.Privilege(err) {
 			fix = []string{"grant the REPLICATION attribute (above)"}
 		}
 		d.problem(fmt.Sprintf("a replication connection is refused: %v", err), fix...)
