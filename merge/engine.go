@@ -62,6 +62,9 @@ type Faults struct {
 	NoEviction        bool // never drop chunk rows changed inside their window
 }
 
+// DefaultChunkSize is the most rows a chunk reads unless Config.ChunkSize says otherwise.
+const DefaultChunkSize = 10000
+
 // Config configures an Engine. The zero value of every optional field is documented with it.
 type Config struct {
 	Source replicator.Config // the source, its slot and publication
@@ -77,7 +80,7 @@ type Config struct {
 	// Zero: 10s.
 	WatermarkTimeout time.Duration
 	Chunker          chunker.Config
-	// ChunkSize is the most rows a chunk reads. Zero: 10000.
+	// ChunkSize is the most rows a chunk reads. Zero: DefaultChunkSize.
 	ChunkSize int
 	// MaxChunkBytes bounds the bytes a chunk holds: a chunk read stops at it (chunker
 	// Config.MaxBytes, unless set), and the chunk size shrinks to fit it. It bounds the engine's
@@ -213,7 +216,7 @@ func (c *Config) ensureDefaults() {
 		c.Source.StatusInterval = 100 * time.Millisecond
 	}
 	if c.ChunkSize == 0 {
-		c.ChunkSize = 10000
+		c.ChunkSize = DefaultChunkSize
 	}
 	if c.MaxChunkBytes == 0 {
 		c.MaxChunkBytes = 32 << 20
@@ -257,18 +260,9 @@ var errFinished = errors.New("finished")
 // ctx ends, Run finishes the transaction in progress if it can, takes a last checkpoint, and
 // returns context.Cause(ctx).
 func (e *Engine) Run(ctx context.Context, from *Position) error {
-	qcfg, err := pgconf.Parse(e.cfg.Source.DSN, "tidemark")
+	conn, err := pgconf.Open(ctx, e.cfg.Source.DSN, "tidemark", e.cfg.Source.Configure, pgconf.CancelOnContext, pgconf.LargeReads)
 	if err != nil {
 		return fmt.Errorf("source: %w", err)
-	}
-	if e.cfg.Source.Configure != nil {
-		e.cfg.Source.Configure(&qcfg.Config)
-	}
-	pgconf.CancelOnContext(&qcfg.Config)
-	pgconf.LargeReads(&qcfg.Config)
-	conn, err := pgx.ConnectConfig(ctx, qcfg)
-	if err != nil {
-		return fmt.Errorf("connect to source %s: %w", pgconf.Describe(&qcfg.Config), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 

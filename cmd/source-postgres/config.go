@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -255,8 +257,8 @@ func (c *config) check() error {
 		errs = append(errs, err)
 	}
 	if c.BackfillChunkSize == 0 {
-		c.BackfillChunkSize = 10000
-	} else if err := inRange("backfill_chunk_size", c.BackfillChunkSize, 1, 1_000_000, 10000); err != nil {
+		c.BackfillChunkSize = merge.DefaultChunkSize
+	} else if err := inRange("backfill_chunk_size", c.BackfillChunkSize, 1, 1_000_000, merge.DefaultChunkSize); err != nil {
 		errs = append(errs, err)
 	}
 	if c.SyncTimeBudgetSeconds != 0 {

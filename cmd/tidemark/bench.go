@@ -122,7 +122,7 @@ func (b *bench) run(ctx context.Context) error {
 		return err
 	}
 	b.dsn = srv.DSN("bench")
-	conn, err := pgx.Connect(ctx, b.dsn)
+	conn, err := connectPinned(ctx, b.dsn)
 	if err != nil {
 		return err
 	}
@@ -332,7 +332,7 @@ func (b *bench) backfillOf(ctx context.Context, table string, sink merge.Sink, l
 	start := time.Now()
 	err = eng.Run(ctx, nil)
 	d := time.Since(start)
-	conn, cerr := pgx.Connect(ctx, b.dsn)
+	conn, cerr := connectPinned(ctx, b.dsn)
 	if cerr == nil {
 		_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
 		conn.Close(ctx)
@@ -361,7 +361,7 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	if err := execAll(ctx, tdsn, `CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`); err != nil {
 		return 0, err
 	}
-	conn, err := pgx.Connect(ctx, tdsn)
+	conn, err := connectPinned(ctx, tdsn)
 	if err != nil {
 		return 0, err
 	}
@@ -421,7 +421,7 @@ func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		conn, err := pgx.Connect(ctx, b.dsn)
+		conn, err := connectPinned(ctx, b.dsn)
 		if err != nil {
 			return
 		}
@@ -635,7 +635,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 			}
 		}
 	}
-	conn, err := pgx.Connect(ctx, b.dsn)
+	conn, err := connectPinned(ctx, b.dsn)
 	if err != nil {
 		return 0, 0, err
 	}

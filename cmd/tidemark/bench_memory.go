@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/tidemark/tidemark/e2e"
 )
 
@@ -238,7 +236,7 @@ func countLines(path string) (lines, size int64, err error) {
 }
 
 func queryRow(ctx context.Context, dsn, sql string, dst ...any) error {
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := connectPinned(ctx, dsn)
 	if err != nil {
 		return err
 	}

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"flag"
 	"os"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 // connectPinned opens a query connection with the pinned session settings. A connection string
@@ -19,15 +20,36 @@ func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgconf.Parse(dsn, "tidemark")
+	conn, err := pgconf.Open(ctx, dsn, "tidemark")
 	if err != nil {
-		return nil, err
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, rule.Explain(fmt.Errorf("connect to %s: %w", pgconf.Describe(&cfg.Config), err))
+		return nil, rule.Explain(err)
 	}
 	return conn, nil
+}
+
+// The defaults the commands share.
+const (
+	defaultSlot        = "tidemark"
+	defaultPublication = "tidemark"
+)
+
+// sourceFlag defines --source, the source connection string, defaulting to $TIDEMARK_SOURCE so
+// that its password need not be in the process's arguments.
+func sourceFlag(fs *flag.FlagSet) *string {
+	return fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
+}
+
+// slotFlag defines --slot, the capture's replication slot.
+func slotFlag(fs *flag.FlagSet, usage string) *string { return fs.String("slot", defaultSlot, usage) }
+
+// publicationFlag defines --publication.
+func publicationFlag(fs *flag.FlagSet, usage string) *string {
+	return fs.String("publication", defaultPublication, usage)
+}
+
+// signalTableFlag defines --signal-table, the signal table of the table watermark transport.
+func signalTableFlag(fs *flag.FlagSet, usage string) *string {
+	return fs.String("signal-table", watermark.DefaultTable[0]+"."+watermark.DefaultTable[1], usage)
 }
 
 // envTarget is $TIDEMARK_TARGET when it is a PostgreSQL connection string: the default target

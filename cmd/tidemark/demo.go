@@ -240,7 +240,7 @@ func demoWatch(ctx context.Context, stats *syncStats, src *pgx.Conn, live time.D
 
 // demoWorkload writes to the demo tables at rate transactions per second until ctx ends.
 func demoWorkload(ctx context.Context, dsn string, rows, rate int) (int, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := connectPinned(ctx, dsn)
 	if err != nil {
 		return 0, err
 	}

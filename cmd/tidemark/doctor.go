@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -19,12 +18,12 @@ var errProblems = errors.New("prerequisites missing")
 
 func runDoctor(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("doctor", "doctor --source DSN [--tables SCHEMA.TABLE,...] [flags]", e)
-	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
+	source := sourceFlag(fs)
 	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
-	slot := fs.String("slot", "tidemark", "logical replication slot")
-	pub := fs.String("publication", "tidemark", "publication")
+	slot := slotFlag(fs, "logical replication slot")
+	pub := publicationFlag(fs, "publication")
 	watermarks := fs.String("watermarks", "auto", "the watermark transport the capture will use: auto, message or table (as tidemark sync)")
-	signalTable := fs.String("signal-table", "public.tidemark_signal", "the signal table of the table transport, as schema.table")
+	signalTable := signalTableFlag(fs, "the signal table of the table transport, as schema.table")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/tidemark/tidemark/internal/pgjson"
@@ -12,7 +11,7 @@ import (
 
 func runSchema(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("schema", "schema --source DSN --tables SCHEMA.TABLE[,...]", e)
-	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
+	source := sourceFlag(fs)
 	tables := fs.String("tables", "", "comma-separated tables, as schema.table")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -22,8 +22,8 @@ import (
 
 func runStatus(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("status", "status --source DSN [--slot NAME] [--checkpoint FILE | --target DSN [--checkpoint-id ID]]", e)
-	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string; default $TIDEMARK_SOURCE")
-	slot := fs.String("slot", "tidemark", "logical replication slot")
+	source := sourceFlag(fs)
+	slot := slotFlag(fs, "logical replication slot")
 	checkpoint := fs.String("checkpoint", "", "a JSON lines sync's checkpoint file (OUTPUT.checkpoint)")
 	target := fs.String("target", envTarget(), "a PostgreSQL sync's target connection string; default $TIDEMARK_TARGET when it is one")
 	checkpointID := fs.String("checkpoint-id", "", "the target's checkpoint row; default the slot name")
@@ -142,10 +142,10 @@ func connectSource(ctx context.Context, fs *flag.FlagSet, source string) (*pgx.C
 // it names with the statement an operator may run.
 func runCleanup(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("cleanup", "cleanup --source DSN [--slot NAME] [--publication NAME] [--signal-table SCHEMA.TABLE] [--yes]", e)
-	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string; default $TIDEMARK_SOURCE")
-	slot := fs.String("slot", "tidemark", "replication slot to drop")
-	pub := fs.String("publication", "tidemark", "publication to drop when Tidemark created it for this slot and no other slot may stream it; \"\" keeps it")
-	signalTable := fs.String("signal-table", "public.tidemark_signal", "the capture's signal table, as sync's --signal-table: its row is deleted, the table dropped when no other capture has a row")
+	source := sourceFlag(fs)
+	slot := slotFlag(fs, "replication slot to drop")
+	pub := publicationFlag(fs, "publication to drop when Tidemark created it for this slot and no other slot may stream it; \"\" keeps it")
+	signalTable := signalTableFlag(fs, "the capture's signal table, as sync's --signal-table: its row is deleted, the table dropped when no other capture has a row")
 	yes := fs.Bool("yes", false, "drop without asking")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -7,11 +7,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
@@ -53,9 +51,9 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 
 func runStream(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("stream", "stream --source DSN --slot NAME --publication NAME [flags]", e)
-	source := fs.String("source", os.Getenv("TIDEMARK_SOURCE"), "source connection string (URL or key=value); default $TIDEMARK_SOURCE")
-	slot := fs.String("slot", "tidemark", "logical replication slot (pgoutput)")
-	pub := fs.String("publication", "tidemark", "publication to stream")
+	source := sourceFlag(fs)
+	slot := slotFlag(fs, "logical replication slot (pgoutput)")
+	pub := publicationFlag(fs, "publication to stream")
 	createSlot := fs.Bool("create-slot", false, "create the slot when it does not exist")
 	from := fs.String("from", "0/0", "LSN to start from; the server starts at the later of this and the slot's confirmed position")
 	// Acknowledging is opt-in: stream is a debugging aid, and pointed at the slot of a running
@@ -197,7 +195,7 @@ func rowJSON(rel *replicator.Relation, t replicator.Tuple) (map[string]any, []st
 
 // execAll runs statements in order on one connection.
 func execAll(ctx context.Context, dsn string, stmts ...string) error {
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := connectPinned(ctx, dsn)
 	if err != nil {
 		return err
 	}

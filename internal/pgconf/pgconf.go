@@ -104,6 +104,31 @@ func Parse(dsn, application string) (*pgx.ConnConfig, error) {
 	return cfg, nil
 }
 
+// Connect opens a query connection of cfg (from Parse: its settings pinned and verified). An
+// error names the server, database and user, never the password.
+func Connect(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", Describe(&cfg.Config), err)
+	}
+	return conn, nil
+}
+
+// Open is Parse, then each option in order on the configuration (nil ones are skipped), then
+// Connect: the one way a query connection is opened.
+func Open(ctx context.Context, dsn, application string, options ...func(*pgconn.Config)) (*pgx.Conn, error) {
+	cfg, err := Parse(dsn, application)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range options {
+		if o != nil {
+			o(&cfg.Config)
+		}
+	}
+	return Connect(ctx, cfg)
+}
+
 // verifySQL reads every pinned setting in one round trip; it runs on replication connections too
 // (replication=database accepts SQL).
 var verifySQL, verifyNames = func() (string, []string) {
