@@ -144,21 +144,15 @@ func (e *Engine) addToPublication(ctx context.Context, conn *pgx.Conn, from *Pos
 		if p := progressOf(from, name); p != nil && !p.Refresh {
 			continue
 		}
-		var in, all bool
-		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
-			coalesce((SELECT puballtables FROM pg_publication WHERE pubname = $1), false)`, pub, tc.Schema, tc.Name).Scan(&in, &all)
-		if err != nil {
-			return fmt.Errorf("check publication %q: %w", pub, err)
-		}
-		if in || all {
-			continue
-		}
-		_, err = conn.Exec(ctx, "ALTER PUBLICATION "+pgx.Identifier{pub}.Sanitize()+" ADD TABLE "+pgx.Identifier{tc.Schema, tc.Name}.Sanitize())
-		if err != nil {
+		added, err := replicator.AddToPublication(ctx, conn, pub, pgx.Identifier{tc.Schema, tc.Name})
+		switch {
+		case errors.Is(err, replicator.ErrCannotAdd):
 			e.log.Warn().Err(err).Str("table", name).Str("publication", pub).Msg("table not added to the publication")
-			continue
+		case err != nil:
+			return err
+		case added:
+			e.log.Info().Str("table", name).Str("publication", pub).Msg("table added to the publication")
 		}
-		e.log.Info().Str("table", name).Str("publication", pub).Msg("table added to the publication")
 	}
 	return nil
 }

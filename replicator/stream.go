@@ -176,66 +176,6 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 	return nil
 }
 
-// PublicationComment is the comment on a publication that Open created for slot
-// (Config.CreatePublication). A publication carrying it was made by Tidemark for that slot; any
-// other was made by someone else, and is theirs to drop.
-func PublicationComment(slot string) string { return "created by tidemark for slot " + slot }
-
-func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string) error {
-	name := s.cfg.Publication
-	var ins, upd, del, trunc bool
-	err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1`, name).
-		Scan(&ins, &upd, &del, &trunc)
-	if errors.Is(err, pgx.ErrNoRows) {
-		tables := "<schema>.<table>, ..."
-		if len(s.cfg.PublicationTables) > 0 {
-			var names []string
-			for _, t := range s.cfg.PublicationTables {
-				names = append(names, t.Sanitize())
-			}
-			tables = strings.Join(names, ", ")
-		}
-		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", quoteIdent(name), tables)
-		if !s.cfg.CreatePublication {
-			return fmt.Errorf("%w: publication %q does not exist in database %q; create it with: %s;", ErrPublicationMissing, name, db, create)
-		}
-		if len(s.cfg.PublicationTables) == 0 {
-			create = "CREATE PUBLICATION " + quoteIdent(name)
-		}
-		// The comment, in the same transaction, is how `tidemark cleanup` tells a publication
-		// created for this slot (which it may drop) from one a DBA or another capture created.
-		comment := "COMMENT ON PUBLICATION " + quoteIdent(name) + " IS " + quoteLiteral(PublicationComment(s.cfg.Slot))
-		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, create); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, comment)
-			return err
-		}); err != nil {
-			return fmt.Errorf("create publication %q: %w", name, err)
-		}
-		s.log.Info().Str("publication", name).Int("tables", len(s.cfg.PublicationTables)).Msg("publication created")
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read publication %q: %w", name, err)
-	}
-	// A TRUNCATE left out would leave the output with every row the table had: refused like a
-	// missing delete.
-	var missing []string
-	for i, ok := range []bool{ins, upd, del, trunc} {
-		if !ok {
-			missing = append(missing, []string{"insert", "update", "delete", "truncate"}[i])
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: publication %q does not publish %s, so those changes would be lost; fix it with: "+
-			"ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');",
-			ErrPublication, name, strings.Join(missing, ", "), quoteIdent(name))
-	}
-	return nil
-}
-
 // System reports what the server said about itself when the stream was opened.
 func (s *Stream) System() SystemInfo { return s.sys }
 
