@@ -74,28 +74,64 @@ var (
 // publication is empty (a table read without its changes).
 func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override []string, publication string) (*Table, error) {
 	t := &Table{Schema: schema, Name: name}
+	kind, err := t.lookUp(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	published, err := t.readPublication(ctx, conn, publication)
+	if err != nil {
+		return nil, err
+	}
+	if kind == 'p' {
+		if t.Partitions, err = Partitions(ctx, conn, t.OID); err != nil {
+			return nil, err
+		}
+	}
+	notNull, deterministic, err := t.readColumns(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.chooseKey(ctx, conn, override, notNull, deterministic); err != nil {
+		return nil, err
+	}
+	// Not being published is reported after the key's problems, which adding the table to the
+	// publication would not fix.
+	if !published && publication != "" {
+		return nil, fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
+			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())
+	}
+	return t, nil
+}
+
+// lookUp finds the table's OID and replica identity, and returns its relkind: a table ('r') or
+// a partitioned table ('p'); anything else is refused.
+func (t *Table) lookUp(ctx context.Context, conn *pgx.Conn) (byte, error) {
 	var kind byte
 	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.OID, &t.ReplicaIdentity, &kind)
+		WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name).Scan(&t.OID, &t.ReplicaIdentity, &kind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %s does not exist (check the schema and table name and this role's privileges)", ErrNoTable, t)
+		return 0, fmt.Errorf("%w: %s does not exist (check the schema and table name and this role's privileges)", ErrNoTable, t)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("look up table %s: %w", t, err)
+		return 0, fmt.Errorf("look up table %s: %w", t, err)
 	}
 	if kind != 'r' && kind != 'p' {
-		return nil, fmt.Errorf("%w: %s is not a table (relkind %q)", ErrNoTable, t, kind)
+		return 0, fmt.Errorf("%w: %s is not a table (relkind %q)", ErrNoTable, t, kind)
 	}
+	return kind, nil
+}
 
-	// Columns, and the publication's column list and row filter (PostgreSQL 15+).
+// readPublication reads whether the publication publishes the table, and its column list
+// (PubColumns) and row filter (PostgreSQL 15+); a row filter is refused.
+func (t *Table) readPublication(ctx context.Context, conn *pgx.Conn, publication string) (bool, error) {
 	var published bool
 	var pubCols []string
 	var rowFilter *string
 	version, err := serverVersion(ctx, conn)
 	if err != nil {
-		return nil, err
+		return false, err
 	}
-	pubQuery := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	pubQuery := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3 AND $4::oid IS NOT NULL`
 	if version >= 150000 {
 		// pg_publication_tables.attnames lists every column when the publication has no column
 		// list: taken as one, it would hide a column added after discovery from every later
@@ -109,34 +145,25 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 				THEN attnames END,
 				rowfilter
 			FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
-	} else {
-		pubQuery += ` AND $4::oid IS NOT NULL`
 	}
-	err = conn.QueryRow(ctx, pubQuery, publication, schema, name, t.OID).Scan(&published, &pubCols, &rowFilter)
+	err = conn.QueryRow(ctx, pubQuery, publication, t.Schema, t.Name, t.OID).Scan(&published, &pubCols, &rowFilter)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
+		return false, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
 	}
 	t.PubColumns = pubCols
 	if rowFilter != nil {
 		// The stream would carry only the rows the filter passes (and turn updates across it
 		// into inserts and deletes) while the backfill read every row: refused rather than
 		// mixing two views of the table.
-		return nil, fmt.Errorf("%w: publication %q publishes only the rows of %s WHERE %s; Tidemark captures whole tables: publish the table without a row filter (ALTER PUBLICATION %s SET TABLE ... without WHERE), or use a publication of its own",
+		return false, fmt.Errorf("%w: publication %q publishes only the rows of %s WHERE %s; Tidemark captures whole tables: publish the table without a row filter (ALTER PUBLICATION %s SET TABLE ... without WHERE), or use a publication of its own",
 			ErrRowFilter, publication, t, *rowFilter, pgx.Identifier{publication}.Sanitize())
 	}
-	if kind == 'p' {
-		if t.Partitions, err = Partitions(ctx, conn, t.OID); err != nil {
-			return nil, err
-		}
-	}
-	// Not being published is reported after the key's problems, which adding the table to the
-	// publication would not fix.
-	var pubErr error
-	if !published && publication != "" {
-		pubErr = fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
-			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())
-	}
+	return published, nil
+}
 
+// readColumns reads the table's published, non-generated columns (pgoutput sends no generated
+// column) into Columns, with which are NOT NULL and which have a deterministic collation.
+func (t *Table) readColumns(ctx context.Context, conn *pgx.Conn) (notNull, deterministic map[string]bool, err error) {
 	rows, err := conn.Query(ctx, `
 		SELECT a.attname, a.atttypid, CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END, a.atttypmod,
 		       a.attnotnull, coalesce(co.collisdeterministic, true)
@@ -146,16 +173,15 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 		ORDER BY a.attnum`, t.OID)
 	if err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", t, err)
+		return nil, nil, fmt.Errorf("read columns of %s: %w", t, err)
 	}
-	notNull := map[string]bool{}
-	deterministic := map[string]bool{}
+	defer rows.Close()
+	notNull, deterministic = map[string]bool{}, map[string]bool{}
 	for rows.Next() {
 		var c Column
 		var nn, det bool
 		if err := rows.Scan(&c.Name, &c.TypeOID, &c.BaseOID, &c.TypeMod, &nn, &det); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read columns of %s: %w", t, err)
+			return nil, nil, fmt.Errorf("read columns of %s: %w", t, err)
 		}
 		if !t.published(c.Name) {
 			continue
@@ -164,10 +190,15 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		t.Columns = append(t.Columns, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", t, err)
+		return nil, nil, fmt.Errorf("read columns of %s: %w", t, err)
 	}
+	return notNull, deterministic, nil
+}
 
-	// The replica identity's columns.
+// chooseKey sets the table's key (Key, KeySource): its replica identity's columns (primary key
+// or replica identity index), or the override, which must identify rows and be carried by the
+// stream. A table whose updates and deletes would not say which row they change is refused.
+func (t *Table) chooseKey(ctx context.Context, conn *pgx.Conn, override []string, notNull, deterministic map[string]bool) error {
 	var identity []string
 	// A deferrable key (its uniqueness checked at commit) lets one statement move keys onto each
 	// other's (UPDATE t SET id = id + 1): the stream then has the inserts and deletes of the
@@ -175,12 +206,13 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	// without losing rows. Refused.
 	var deferrable bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = $1 AND indisprimary AND NOT indimmediate)`, t.OID).Scan(&deferrable); err != nil {
-		return nil, fmt.Errorf("read key of %s: %w", t, err)
+		return fmt.Errorf("read key of %s: %w", t, err)
 	}
+	var err error
 	switch t.ReplicaIdentity {
 	case 'd', 'f':
 		if deferrable && len(override) == 0 {
-			return nil, fmt.Errorf("%w: the primary key of %s is DEFERRABLE: one statement can move rows onto each other's keys (UPDATE ... SET id = id + 1), and the stream then carries those moves in an order no replay by key can apply without losing rows; make it NOT DEFERRABLE (ALTER TABLE %s ALTER CONSTRAINT <name> NOT DEFERRABLE, or drop and add the primary key), or give a key override with a unique index that is not deferrable",
+			return fmt.Errorf("%w: the primary key of %s is DEFERRABLE: one statement can move rows onto each other's keys (UPDATE ... SET id = id + 1), and the stream then carries those moves in an order no replay by key can apply without losing rows; make it NOT DEFERRABLE (ALTER TABLE %s ALTER CONSTRAINT <name> NOT DEFERRABLE, or drop and add the primary key), or give a key override with a unique index that is not deferrable",
 				ErrNoKey, t, t.Ident())
 		}
 		identity, err = indexColumns(ctx, conn, t.OID, "i.indisprimary")
@@ -190,40 +222,37 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		t.KeySource = "replica identity index"
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read key of %s: %w", t, err)
+		return fmt.Errorf("read key of %s: %w", t, err)
 	}
 
 	keyCols := identity
 	if len(override) > 0 {
 		if err := checkOverride(ctx, conn, t, override, identity, notNull); err != nil {
-			return nil, err
+			return err
 		}
 		keyCols, t.KeySource = override, "key override"
 	}
 	switch {
 	case t.ReplicaIdentity == 'n':
-		return nil, fmt.Errorf("%w: %s has REPLICA IDENTITY NOTHING, so updates and deletes carry no key; run ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key) or REPLICA IDENTITY FULL",
+		return fmt.Errorf("%w: %s has REPLICA IDENTITY NOTHING, so updates and deletes carry no key; run ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key) or REPLICA IDENTITY FULL",
 			ErrNoKey, t, t.Ident())
 	case len(keyCols) == 0 && t.ReplicaIdentity == 'f':
-		return nil, fmt.Errorf("%w: %s has no primary key; give a key override (NOT NULL columns with a unique index), or add a primary key", ErrNoKey, t)
+		return fmt.Errorf("%w: %s has no primary key; give a key override (NOT NULL columns with a unique index), or add a primary key", ErrNoKey, t)
 	case len(keyCols) == 0:
-		return nil, fmt.Errorf("%w: %s has no primary key, so updates and deletes carry no key (and fail while the table is in a publication that publishes them); add a primary key, or run ALTER TABLE %s REPLICA IDENTITY FULL; and give a key override",
+		return fmt.Errorf("%w: %s has no primary key, so updates and deletes carry no key (and fail while the table is in a publication that publishes them); add a primary key, or run ALTER TABLE %s REPLICA IDENTITY FULL; and give a key override",
 			ErrNoKey, t, t.Ident())
 	}
 	for _, k := range keyCols {
 		i := slices.IndexFunc(t.Columns, func(c Column) bool { return c.Name == k })
 		if i < 0 {
-			return nil, fmt.Errorf("%w: key column %q of %s is not among its published columns (a publication column list must include the key)", ErrNoKey, k, t)
+			return fmt.Errorf("%w: key column %q of %s is not among its published columns (a publication column list must include the key)", ErrNoKey, k, t)
 		}
 		if !deterministic[k] {
-			return nil, fmt.Errorf("%w: key column %q of %s uses a nondeterministic collation, under which different strings are equal; Tidemark cannot match such keys exactly", ErrNoKey, k, t)
+			return fmt.Errorf("%w: key column %q of %s uses a nondeterministic collation, under which different strings are equal; Tidemark cannot match such keys exactly", ErrNoKey, k, t)
 		}
 		t.Key = append(t.Key, i)
 	}
-	if pubErr != nil {
-		return nil, pubErr
-	}
-	return t, nil
+	return nil
 }
 
 // indexColumns returns the columns of the table's index chosen by cond, in index order.
