@@ -104,6 +104,11 @@ type bench struct {
 	dsn       string
 	slots     int
 	types     *pgjson.Registry
+
+	// Measured by scans, the references of the figures after them.
+	copyS  time.Duration // COPY of bench_rows through psql
+	copyMB float64       // its output
+	peak   uint64        // the peak heap of the encoded backfill of bench_rows
 }
 
 func (b *bench) printf(format string, args ...any) { fmt.Fprintf(b.e.stdout, format, args...) }
@@ -133,10 +138,22 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	defer typeConn.Close(context.WithoutCancel(ctx))
 	b.types = pgjson.NewRegistry(typeConn)
+	if err := b.prepare(ctx, conn); err != nil {
+		return err
+	}
+	for _, step := range []func(context.Context) error{b.scans, b.syncs, b.memory, b.stream, b.sweep, b.latency} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prepare builds the benchmark's tables and its publication.
+func (b *bench) prepare(ctx context.Context, conn *pgx.Conn) error {
 	var version string
 	_ = conn.QueryRow(ctx, "SELECT version()").Scan(&version)
 	b.printf("# %s\n", version)
-
 	start := time.Now()
 	for _, s := range []string{
 		`CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
@@ -151,58 +168,64 @@ func (b *bench) run(ctx context.Context) error {
 			return fmt.Errorf("prepare: %w", err)
 		}
 	}
-	var heapMB, copyMB float64
+	var heapMB float64
 	_ = conn.QueryRow(ctx, `SELECT pg_table_size('bench_rows') / 1e6`).Scan(&heapMB)
 	b.printf("# bench_rows: %d rows, heap %.1f MB, built in %s\n", b.rows, heapMB, time.Since(start).Round(time.Second))
+	return nil
+}
 
-	// The reference: COPY through psql, output discarded (docs/benchmarks.md).
-	copyS, err := b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY bench_rows TO STDOUT`, &copyMB) })
+// scans measures the reference (COPY through psql, output discarded: docs/benchmarks.md) and
+// Tidemark's backfill of the same table, encoded and not.
+func (b *bench) scans(ctx context.Context) error {
+	var err error
+	b.copyS, err = b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY bench_rows TO STDOUT`, &b.copyMB) })
 	if err != nil {
 		return err
 	}
-	b.line("scan.copy_text", copyS, float64(b.rows), copyMB, "")
+	b.line("scan.copy_text", b.copyS, float64(b.rows), b.copyMB, "")
 
 	// Tidemark's backfill of the same table, output encoded as JSON lines and discarded.
 	var outMB float64
-	var peak uint64
 	tmS, err := b.median(func() (time.Duration, error) {
 		s := &discardSink{enc: eventEncoder{types: b.types}}
 		d, err := b.backfill(ctx, s, nil)
-		outMB, peak = float64(s.bytes.Load())/1e6, s.peakHeap
+		outMB, b.peak = float64(s.bytes.Load())/1e6, s.peakHeap
 		return d, err
 	})
 	if err != nil {
 		return err
 	}
-	b.line("backfill.tidemark", tmS, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f peak_heap_MB=%.0f", copyS.Seconds()/tmS.Seconds(), float64(peak)/1e6))
+	b.line("backfill.tidemark", tmS, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f peak_heap_MB=%.0f", b.copyS.Seconds()/tmS.Seconds(), float64(b.peak)/1e6))
 
 	// The same backfill with the output not encoded: what the engine costs without the sink.
 	rawS, err := b.median(func() (time.Duration, error) { return b.backfill(ctx, nullSink{}, nil) })
 	if err != nil {
 		return err
 	}
-	b.line("backfill.not_encoded", rawS, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", copyS.Seconds()/rawS.Seconds()))
+	b.line("backfill.not_encoded", rawS, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/rawS.Seconds()))
+	return nil
+}
 
-	// Sync into another PostgreSQL: native logical replication's initial copy against Tidemark's
-	// exactly-once sync, of the same table in the same run.
+// syncs measures syncs into another PostgreSQL (native logical replication's initial copy,
+// Tidemark's exactly-once sync, pgcopydb when installed) and the Airbyte connector's first sync.
+func (b *bench) syncs(ctx context.Context) error {
 	nativeS, err := b.median(func() (time.Duration, error) { return b.nativeSubscription(ctx) })
 	if err != nil {
 		return err
 	}
-	b.line("sync.native_subscription", nativeS, float64(b.rows), copyMB, "(CREATE SUBSCRIPTION with copy_data, until the table is ready)")
+	b.line("sync.native_subscription", nativeS, float64(b.rows), b.copyMB, "(CREATE SUBSCRIPTION with copy_data, until the table is ready)")
 	pgS, err := b.median(func() (time.Duration, error) { return b.syncPostgres(ctx) })
 	if err != nil {
 		return err
 	}
-	b.line("sync.tidemark_postgres", pgS, float64(b.rows), copyMB, fmt.Sprintf("time_ratio_to_native=%.2f", pgS.Seconds()/nativeS.Seconds()))
+	b.line("sync.tidemark_postgres", pgS, float64(b.rows), b.copyMB, fmt.Sprintf("time_ratio_to_native=%.2f", pgS.Seconds()/nativeS.Seconds()))
 
-	// Tidemark's exactly-once sync against pgcopydb, when it is installed.
 	if _, err := exec.LookPath("pgcopydb"); err == nil {
 		cpS, err := b.median(func() (time.Duration, error) { return b.pgcopydb(ctx) })
 		if err != nil {
 			return err
 		}
-		b.line("sync.pgcopydb_clone", cpS, float64(b.rows), copyMB, fmt.Sprintf("(pgcopydb clone: schema, data, indexes) tidemark_time_ratio=%.2f", pgS.Seconds()/cpS.Seconds()))
+		b.line("sync.pgcopydb_clone", cpS, float64(b.rows), b.copyMB, fmt.Sprintf("(pgcopydb clone: schema, data, indexes) tidemark_time_ratio=%.2f", pgS.Seconds()/cpS.Seconds()))
 	} else {
 		b.printf("%-24s skipped: pgcopydb is not installed (apt-get install pgcopydb)\n", "sync.pgcopydb_clone")
 	}
@@ -214,9 +237,12 @@ func (b *bench) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.line("airbyte.read", abS, float64(b.rows), abMB, fmt.Sprintf("ratio_to_copy=%.2f peak_rss_MB=%.0f", copyS.Seconds()/abS.Seconds(), float64(abRSS)/1e3))
+	b.line("airbyte.read", abS, float64(b.rows), abMB, fmt.Sprintf("ratio_to_copy=%.2f peak_rss_MB=%.0f", b.copyS.Seconds()/abS.Seconds(), float64(abRSS)/1e3))
+	return nil
+}
 
-	// Memory does not grow with the table: the same backfill of a fifth of it.
+// memory shows that memory does not grow with the table: the same backfill of a fifth of it.
+func (b *bench) memory(ctx context.Context) error {
 	if err := execAll(ctx, b.dsn, fmt.Sprintf(`CREATE TABLE bench_fifth AS SELECT * FROM bench_rows WHERE id <= %d; ALTER TABLE bench_fifth ADD PRIMARY KEY (id); ALTER PUBLICATION bench ADD TABLE bench_fifth`, b.rows/5)); err != nil {
 		return err
 	}
@@ -230,10 +256,13 @@ func (b *bench) run(ctx context.Context) error {
 		return err
 	}
 	b.printf("%-24s rows=%d peak_heap_MB=%.0f rows=%d peak_heap_MB=%.0f ratio=%.2f\n", "memory.peak_heap", b.rows/5, float64(fifthPeak)/1e6,
-		b.rows, float64(peak)/1e6, float64(peak)/float64(max(fifthPeak, 1)))
+		b.rows, float64(b.peak)/1e6, float64(b.peak)/float64(max(fifthPeak, 1)))
+	return nil
+}
 
-	// Streaming: changes decoded by pg_recvlogical (pgoutput, written to /dev/null) against
-	// Tidemark's stream, decoded and encoded as JSON lines.
+// stream measures changes decoded by pg_recvlogical (pgoutput, written to /dev/null) against
+// Tidemark's stream, decoded and encoded as JSON lines.
+func (b *bench) stream(ctx context.Context) error {
 	recvS, tmStreamS, err := b.streaming(ctx)
 	if err != nil {
 		return err
@@ -241,18 +270,25 @@ func (b *bench) run(ctx context.Context) error {
 	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f\n", "stream.pg_recvlogical", b.changes, recvS.Seconds(), float64(b.changes)/recvS.Seconds())
 	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f ratio_to_pg_recvlogical=%.2f\n", "stream.tidemark", b.changes, tmStreamS.Seconds(),
 		float64(b.changes)/tmStreamS.Seconds(), recvS.Seconds()/tmStreamS.Seconds())
+	return nil
+}
 
-	// Where the default chunk size comes from: the backfill at several sizes (one chunk is in
-	// flight at a time by design: its window is what makes the merge exact).
+// sweep shows where the default chunk size comes from: the backfill at several sizes (one chunk
+// is in flight at a time by design: its window is what makes the merge exact).
+func (b *bench) sweep(ctx context.Context) error {
 	for _, size := range []int{1000, 5000, 10000, 50000} {
 		d, err := b.backfillTable(ctx, "bench_rows", size, nullSink{})
 		if err != nil {
 			return err
 		}
-		b.line(fmt.Sprintf("sweep.chunk_%d", size), d, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", copyS.Seconds()/d.Seconds()))
+		b.line(fmt.Sprintf("sweep.chunk_%d", size), d, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/d.Seconds()))
 	}
+	return nil
+}
 
-	// Live-change latency while a backfill runs: single-row inserts at 200/s, commit to output.
+// latency measures live-change latency while a backfill runs: single-row inserts at 200/s,
+// commit to output.
+func (b *bench) latency(ctx context.Context) error {
 	lat := &latencySink{discardSink: discardSink{enc: eventEncoder{types: b.types}}}
 	stop := b.writer(ctx, 200)
 	d, err := b.backfill(ctx, lat, lat)
