@@ -39,57 +39,19 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	start := time.Now()
-	fmt.Fprintf(e.stderr, "Starting a throwaway PostgreSQL...\n")
-	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})
+	srv, err := startDemoServer(ctx, e)
 	if err != nil {
-		if !e2e.DockerAvailable(ctx) {
-			return fmt.Errorf("start a throwaway PostgreSQL: %w", err)
-		}
-		if srv, err = e2e.StartContainer(ctx, e2e.Options{Log: e.log}); err != nil {
-			return err
-		}
+		return err
 	}
 	defer func() {
 		if err := srv.Stop(context.WithoutCancel(ctx)); err != nil {
 			e.log.Warn().Err(err).Msg("stop the throwaway PostgreSQL")
 		}
 	}()
-	for _, db := range []string{"demo_source", "demo_target"} {
-		if err := srv.CreateDatabase(ctx, db); err != nil {
-			return err
-		}
-	}
-	src, tgt := srv.DSN("demo_source"), srv.DSN("demo_target")
-	fmt.Fprintf(e.stderr, "Creating the demo tables: %d orders, %d customers, %d products...\n", *rows, *rows/20, 1000)
-	stmts := append([]string{}, demoTables...)
-	stmts = append(stmts,
-		fmt.Sprintf(`INSERT INTO customers (id, name, email, country) SELECT g, 'Customer ' || g, 'c' || g || '@example.com', (ARRAY['FR','DE','US','JP','BR'])[1 + g %% 5]
-			FROM generate_series(1, %d) g`, max(*rows/20, 1)),
-		fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, items, tags, placed) SELECT g, 1 + g %% %d, (ARRAY['new','paid','shipped','cancelled'])[1 + g %% 4]::order_status,
-			(g %% 10000) / 100.0, jsonb_build_object('sku', 'SKU-' || g %% 1000, 'qty', 1 + g %% 5), ARRAY['demo', 'batch-' || g %% 7], now() - g * interval '1 minute'
-			FROM generate_series(1, %d) g`, max(*rows/20, 1), *rows),
-		`INSERT INTO products SELECT 'SKU-' || g, 'Product ' || g, g * 1.25, g / 3.0, decode(md5(g::text), 'hex') FROM generate_series(0, 999) g`,
-		`ANALYZE`,
-		`CREATE PUBLICATION demo FOR TABLE customers, orders, products`,
-		`SELECT pg_create_logical_replication_slot('demo', 'pgoutput')`,
-	)
-	if err := execAll(ctx, src, stmts...); err != nil {
+	src, tgt, err := createDemoData(ctx, e, srv, *rows)
+	if err != nil {
 		return err
 	}
-	// The target needs the enum the orders table uses.
-	if err := execAll(ctx, tgt, demoTables[0]); err != nil {
-		return err
-	}
-
-	// The live workload: new orders, status changes, cancellations, new customers.
-	workCtx, stopWork := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var txns, workErr = 0, error(nil)
-	wg.Go(func() {
-		txns, workErr = demoWorkload(workCtx, src, *rows, *rate)
-	})
-	defer func() { stopWork(); wg.Wait() }()
-
 	srcConn, err := connectPinned(ctx, src)
 	if err != nil {
 		return err
@@ -100,9 +62,91 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	defer tgtConn.Close(context.WithoutCancel(ctx))
-	sink, from, err := openPGSink(ctx, tgtConn, srcConn, "demo", "", false, e.log)
+
+	res, err := syncDemo(ctx, e, src, srcConn, tgtConn, *rows, *rate, *live)
 	if err != nil {
 		return err
+	}
+	ok, err := verifyDemo(ctx, e, srcConn, tgtConn)
+	if err != nil {
+		return err
+	}
+	res.print(e, time.Since(start))
+	if !ok {
+		return errors.New("verification failed: the target differs from the source")
+	}
+	fmt.Fprintf(e.stdout, "  verification         passed: the target equals the source\n")
+	return nil
+}
+
+// startDemoServer starts a throwaway PostgreSQL: from the installed server binaries, or in a
+// container when only a Docker engine answers.
+func startDemoServer(ctx context.Context, e *env) (*e2e.Server, error) {
+	fmt.Fprintf(e.stderr, "Starting a throwaway PostgreSQL...\n")
+	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})
+	if err == nil {
+		return srv, nil
+	}
+	if !e2e.DockerAvailable(ctx) {
+		return nil, fmt.Errorf("start a throwaway PostgreSQL: %w", err)
+	}
+	return e2e.StartContainer(ctx, e2e.Options{Log: e.log})
+}
+
+// createDemoData creates the source database with its tables, rows, publication and slot, and
+// the target database; it returns their connection strings.
+func createDemoData(ctx context.Context, e *env, srv *e2e.Server, rows int) (src, tgt string, err error) {
+	for _, db := range []string{"demo_source", "demo_target"} {
+		if err := srv.CreateDatabase(ctx, db); err != nil {
+			return "", "", err
+		}
+	}
+	src, tgt = srv.DSN("demo_source"), srv.DSN("demo_target")
+	fmt.Fprintf(e.stderr, "Creating the demo tables: %d orders, %d customers, %d products...\n", rows, rows/20, 1000)
+	stmts := append([]string{}, demoTables...)
+	stmts = append(stmts,
+		fmt.Sprintf(`INSERT INTO customers (id, name, email, country) SELECT g, 'Customer ' || g, 'c' || g || '@example.com', (ARRAY['FR','DE','US','JP','BR'])[1 + g %% 5]
+			FROM generate_series(1, %d) g`, max(rows/20, 1)),
+		fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, items, tags, placed) SELECT g, 1 + g %% %d, (ARRAY['new','paid','shipped','cancelled'])[1 + g %% 4]::order_status,
+			(g %% 10000) / 100.0, jsonb_build_object('sku', 'SKU-' || g %% 1000, 'qty', 1 + g %% 5), ARRAY['demo', 'batch-' || g %% 7], now() - g * interval '1 minute'
+			FROM generate_series(1, %d) g`, max(rows/20, 1), rows),
+		`INSERT INTO products SELECT 'SKU-' || g, 'Product ' || g, g * 1.25, g / 3.0, decode(md5(g::text), 'hex') FROM generate_series(0, 999) g`,
+		`ANALYZE`,
+		`CREATE PUBLICATION demo FOR TABLE customers, orders, products`,
+		`SELECT pg_create_logical_replication_slot('demo', 'pgoutput')`,
+	)
+	if err := execAll(ctx, src, stmts...); err != nil {
+		return "", "", err
+	}
+	// The target needs the enum the orders table uses.
+	if err := execAll(ctx, tgt, demoTables[0]); err != nil {
+		return "", "", err
+	}
+	return src, tgt, nil
+}
+
+// demoResult is what the demo's sync did, for its summary.
+type demoResult struct {
+	stats   *syncStats
+	txns    int           // workload transactions
+	elapsed time.Duration // the sync's time
+}
+
+// syncDemo runs the live workload and the sync into the target until the backfills are done,
+// the workload has run live for a while and stopped, and the target has caught up.
+func syncDemo(ctx context.Context, e *env, src string, srcConn, tgtConn *pgx.Conn, rows, rate int, live time.Duration) (*demoResult, error) {
+	// The live workload: new orders, status changes, cancellations, new customers.
+	workCtx, stopWork := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var txns, workErr = 0, error(nil)
+	wg.Go(func() {
+		txns, workErr = demoWorkload(workCtx, src, rows, rate)
+	})
+	defer func() { stopWork(); wg.Wait() }()
+
+	sink, from, err := openPGSink(ctx, tgtConn, srcConn, "demo", "", false, e.log)
+	if err != nil {
+		return nil, err
 	}
 	defer sink.Close(context.WithoutCancel(ctx))
 	tables := []merge.TableConfig{{Schema: "public", Name: "customers"}, {Schema: "public", Name: "orders"}, {Schema: "public", Name: "products"}}
@@ -115,15 +159,13 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	stats := newSyncStats(tables)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
 
-	// Sync until the backfills are done, the workload has run live for a while and stopped, and
-	// the target has caught up with the source.
 	syncCtx, stopSync := context.WithCancelCause(ctx)
 	var caught error
 	wg.Go(func() {
-		caught = demoWatch(syncCtx, stats, srcConn, *live, stopWork)
+		caught = demoWatch(syncCtx, stats, srcConn, live, stopWork)
 		stopSync(errDemoDone)
 	})
-	fmt.Fprintf(e.stderr, "Syncing into a second database while the workload runs (%d transactions/s)...\n", *rate)
+	fmt.Fprintf(e.stderr, "Syncing into a second database while the workload runs (%d transactions/s)...\n", rate)
 	syncStart := time.Now()
 	err = runWithProgress(syncCtx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, src, "", false)
 	elapsed := time.Since(syncStart)
@@ -131,38 +173,46 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	stopWork()
 	wg.Wait()
 	if err != nil && !errors.Is(err, errDemoDone) {
-		return err
+		return nil, err
 	}
 	if caught != nil {
-		return caught
+		return nil, caught
 	}
 	if workErr != nil {
-		return fmt.Errorf("workload: %w", workErr)
+		return nil, fmt.Errorf("workload: %w", workErr)
 	}
+	return &demoResult{stats: stats, txns: txns, elapsed: elapsed}, nil
+}
 
+// verifyDemo compares every demo table on the source and the target: row counts and a digest
+// of all rows.
+func verifyDemo(ctx context.Context, e *env, srcConn, tgtConn *pgx.Conn) (bool, error) {
 	fmt.Fprintf(e.stdout, "\nVerifying that the target equals the source...\n")
 	ok := true
-	var total int64
 	for _, t := range []string{"customers", "orders", "products"} {
-		var n int64
+		var n, m int64
 		var srcSum, tgtSum string
 		q := fmt.Sprintf(`SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM %s t`, t)
 		if err := srcConn.QueryRow(ctx, q).Scan(&n, &srcSum); err != nil {
-			return err
+			return false, err
 		}
-		var m int64
 		if err := tgtConn.QueryRow(ctx, q).Scan(&m, &tgtSum); err != nil {
-			return err
+			return false, err
 		}
 		same := n == m && srcSum == tgtSum
 		ok = ok && same
-		total += n
 		mark := "equal"
 		if !same {
 			mark = fmt.Sprintf("DIFFERENT (source %d rows, target %d)", n, m)
 		}
 		fmt.Fprintf(e.stdout, "  %-10s %9d rows  %s\n", t, n, mark)
 	}
+	return ok, nil
+}
+
+// print writes the demo's summary; total is the demo's whole time.
+func (r *demoResult) print(e *env, total time.Duration) {
+	stats := r.stats
 	stats.mu.Lock()
 	backfilled := int64(0)
 	for _, n := range stats.snapshot {
@@ -173,14 +223,9 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	fmt.Fprintf(e.stdout, "\nSummary\n")
 	fmt.Fprintf(e.stdout, "  rows backfilled      %d in %s (%.0f rows/s), while the workload ran\n", backfilled, backfillTime.Round(time.Millisecond),
 		float64(backfilled)/max(backfillTime.Seconds(), 0.001))
-	fmt.Fprintf(e.stdout, "  live changes applied %d, from %d workload transactions\n", changes, txns)
+	fmt.Fprintf(e.stdout, "  live changes applied %d, from %d workload transactions\n", changes, r.txns)
 	fmt.Fprintf(e.stdout, "  change latency       p50 %.0f ms, p99 %.0f ms (commit on the source to commit on the target)\n", stats.percentile(0.5), stats.percentile(0.99))
-	fmt.Fprintf(e.stdout, "  sync time            %s (total %s)\n", elapsed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	if !ok {
-		return errors.New("verification failed: the target differs from the source")
-	}
-	fmt.Fprintf(e.stdout, "  verification         passed: the target equals the source\n")
-	return nil
+	fmt.Fprintf(e.stdout, "  sync time            %s (total %s)\n", r.elapsed.Round(time.Millisecond), total.Round(time.Millisecond))
 }
 
 var errDemoDone = errors.New("demo done")
