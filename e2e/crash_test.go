@@ -101,8 +101,9 @@ func replayFile(t *testing.T, path string, keys map[string][]string) *e2e.Oracle
 	return o
 }
 
-// TestCrashPoints kills a real `tidemark sync` process with SIGKILL at each crash point of the
-// algorithm reference (§1.8) while a workload with large transactions runs, restarts it from its
+// TestCrashPoints kills a real `tidemark sync` process with SIGKILL at each crash point of a
+// chunk's protocol (before and after the low watermark, after the select, after the high
+// watermark, after an emit, after a checkpoint) while a workload with large transactions runs, restarts it from its
 // durable checkpoint each time, and checks that the output replays to the source with no key ever
 // going back to an older version. The output file is cut back to its checkpoint on every
 // restart, so it holds no duplicate from a replay.
@@ -140,7 +141,7 @@ func TestCrashPoints(t *testing.T) {
 	t.Logf("%d records, %d duplicates", o.Records(), o.Duplicates())
 }
 
-// TestResumeFromOlderCheckpoint (E30): a checkpoint older than what the slot was confirmed to
+// TestResumeFromOlderCheckpoint: a checkpoint older than what the slot was confirmed to
 // (the newer one was lost) is refused with the slot's and the position's LSNs.
 func TestResumeFromOlderCheckpoint(t *testing.T) {
 	db := e2e.NewTestDB(t, server)

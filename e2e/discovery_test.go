@@ -48,7 +48,7 @@ func TestDiscoverKeys(t *testing.T) {
 
 	tb, err = discover("idx")
 	require.NoError(t, err)
-	require.Equal(t, []string{"email"}, tb.KeyNames(), "deletes carry the replica identity index, so that is the key (E34)")
+	require.Equal(t, []string{"email"}, tb.KeyNames(), "deletes carry the replica identity index, so that is the key")
 
 	_, err = discover("nokey")
 	require.ErrorIs(t, err, chunker.ErrNoKey)
@@ -258,9 +258,9 @@ func TestResumeAfterStop(t *testing.T) {
 	verify(t, db, sink, "public.t", "id")
 }
 
-// TestE29OlderPositionSlotNotAdvanced: the platform lost the latest state but the slot was never
+// TestOlderPositionSlotNotAdvanced: the platform lost the latest state but the slot was never
 // confirmed past the older one: replay from it redoes the chunks and converges.
-func TestE29OlderPositionSlotNotAdvanced(t *testing.T) {
+func TestOlderPositionSlotNotAdvanced(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 300, 1)
 	cfg := engineConfig(db, "public.t")

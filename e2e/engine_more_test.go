@@ -40,12 +40,12 @@ func catchUp(t *testing.T, cfg merge.Config, sink *memSink) {
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()))
 }
 
-// TestE14VisibilityAnomaly reproduces the visibility anomaly deterministically: a synchronous
+// TestVisibilityAnomaly reproduces the visibility anomaly deterministically: a synchronous
 // standby that does not exist makes an application transaction stream (its commit record is
 // flushed) long before it becomes visible. The chunk read meanwhile misses it although the
 // transaction came before the low watermark in the stream. With the guard the chunk is rejected
 // and retried, and the output is right; without the guard the stale row wins.
-func TestE14VisibilityAnomaly(t *testing.T) {
+func TestVisibilityAnomaly(t *testing.T) {
 	if server == nil || server.Kind() == e2e.External {
 		t.Skip("changes synchronous_standby_names on the server")
 	}
@@ -135,9 +135,9 @@ func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejec
 	return e2e.Diff(sink.oracle.Rows("public.t"), src), sink.oracle.Violations(), rejected
 }
 
-// TestE16AppendsDuringBackfill: with inserts at the tail all along, the backfill ends at the key
+// TestAppendsDuringBackfill: with inserts at the tail all along, the backfill ends at the key
 // it captured at its start; later rows arrive as inserts.
-func TestE16AppendsDuringBackfill(t *testing.T) {
+func TestAppendsDuringBackfill(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id bigserial PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -171,9 +171,9 @@ func TestE16AppendsDuringBackfill(t *testing.T) {
 	require.Greater(t, sink.count("insert"), 0)
 }
 
-// TestE22CopyInsideWindow: a COPY (one multi-insert: many changes share LSNs) inside a window
+// TestCopyInsideWindow: a COPY (one multi-insert: many changes share LSNs) inside a window
 // evicts every key it touches.
-func TestE22CopyInsideWindow(t *testing.T) {
+func TestCopyInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 50, 10000)
 	conn := db.Connect()
@@ -207,9 +207,9 @@ func signalTrigger(t *testing.T, db *e2e.TestDB, cond string) func(context.Conte
 	return onChunk(t, db, 1, `CREATE TRIGGER fail_mark BEFORE INSERT OR UPDATE ON tidemark_signal FOR EACH ROW EXECUTE FUNCTION fail_mark()`)
 }
 
-// TestE23LowWatermarkFails: the chunk is withdrawn before its SELECT and retried with a new id;
+// TestLowWatermarkFails: the chunk is withdrawn before its SELECT and retried with a new id;
 // nothing is emitted twice.
-func TestE23LowWatermarkFails(t *testing.T) {
+func TestLowWatermarkFails(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	var selected []int64
@@ -224,9 +224,9 @@ func TestE23LowWatermarkFails(t *testing.T) {
 	require.NotContains(t, selected, int64(2), "no SELECT for the chunk whose low watermark failed")
 }
 
-// TestE24HighWatermarkFails: a high watermark that fails once is written again with the same
+// TestHighWatermarkFails: a high watermark that fails once is written again with the same
 // chunk id; one that keeps failing abandons the chunk, which is redone; no row is emitted twice.
-func TestE24HighWatermarkFails(t *testing.T) {
+func TestHighWatermarkFails(t *testing.T) {
 	for _, tc := range []struct {
 		name, cond string
 		snapshots  int // the row updated inside chunk 2's window is read again when chunk 2 is redone
@@ -254,9 +254,9 @@ func TestE24HighWatermarkFails(t *testing.T) {
 	}
 }
 
-// TestE25HighWatermarkTwice: a high watermark seen twice (a retried write whose first commit
+// TestHighWatermarkTwice: a high watermark seen twice (a retried write whose first commit
 // succeeded) acts once.
-func TestE25HighWatermarkTwice(t *testing.T) {
+func TestHighWatermarkTwice(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -269,10 +269,10 @@ func TestE25HighWatermarkTwice(t *testing.T) {
 	require.Zero(t, sink.oracle.Duplicates())
 }
 
-// TestE27ForeignWatermarks: two engines with their own slots share the signal table, and a mark
+// TestForeignWatermarks: two engines with their own slots share the signal table, and a mark
 // of the same slot from another run shows up inside a window: each engine ignores marks that
 // are not its own.
-func TestE27ForeignWatermarks(t *testing.T) {
+func TestForeignWatermarks(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 60, 1)
 	db.Exec(`CREATE PUBLICATION other FOR TABLE t`)
@@ -303,9 +303,9 @@ func TestE27ForeignWatermarks(t *testing.T) {
 	}
 }
 
-// TestE33ICUTextKey: a text key under an ICU collation, read one row per chunk: no key skipped
+// TestICUTextKey: a text key under an ICU collation, read one row per chunk: no key skipped
 // or repeated; ordering is PostgreSQL's.
-func TestE33ICUTextKey(t *testing.T) {
+func TestICUTextKey(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (k text COLLATE "en-x-icu" PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -332,10 +332,10 @@ func TestE33ICUTextKey(t *testing.T) {
 	require.Equal(t, int64(len(keys)+1), sink.last().Tables["public.t"].Chunks, "one chunk per key, and the last one finds nothing")
 }
 
-// TestE37CompositeKeyTypesAndTimeZone: a composite key of uuid, timestamptz and numeric, on a
+// TestCompositeKeyTypesAndTimeZone: a composite key of uuid, timestamptz and numeric, on a
 // database whose default TimeZone is not UTC: keys read by the chunk and by the stream are
 // equal, so an update inside the window evicts the chunk's row.
-func TestE37CompositeKeyTypesAndTimeZone(t *testing.T) {
+func TestCompositeKeyTypesAndTimeZone(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET TimeZone = 'Asia/Kolkata'`)
 	db.Exec(`CREATE SEQUENCE ver`)
@@ -363,8 +363,8 @@ func TestE37CompositeKeyTypesAndTimeZone(t *testing.T) {
 	require.Equal(t, []string{"update:new"}, ops(sink.of("public.t", key)), "the chunk's copy was evicted")
 }
 
-// TestE39FloatAndNumericBoundaries: NaN, the infinities and -0 as chunk boundaries round-trip.
-func TestE39FloatAndNumericBoundaries(t *testing.T) {
+// TestFloatAndNumericBoundaries: NaN, the infinities and -0 as chunk boundaries round-trip.
+func TestFloatAndNumericBoundaries(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE f (k float8 PRIMARY KEY, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -382,10 +382,10 @@ func TestE39FloatAndNumericBoundaries(t *testing.T) {
 	require.Zero(t, sink.oracle.Duplicates())
 }
 
-// TestE42ColumnAddedInsideWindow: ALTER TABLE ADD COLUMN (and a change that brings the new
+// TestColumnAddedInsideWindow: ALTER TABLE ADD COLUMN (and a change that brings the new
 // Relation) inside a window: the chunk is abandoned and read again with the new column; events
 // before and after carry their own columns.
-func TestE42ColumnAddedInsideWindow(t *testing.T) {
+func TestColumnAddedInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 1)
 	cfg := engineConfig(db, "public.t")
@@ -479,9 +479,9 @@ func TestBackfillWhileLive200k(t *testing.T) {
 	require.Greater(t, sink.count("update"), 100, "the workload ran during the backfill")
 }
 
-// TestE8HotKey: one key updated in every window of a small-chunk backfill: the backfill still
+// TestHotKey: one key updated in every window of a small-chunk backfill: the backfill still
 // finishes (the cursor moves on the chunk's last key, not on emitted rows).
-func TestE8HotKey(t *testing.T) {
+func TestHotKey(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 300, 1)
 	conn := db.Connect()

@@ -200,8 +200,8 @@ func TestBackfillOnly(t *testing.T) {
 	require.Equal(t, []string{"id"}, p.Key)
 }
 
-// TestE1UpdateBetweenLowAndSelect: the chunk row is evicted, the update emitted once.
-func TestE1UpdateBetweenLowAndSelect(t *testing.T) {
+// TestUpdateBetweenLowAndSelect: the chunk row is evicted, the update emitted once.
+func TestUpdateBetweenLowAndSelect(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -212,9 +212,9 @@ func TestE1UpdateBetweenLowAndSelect(t *testing.T) {
 	require.Equal(t, []string{"update:new"}, ops(sink.of("public.t", "5")))
 }
 
-// TestE2UpdateBetweenSelectAndHigh: the chunk read the old row; the update inside the window
+// TestUpdateBetweenSelectAndHigh: the chunk read the old row; the update inside the window
 // evicts it.
-func TestE2UpdateBetweenSelectAndHigh(t *testing.T) {
+func TestUpdateBetweenSelectAndHigh(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -225,9 +225,9 @@ func TestE2UpdateBetweenSelectAndHigh(t *testing.T) {
 	require.Equal(t, []string{"update:new"}, ops(sink.of("public.t", "5")))
 }
 
-// TestE3UpdateBeforeLow: the update precedes the window; the chunk row, read after it, carries
+// TestUpdateBeforeLow: the update precedes the window; the chunk row, read after it, carries
 // the same version (a duplicate, counted).
-func TestE3UpdateBeforeLow(t *testing.T) {
+func TestUpdateBeforeLow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -239,8 +239,8 @@ func TestE3UpdateBeforeLow(t *testing.T) {
 	require.Equal(t, 1, sink.oracle.Duplicates())
 }
 
-// TestE4DeleteInsideWindow: no snapshot row after the delete; the key stays gone.
-func TestE4DeleteInsideWindow(t *testing.T) {
+// TestDeleteInsideWindow: no snapshot row after the delete; the key stays gone.
+func TestDeleteInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -251,8 +251,8 @@ func TestE4DeleteInsideWindow(t *testing.T) {
 	require.Equal(t, []string{"delete"}, ops(sink.of("public.t", "5")))
 }
 
-// TestE5DeleteThenInsertInsideWindow: in separate transactions and in one.
-func TestE5DeleteThenInsertInsideWindow(t *testing.T) {
+// TestDeleteThenInsertInsideWindow: in separate transactions and in one.
+func TestDeleteThenInsertInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -266,9 +266,9 @@ func TestE5DeleteThenInsertInsideWindow(t *testing.T) {
 	require.Equal(t, []string{"delete", "insert:again"}, ops(sink.of("public.t", "6")))
 }
 
-// TestE6InsertInsideWindow: a new key inside the chunk's range, seen by the SELECT: the insert
+// TestInsertInsideWindow: a new key inside the chunk's range, seen by the SELECT: the insert
 // is emitted and the chunk's copy evicted.
-func TestE6InsertInsideWindow(t *testing.T) {
+func TestInsertInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 2)
 	cfg := engineConfig(db, "public.t")
@@ -279,8 +279,8 @@ func TestE6InsertInsideWindow(t *testing.T) {
 	require.Equal(t, []string{"insert:new"}, ops(sink.of("public.t", "5")))
 }
 
-// TestE7InsertUpdateDeleteInOneTransaction: the key ends absent and is never snapshotted.
-func TestE7InsertUpdateDeleteInOneTransaction(t *testing.T) {
+// TestInsertUpdateDeleteInOneTransaction: the key ends absent and is never snapshotted.
+func TestInsertUpdateDeleteInOneTransaction(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 2)
 	cfg := engineConfig(db, "public.t")
@@ -292,9 +292,9 @@ func TestE7InsertUpdateDeleteInOneTransaction(t *testing.T) {
 	require.Equal(t, []string{"insert:a", "update:b", "delete"}, ops(sink.of("public.t", "5")))
 }
 
-// TestE9KeyMovesBehindCursor: a key update moves a row from the unscanned range to the scanned
+// TestKeyMovesBehindCursor: a key update moves a row from the unscanned range to the scanned
 // one between chunks: delete of the old key, insert of the new; no chunk finds the old key.
-func TestE9KeyMovesBehindCursor(t *testing.T) {
+func TestKeyMovesBehindCursor(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 2)
 	cfg := engineConfig(db, "public.t")
@@ -306,9 +306,9 @@ func TestE9KeyMovesBehindCursor(t *testing.T) {
 	require.Equal(t, []string{"insert:v70"}, ops(sink.of("public.t", "3")))
 }
 
-// TestE10KeyMovesAheadOfCursor: a row moves from the scanned range to the unscanned one: the
+// TestKeyMovesAheadOfCursor: a row moves from the scanned range to the unscanned one: the
 // later chunk reads the new key and emits it again after the event (a duplicate, same value).
-func TestE10KeyMovesAheadOfCursor(t *testing.T) {
+func TestKeyMovesAheadOfCursor(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 2)
 	cfg := engineConfig(db, "public.t")
@@ -341,10 +341,10 @@ func spanningTxn(t *testing.T, db *e2e.TestDB, cfg *merge.Config, setCommit func
 	})
 }
 
-// TestE12TransactionFromBeforeLowCommitsInsideWindow: the transaction's changes have LSNs before
+// TestTransactionFromBeforeLowCommitsInsideWindow: the transaction's changes have LSNs before
 // the low watermark, but it commits inside the window, so it evicts (window membership is by
 // commit order).
-func TestE12TransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
+func TestTransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -355,10 +355,10 @@ func TestE12TransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
 	require.Equal(t, []string{"update:new"}, ops(sink.of("public.t", "5")))
 }
 
-// TestE13TransactionFromBeforeLowCommitsAfterHigh: the chunk row (old value) is emitted at the
+// TestTransactionFromBeforeLowCommitsAfterHigh: the chunk row (old value) is emitted at the
 // high watermark, then the transaction's update, at a higher position: a destination that keeps
 // the row with the highest position ends with the new value.
-func TestE13TransactionFromBeforeLowCommitsAfterHigh(t *testing.T) {
+func TestTransactionFromBeforeLowCommitsAfterHigh(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")

@@ -31,8 +31,7 @@ const KeySep = "\x1f"
 
 // Oracle replays records onto tables and checks, as they come, that per key the versions in
 // VersionColumn never go back and that a deleted key never comes back with an older version
-// (invariants I2 and I3 of the algorithm reference). Compare checks the replay against the
-// source (I1). It is safe for concurrent use.
+// (docs/invariants.md, I2 and I3). Compare checks the replay against the source (I1). It is safe for concurrent use.
 type Oracle struct {
 	VersionColumn string // a column whose value only grows per key (across deletes too); "" checks no versions
 
