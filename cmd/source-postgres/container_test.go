@@ -255,3 +255,46 @@ func TestItem45_Metadata(t *testing.T) {
 	b, _ := os.ReadFile("../../Dockerfile")
 	require.Contains(t, string(b), "ARG VERSION="+version)
 }
+
+// TestNoWritableDirectory: the platform may give the connector no writable directory at all
+// (a read-only root filesystem and no tmpfs). Nothing is written unless certificates are given
+// inline, so check, discover and read work there; with inline certificates the failure names
+// TMPDIR and what to do.
+func TestNoWritableDirectory(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	e.db.Exec(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	// A TMPDIR that does not exist: not even root can make a directory in it.
+	unwritable := filepath.Join(t.TempDir(), "missing", "tmp")
+	runNoTmp := func(args ...string) *result {
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = []string{"TMPDIR=" + unwritable, "LOG_LEVEL=info", "PATH=/usr/bin:/bin"}
+		cmd.Dir = "/"
+		return e.startCmd(cmd).wait()
+	}
+	r := runNoTmp("check", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	st := r.ofType("CONNECTION_STATUS")
+	require.Len(t, st, 1, r.stdout)
+	require.Equal(t, "SUCCEEDED", st[0].str("connectionStatus", "status"), st[0].str("connectionStatus", "message"))
+
+	r = runNoTmp("discover", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Len(t, r.ofType("CATALOG"), 1)
+
+	cat := e.catalog("public.t")
+	r = runNoTmp("read", "--config", e.config(), "--catalog", cat)
+	require.Equal(t, 0, r.code, r.stderr)
+	replayEqualsSource(t, e, "public.t", "id", r)
+
+	// Inline certificates need a file: the error says where and what to do.
+	e.cfg["ssl_mode"] = map[string]any{"mode": "verify-ca", "ca_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}
+	r = runNoTmp("check", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	st = r.ofType("CONNECTION_STATUS")
+	require.Len(t, st, 1, r.stdout)
+	require.Equal(t, "FAILED", st[0].str("connectionStatus", "status"))
+	require.Contains(t, st[0].str("connectionStatus", "message"), "TMPDIR")
+	require.Contains(t, st[0].str("connectionStatus", "message"), "certificates")
+}
