@@ -4,20 +4,26 @@
 #
 #   docker build -t tidemark/source-postgres:0.1.0 --build-arg VERSION=0.1.0 .
 #   docker run --rm tidemark/source-postgres:0.1.0 spec
+#
+# The runtime's base is the build argument BASE: any image with /bin/sh will do, since nothing is
+# installed into it (the binaries are static and embed the time zone database; alpine brings the
+# CA certificates for TLS without a CA given). The target `prebuilt` takes binaries built outside
+# the image from bin/ in the build context instead of compiling them, so an image can be made with
+# no registry at all (the image test does so, on a busybox base; see docs/airbyte.md):
+#
+#   CGO_ENABLED=0 go build -trimpath -tags timetzdata -ldflags "-s -w" -o ctx/bin/source-postgres ./cmd/source-postgres
+#   CGO_ENABLED=0 go build -trimpath -tags timetzdata -ldflags "-s -w" -o ctx/bin/tidemark ./cmd/tidemark
+#   docker build --target prebuilt --build-arg BASE=my/base-with-sh -f Dockerfile -t my/source-postgres ctx
+#
+# The stages are in this order so that a builder that runs every stage up to the target (the
+# classic builder) does not need the Go image for `prebuilt`.
 
-FROM golang:1.26-alpine AS build
-WORKDIR /src
-COPY go.mod go.sum ./
-RUN go mod download
-COPY . .
+ARG BASE=alpine:3.20
 ARG VERSION=0.1.0
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/source-postgres ./cmd/source-postgres \
- && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/tidemark ./cmd/tidemark
 
-FROM alpine:3.20
-ARG VERSION=0.1.0
-RUN apk add --no-cache ca-certificates tzdata
-COPY --from=build /out/source-postgres /out/tidemark /usr/local/bin/
+# The runtime without binaries.
+FROM ${BASE} AS runtime
+ARG VERSION
 ENV AIRBYTE_ENTRYPOINT="/usr/local/bin/source-postgres"
 ENTRYPOINT ["/usr/local/bin/source-postgres"]
 LABEL io.airbyte.name="tidemark/source-postgres" \
@@ -25,5 +31,23 @@ LABEL io.airbyte.name="tidemark/source-postgres" \
       org.opencontainers.image.source="https://github.com/tidemark/tidemark" \
       org.opencontainers.image.description="Tidemark: PostgreSQL CDC source for Airbyte that backfills while it streams"
 # The platform runs connectors as uid/gid 1000 with a read-only root filesystem: nothing is
-# written outside TMPDIR (certificates given inline go to a private directory there).
+# written anywhere unless certificates are given inline (they go to a private directory under
+# TMPDIR).
 USER 1000:1000
+
+# The runtime with binaries built outside the image (bin/ of the build context).
+FROM runtime AS prebuilt
+COPY bin/source-postgres bin/tidemark /usr/local/bin/
+
+FROM golang:1.26-alpine AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION
+RUN CGO_ENABLED=0 go build -trimpath -tags timetzdata -ldflags "-s -w -X main.version=${VERSION}" -o /out/source-postgres ./cmd/source-postgres \
+ && CGO_ENABLED=0 go build -trimpath -tags timetzdata -ldflags "-s -w" -o /out/tidemark ./cmd/tidemark
+
+# The image (the default target): the runtime with the binaries built above.
+FROM runtime AS image
+COPY --from=build /out/source-postgres /out/tidemark /usr/local/bin/

@@ -8,12 +8,17 @@
 //
 //  1. an external server when $TIDEMARK_TEST_DSN names one (its role must be able to create
 //     databases and replication slots; nothing is started or stopped);
-//  2. otherwise a throwaway local cluster (Start) made with initdb from the installed server
+//  2. otherwise the kind $TIDEMARK_TEST_SERVER names, when set: "local", "container" (the image
+//     $TIDEMARK_TEST_PG_IMAGE, postgres:15 by default) or "container-debian" (an image built here
+//     first, PostgreSQL 15 from Debian's packages on a debootstrapped Debian, for an engine that
+//     reaches no registry), the containers in StartEngine's engine;
+//  3. otherwise a throwaway local cluster (Start) made with initdb from the installed server
 //     binaries and run on a free loopback port, as the `postgres` OS user when the process is
 //     root (PostgreSQL refuses to run as root), with scram-sha-256 password authentication on TCP;
-//  3. otherwise a testcontainers-go postgres container when a Docker engine answers.
+//  4. otherwise a testcontainers-go container (StartContainer) when a Docker engine answers.
 //
-// In CI (CI=true) a suite with no server fails; elsewhere its tests are skipped with the reason.
+// In CI (CI=true), or when $TIDEMARK_TEST_SERVER names a kind, a suite with no server fails;
+// elsewhere its tests are skipped with the reason.
 //
 // A local cluster's postmaster is started with a parent-death signal from a goroutine that holds
 // its OS thread until the postmaster exits, so a test binary that crashes or is killed takes its
@@ -26,4 +31,19 @@
 // named from a hash of the test's name) with its own slot and publication names; the database is
 // dropped with its slots when the test ends, passed or failed. Replication slots and publications
 // are per database, so tests cannot see each other's changes.
+//
+// # Docker
+//
+// StartEngine finds a Docker engine: $DOCKER_HOST's, the system's, or, as root with Debian's
+// docker.io installed, a private dockerd it starts with everything under a new directory in /tmp,
+// no bridge network and no iptables rules, so that containers run on the host's network and
+// nothing is reachable but this machine. StartContainer runs PostgreSQL there through
+// testcontainers-go: on an engine without a bridge, on the host's network on a free loopback port
+// (the engine's networks untouched); the reaper (Ryuk) is off for an engine started here, which
+// stops with its containers when the server stops. The engine also builds images from parts made
+// on this machine (BusyboxImage, PostgresImage), which the connector's image test uses:
+//
+//	TIDEMARK_TEST_SERVER=container-debian go test -count=1 ./e2e
+//
+// runs this package's scenarios against such a container.
 package e2e

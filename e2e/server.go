@@ -33,7 +33,7 @@ const (
 	Container Kind = "container" // started with testcontainers-go in a Docker engine
 )
 
-// Options configures Start.
+// Options configures Start and StartContainer.
 type Options struct {
 	// BinDir holds the PostgreSQL server binaries (initdb, postgres). Zero: `pg_config --bindir`,
 	// then the newest /usr/lib/postgresql/*/bin, then the PATH.
@@ -50,6 +50,8 @@ type Options struct {
 	Settings map[string]string
 	// Log receives the harness's progress messages. Zero: nothing is logged.
 	Log zerolog.Logger
+	// Image is the image StartContainer runs. Zero: ContainerImage.
+	Image string
 }
 
 // Server is one PostgreSQL server with wal_level=logical that tests, the demo and the chaos

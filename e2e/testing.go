@@ -19,13 +19,14 @@ import (
 //
 //	func TestMain(m *testing.M) { os.Exit(e2e.Main(m, &server)) }
 //
-// When no server can be started, the tests fail in CI (CI=true) and are skipped elsewhere.
+// When no server can be started, the tests fail in CI (CI=true) or when $TIDEMARK_TEST_SERVER
+// asked for a kind, and are skipped elsewhere.
 func Main(m *testing.M, srv **Server) int {
 	ctx := context.Background()
 	s, err := StartFromEnv(ctx, zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel))
 	if err != nil {
-		if InCI() {
-			fmt.Fprintf(os.Stderr, "e2e: CI=true and %v\n", err)
+		if InCI() || os.Getenv(EnvServer) != "" {
+			fmt.Fprintf(os.Stderr, "e2e: CI=%s %s=%s and %v\n", os.Getenv("CI"), EnvServer, os.Getenv(EnvServer), err)
 			return 1
 		}
 		fmt.Fprintf(os.Stderr, "e2e: skipping the tests that need PostgreSQL: %v\n", err)

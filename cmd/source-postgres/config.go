@@ -378,10 +378,10 @@ func (c *config) jdbcParams() (map[string]string, []string, error) {
 	return out, ignored, nil
 }
 
-// dsn builds the libpq connection string. Certificates are written to files in dir (the
-// connection string names them); the password is in the string, which is never printed
-// (pgconf.Describe leaves it out).
-func (c *config) dsn(dir string) (string, error) {
+// dsn builds the libpq connection string. Certificates given inline are written to files in the
+// directory dir returns, which is called only then (the connection string names the files); the
+// password is in the string, which is never printed (pgconf.Describe leaves it out).
+func (c *config) dsn(dir func() (string, error)) (string, error) {
 	params, _, err := c.jdbcParams()
 	if err != nil {
 		return "", err
@@ -397,7 +397,11 @@ func (c *config) dsn(dir string) (string, error) {
 		kv[k] = v
 	}
 	write := func(name, content string) (string, error) {
-		path := filepath.Join(dir, name)
+		d, err := dir()
+		if err != nil {
+			return "", err
+		}
+		path := filepath.Join(d, name)
 		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 			return "", fmt.Errorf("write %s: %w", name, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,73 +18,120 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The image: conformance items 41 to 43 and 45. There is no Docker engine on the machines the
-// tests run on, so the Dockerfile is checked as text against what the platform needs, and the
-// binary is run the way the platform runs the image's entrypoint.
+// The image: conformance items 41 to 43 and 45. The Dockerfile is checked as text against what
+// the platform needs, and the binary is run the way the platform runs the image's entrypoint;
+// image_test.go builds the image and runs it in a Docker engine where one can be started.
 
-// finalStage returns the instructions of the Dockerfile's last stage, joined continuation lines.
-func finalStage(t *testing.T) (from string, instr []string) {
+// stage is one stage of the Dockerfile.
+type stage struct {
+	name, from string
+	instr      []string // instructions after FROM, continuation lines joined
+}
+
+// dockerfile parses the Dockerfile: its global ARG defaults and its stages in order.
+func dockerfile(t *testing.T) (args map[string]string, stages []stage) {
 	b, err := os.ReadFile("../../Dockerfile")
 	require.NoError(t, err)
 	text := strings.ReplaceAll(string(b), "\\\n", " ")
+	args = map[string]string{}
 	for _, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if strings.HasPrefix(line, "FROM ") {
-			from, instr = strings.Fields(line)[1], nil
-			continue
+		f := strings.Fields(line)
+		switch {
+		case f[0] == "FROM":
+			st := stage{from: f[1]}
+			if len(f) == 4 && strings.EqualFold(f[2], "AS") {
+				st.name = f[3]
+			}
+			stages = append(stages, st)
+		case len(stages) == 0 && f[0] == "ARG":
+			k, v, _ := strings.Cut(f[1], "=")
+			args[k] = v
+		case len(stages) > 0:
+			stages[len(stages)-1].instr = append(stages[len(stages)-1].instr, line)
 		}
-		instr = append(instr, line)
 	}
-	return from, instr
+	require.NotEmpty(t, stages)
+	return args, stages
+}
+
+// target returns what an image built for the named stage ("" for the default, the last one) is
+// made of: the base image it starts from (a build argument resolved to its default) and the
+// instructions of the stage and of the stages it derives from, in order.
+func target(t *testing.T, name string) (base string, instr []string) {
+	args, stages := dockerfile(t)
+	i := len(stages) - 1
+	if name != "" {
+		i = slices.IndexFunc(stages, func(s stage) bool { return s.name == name })
+		require.GreaterOrEqual(t, i, 0, "no stage %q in the Dockerfile", name)
+	}
+	for {
+		st := stages[i]
+		instr = append(slices.Clone(st.instr), instr...)
+		j := slices.IndexFunc(stages[:i], func(s stage) bool { return s.name == st.from })
+		if j < 0 {
+			base = os.Expand(st.from, func(k string) string { return args[k] })
+			return base, instr
+		}
+		i = j
+	}
 }
 
 func TestItem41_DockerfileEntrypointEnvAndLabels(t *testing.T) {
-	from, instr := finalStage(t)
-	var entrypoint []string
-	env := map[string]string{}
-	labels := map[string]string{}
-	user := ""
-	var copied []string
-	for _, in := range instr {
-		verb, rest, _ := strings.Cut(in, " ")
-		switch verb {
-		case "ENTRYPOINT":
-			require.NoError(t, json.Unmarshal([]byte(rest), &entrypoint), "ENTRYPOINT in exec form")
-		case "ENV":
-			k, v, _ := strings.Cut(rest, "=")
-			env[k] = strings.Trim(v, `"`)
-		case "LABEL":
-			for _, m := range regexp.MustCompile(`([\w.]+)="([^"]*)"`).FindAllStringSubmatch(rest, -1) {
-				labels[m[1]] = m[2]
+	// The image users build (the default target) and the one the image test builds from binaries
+	// made outside (prebuilt) are the same runtime with the same binaries in the same place.
+	for _, tgt := range []struct{ name, binary string }{{"", "/out/source-postgres"}, {"prebuilt", "bin/source-postgres"}} {
+		from, instr := target(t, tgt.name)
+		var entrypoint []string
+		env := map[string]string{}
+		labels := map[string]string{}
+		user := ""
+		var copied []string
+		for _, in := range instr {
+			verb, rest, _ := strings.Cut(in, " ")
+			switch verb {
+			case "ENTRYPOINT":
+				require.NoError(t, json.Unmarshal([]byte(rest), &entrypoint), "ENTRYPOINT in exec form")
+			case "ENV":
+				k, v, _ := strings.Cut(rest, "=")
+				env[k] = strings.Trim(v, `"`)
+			case "LABEL":
+				for _, m := range regexp.MustCompile(`([\w.]+)="([^"]*)"`).FindAllStringSubmatch(rest, -1) {
+					labels[m[1]] = m[2]
+				}
+			case "USER":
+				user = rest
+			case "COPY":
+				copied = append(copied, rest)
+			case "RUN":
+				// Nothing is installed into the runtime: any base with a shell must do.
+				t.Errorf("target %q runs a command in the runtime: %s", tgt.name, rest)
 			}
-		case "USER":
-			user = rest
-		case "COPY":
-			copied = append(copied, rest)
 		}
-	}
-	require.NotEmpty(t, entrypoint)
-	require.Equal(t, strings.Join(entrypoint, " "), env["AIRBYTE_ENTRYPOINT"], "AIRBYTE_ENTRYPOINT is the space-joined ENTRYPOINT")
-	require.Equal(t, "tidemark/source-postgres", labels["io.airbyte.name"])
-	require.NotEmpty(t, labels["io.airbyte.version"])
-	require.Equal(t, "1000:1000", user, "runs as uid/gid 1000")
-	require.True(t, strings.HasPrefix(from, "alpine:") || strings.HasPrefix(from, "debian:"), "the final image %s has /bin/sh", from)
-	found := false
-	for _, c := range copied {
-		if strings.Contains(c, "/out/source-postgres") && strings.HasSuffix(c, filepath.Dir(entrypoint[0])+"/") {
-			found = true
+		require.NotEmpty(t, entrypoint)
+		require.Equal(t, strings.Join(entrypoint, " "), env["AIRBYTE_ENTRYPOINT"], "AIRBYTE_ENTRYPOINT is the space-joined ENTRYPOINT")
+		require.Equal(t, "tidemark/source-postgres", labels["io.airbyte.name"])
+		require.NotEmpty(t, labels["io.airbyte.version"])
+		require.Equal(t, "1000:1000", user, "runs as uid/gid 1000")
+		require.True(t, strings.HasPrefix(from, "alpine:") || strings.HasPrefix(from, "debian:"), "the final image %s has /bin/sh", from)
+		found := false
+		for _, c := range copied {
+			if strings.Contains(c, tgt.binary) && strings.HasSuffix(c, filepath.Dir(entrypoint[0])+"/") {
+				found = true
+			}
 		}
+		require.True(t, found, "target %q: the entrypoint %s is the copied connector", tgt.name, entrypoint[0])
+		// The metadata names the same image.
+		md := metadata(t)
+		require.Equal(t, labels["io.airbyte.name"], md["dockerRepository"])
 	}
-	require.True(t, found, "the entrypoint %s is the copied connector", entrypoint[0])
 	b, _ := os.ReadFile("../../Dockerfile")
 	require.Contains(t, string(b), "CGO_ENABLED=0 go build", "a static binary")
+	require.Contains(t, string(b), "-tags timetzdata", "time zones without the base's tzdata")
 	require.Contains(t, string(b), "./cmd/source-postgres")
-	// The metadata names the same image.
-	md := metadata(t)
-	require.Equal(t, labels["io.airbyte.name"], md["dockerRepository"])
 }
 
 // asPlatformUser makes cmd run as uid/gid 1000 when the tests run as root, as the platform runs
@@ -254,4 +302,47 @@ func TestItem45_Metadata(t *testing.T) {
 	require.Equal(t, version, md["dockerImageTag"])
 	b, _ := os.ReadFile("../../Dockerfile")
 	require.Contains(t, string(b), "ARG VERSION="+version)
+}
+
+// TestNoWritableDirectory: the platform may give the connector no writable directory at all
+// (a read-only root filesystem and no tmpfs). Nothing is written unless certificates are given
+// inline, so check, discover and read work there; with inline certificates the failure names
+// TMPDIR and what to do.
+func TestNoWritableDirectory(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	e.db.Exec(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	// A TMPDIR that does not exist: not even root can make a directory in it.
+	unwritable := filepath.Join(t.TempDir(), "missing", "tmp")
+	runNoTmp := func(args ...string) *result {
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = []string{"TMPDIR=" + unwritable, "LOG_LEVEL=info", "PATH=/usr/bin:/bin"}
+		cmd.Dir = "/"
+		return e.startCmd(cmd).wait()
+	}
+	r := runNoTmp("check", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	st := r.ofType("CONNECTION_STATUS")
+	require.Len(t, st, 1, r.stdout)
+	require.Equal(t, "SUCCEEDED", st[0].str("connectionStatus", "status"), st[0].str("connectionStatus", "message"))
+
+	r = runNoTmp("discover", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Len(t, r.ofType("CATALOG"), 1)
+
+	cat := e.catalog("public.t")
+	r = runNoTmp("read", "--config", e.config(), "--catalog", cat)
+	require.Equal(t, 0, r.code, r.stderr)
+	replayEqualsSource(t, e, "public.t", "id", r)
+
+	// Inline certificates need a file: the error says where and what to do.
+	e.cfg["ssl_mode"] = map[string]any{"mode": "verify-ca", "ca_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}
+	r = runNoTmp("check", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	st = r.ofType("CONNECTION_STATUS")
+	require.Len(t, st, 1, r.stdout)
+	require.Equal(t, "FAILED", st[0].str("connectionStatus", "status"))
+	require.Contains(t, st[0].str("connectionStatus", "message"), "TMPDIR")
+	require.Contains(t, st[0].str("connectionStatus", "message"), "certificates")
 }

@@ -23,18 +23,16 @@ type source struct {
 	log zerolog.Logger
 	dsn string  // the connection string (with the password: never printed)
 	tun *tunnel // nil without an SSH tunnel
-	tmp string  // the run's private directory (certificates); removed by close
+	tmp string  // the run's private directory (inline certificates only); removed by close
 }
 
-// newSource prepares the connection: certificates into a private temporary directory, the SSH
-// tunnel when configured.
+// newSource prepares the connection: certificates given inline into a private temporary
+// directory (nothing else is written anywhere, so the connector runs with no writable directory
+// when it has no such certificates), the SSH tunnel when configured.
 func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger) (*source, error) {
 	s := &source{cfg: cfg, out: out, log: log}
 	var err error
-	if s.tmp, err = os.MkdirTemp("", "tidemark-source-"); err != nil {
-		return nil, fmt.Errorf("create a temporary directory (TMPDIR must be writable): %w", err)
-	}
-	if s.dsn, err = cfg.dsn(s.tmp); err != nil {
+	if s.dsn, err = cfg.dsn(s.privateDir); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -49,6 +47,20 @@ func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger
 		}
 	}
 	return s, nil
+}
+
+// privateDir returns the run's private directory, made on first use.
+func (s *source) privateDir() (string, error) {
+	if s.tmp != "" {
+		return s.tmp, nil
+	}
+	dir, err := os.MkdirTemp("", "tidemark-source-")
+	if err != nil {
+		return "", fmt.Errorf("certificates given inline are written to a private directory under TMPDIR (%s), which cannot be made: %w; "+
+			"give the connector a writable TMPDIR (for example a tmpfs), or leave the certificates out of the configuration", os.TempDir(), err)
+	}
+	s.tmp = dir
+	return dir, nil
 }
 
 func (s *source) close() {
