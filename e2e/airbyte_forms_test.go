@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"strings"
 	"testing"
 
@@ -288,5 +287,4 @@ func TestAirbytePublishedForms(t *testing.T) {
 		}
 	}
 	require.True(t, bytes.Contains([]byte(sinks[pgjson.Exact].snapshot["ivs"]["2"]), []byte(`"P1D"`)), "the exact profile keeps ISO 8601")
-	_ = math.Abs
 }

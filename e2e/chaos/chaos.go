@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgjson"
 )
 
 // Mode is what captures.
@@ -400,11 +401,16 @@ type capture interface {
 	verify(ctx context.Context, rep *Report) error
 }
 
-// sourceTables returns the source's rows of each table in their JSON form, by key.
+// sourceTables returns the source's rows of each table in their JSON form (the connector's
+// forms in airbyte mode, its default; the CLI's exact ones otherwise), by key.
 func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[string]*string, error) {
 	out := map[string]map[string]map[string]*string{}
+	profile := pgjson.Exact
+	if r.cfg.Mode == Airbyte {
+		profile = pgjson.Airbyte
+	}
 	for name, key := range keys() {
-		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key)
+		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key, profile)
 		if err != nil {
 			return nil, err
 		}
