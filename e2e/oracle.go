@@ -140,16 +140,21 @@ func (o *Oracle) Rows(table string) map[string]map[string]*string {
 
 // SourceRows reads table (schema.table) from the source in the pinned text forms, by key.
 func SourceRows(ctx context.Context, dsn, schema, table string, key []string) (map[string]map[string]*string, error) {
-	return sourceRows(ctx, dsn, schema, table, key, false)
+	return sourceRows(ctx, dsn, schema, table, key, false, pgjson.Exact)
 }
 
 // SourceRowsJSON reads table from the source with each value in its JSON form (as Tidemark's
-// JSON outputs write it, NULL as null), by key: the values' JSON joined by KeySep.
-func SourceRowsJSON(ctx context.Context, dsn, schema, table string, key []string) (map[string]map[string]*string, error) {
-	return sourceRows(ctx, dsn, schema, table, key, true)
+// JSON outputs write it, NULL as null; in the profile given, Exact by default), by key: the
+// values' JSON joined by KeySep.
+func SourceRowsJSON(ctx context.Context, dsn, schema, table string, key []string, profile ...pgjson.Profile) (map[string]map[string]*string, error) {
+	p := pgjson.Exact
+	if len(profile) > 0 {
+		p = profile[0]
+	}
+	return sourceRows(ctx, dsn, schema, table, key, true, p)
 }
 
-func sourceRows(ctx context.Context, dsn, schema, table string, key []string, asJSON bool) (map[string]map[string]*string, error) {
+func sourceRows(ctx context.Context, dsn, schema, table string, key []string, asJSON bool, profile pgjson.Profile) (map[string]map[string]*string, error) {
 	cfg, err := pgconf.Parse(dsn, "tidemark-oracle")
 	if err != nil {
 		return nil, err
@@ -183,7 +188,7 @@ func sourceRows(ctx context.Context, dsn, schema, table string, key []string, as
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	reg := pgjson.NewRegistry(conn)
+	reg := pgjson.NewProfileRegistry(conn, profile)
 	out := map[string]map[string]*string{}
 	for _, vals := range raw {
 		row := map[string]*string{}

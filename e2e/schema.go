@@ -10,12 +10,14 @@ import (
 )
 
 // Temporal formats as Airbyte's well-known types define them (airbyte/well_known_types.yaml):
-// RFC 3339 extended with a " BC" suffix and years of more than four digits, the offset optional
-// for the types without a time zone; plus PostgreSQL's infinity, which Tidemark keeps.
+// RFC 3339 extended with a " BC" suffix, the offset optional for the types without a time zone,
+// and (as that file's notes ask and ISO 8601's expanded years write them) years past 9999 with a
+// leading "+". Nothing else: PostgreSQL's infinity has no form here, so Tidemark writes null for
+// it (with the text beside), and a UTC offset has hours and minutes only.
 var (
-	dateRE     = regexp.MustCompile(`^(\d{4,}-\d{2}-\d{2}( BC)?|-?infinity)$`)
+	dateRE     = regexp.MustCompile(`^(\d{4}|\+\d{5,})-\d{2}-\d{2}( BC)?$`)
 	timeRE     = regexp.MustCompile(`^\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+\-]\d{1,2}:\d{2})?$`)
-	dateTimeRE = regexp.MustCompile(`^(\d{4,}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+\-]\d{1,2}:\d{2})?( BC)?|-?infinity)$`)
+	dateTimeRE = regexp.MustCompile(`^(\d{4}|\+\d{5,})-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+\-]\d{1,2}:\d{2})?( BC)?$`)
 )
 
 func pattern(name string, re *regexp.Regexp) *jsonschema.Format {

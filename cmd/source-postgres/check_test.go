@@ -179,6 +179,13 @@ func TestItem15_DiscoverTypes(t *testing.T) {
 	require.Equal(t, []any{"null", "number"}, typ("n")["type"])
 	require.Equal(t, []any{"null", "array"}, typ("arr")["type"])
 	require.Contains(t, typ("arr"), "items")
+	// bytea: hex text in Airbyte's forms (the default), base64 in the exact ones.
+	require.Equal(t, map[string]any{"type": []any{"null", "string"}}, typ("bytes"))
+	require.Equal(t, []any{"null", "string"}, typ("j")["type"])
+	e.cfg["value_forms"] = "exact"
+	r = e.run("discover", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	props = r.ofType("CATALOG")[0].get("catalog", "streams").([]any)[0].(map[string]any)["json_schema"].(map[string]any)["properties"].(map[string]any)
 	require.Equal(t, "base64", typ("bytes")["contentEncoding"])
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/watermark"
 )
@@ -46,6 +47,7 @@ type config struct {
 	SyncTimeBudgetSeconds int    `json:"sync_time_budget_seconds"`
 	Continuous            bool   `json:"continuous"`
 	StateIntervalSeconds  int    `json:"state_interval_seconds"`
+	ValueForms            string `json:"value_forms"`
 }
 
 type sslMode struct {
@@ -274,6 +276,11 @@ func (c *config) check() error {
 	if _, _, err := c.jdbcParams(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.ValueForms == "" {
+		c.ValueForms = pgjson.Airbyte.String()
+	} else if _, ok := pgjson.Profiles[c.ValueForms]; !ok {
+		errs = append(errs, fmt.Errorf("value_forms %q is not one of airbyte (the forms of Airbyte's own Postgres source, the default) or exact (Tidemark's exact forms; docs/types.md)", c.ValueForms))
+	}
 	return errors.Join(errs...)
 }
 
@@ -293,6 +300,14 @@ func inRange(key string, v, lo, hi, def int) error {
 }
 
 func (c *config) cdc() bool { return c.ReplicationMethod.Method == "CDC" }
+
+// profile is the value forms' profile: value_forms, Airbyte's by default.
+func (c *config) profile() pgjson.Profile {
+	if p, ok := pgjson.Profiles[c.ValueForms]; ok {
+		return p
+	}
+	return pgjson.Airbyte
+}
 
 func (c *config) tunnelled() bool {
 	return c.TunnelMethod != nil && c.TunnelMethod.Method != "" && c.TunnelMethod.Method != "NO_TUNNEL"

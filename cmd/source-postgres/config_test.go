@@ -135,3 +135,21 @@ func TestConfigRanges(t *testing.T) {
 		require.ErrorContains(t, err, "connectTimeout")
 	}
 }
+
+// TestValueForms: value_forms defaults to airbyte; exact is accepted; anything else is a config
+// error naming the key and its values.
+func TestValueForms(t *testing.T) {
+	base := `{"host":"h","port":5432,"database":"d","username":"u","replication_method":{"method":"CDC","replication_slot":"s","publication":"p"}`
+	c, err := loadRaw(t, base+`}`)
+	require.NoError(t, err)
+	require.Equal(t, "airbyte", c.profile().String())
+	c, err = loadRaw(t, base+`,"value_forms":"exact"}`)
+	require.NoError(t, err)
+	require.Equal(t, "exact", c.profile().String())
+	_, err = loadRaw(t, base+`,"value_forms":"base64"}`)
+	require.Error(t, err)
+	var ce *configError
+	require.True(t, errors.As(err, &ce))
+	require.Contains(t, err.Error(), `value_forms "base64"`)
+	require.Contains(t, err.Error(), "exact")
+}

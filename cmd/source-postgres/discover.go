@@ -25,7 +25,9 @@ type relation struct {
 }
 
 // relations lists the tables and views of the configured schemas this role may read, without
-// the signal table.
+// the signal table, and without partitions: a partitioned table is one stream (its root), whose
+// reads cover every partition, as Airbyte's connector lists it; its partitions beside it would
+// give the same rows twice.
 func (s *source) relations(ctx context.Context, conn *pgx.Conn) ([]relation, error) {
 	pub := ""
 	if s.cfg.cdc() {
@@ -35,7 +37,7 @@ func (s *source) relations(ctx context.Context, conn *pgx.Conn) ([]relation, err
 		SELECT n.nspname, c.relname, c.relkind,
 		       coalesce((SELECT p.pubviaroot FROM pg_publication p WHERE p.pubname = $2), false)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+		WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT c.relispartition
 		  AND has_table_privilege(c.oid, 'SELECT')
 		ORDER BY 1, 2`, s.cfg.Schemas, pub)
 	if err != nil {
@@ -58,14 +60,15 @@ func (s *source) relations(ctx context.Context, conn *pgx.Conn) ([]relation, err
 
 // discover describes every readable table and view of the configured schemas as a stream.
 // A table whose changes can be captured (in the publication, with a usable key) supports
-// incremental syncs; every other relation full refresh only, with its primary key when it has one.
+// incremental syncs; every other relation (views and materialized views among them) full refresh
+// only, with its primary key when it has one.
 func (s *source) discover(ctx context.Context) (*catalog, error) {
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	types := pgjson.NewRegistry(conn)
+	types := pgjson.NewProfileRegistry(conn, s.cfg.profile())
 	rels, err := s.relations(ctx, conn)
 	if err != nil {
 		return nil, err
@@ -89,7 +92,20 @@ func (s *source) describe(ctx context.Context, conn *pgx.Conn, types *pgjson.Reg
 	ns := r.schema
 	st := &stream{Name: r.name, Namespace: &ns, JSONSchema: schema, SupportedSyncModes: []string{"full_refresh"}}
 	props := schema["properties"].(map[string]any)
-	if s.cfg.cdc() {
+	clash := ""
+	for _, c := range []string{colLSN, colUpdatedAt, colDeletedAt} {
+		if _, ok := props[c]; ok && clash == "" {
+			clash = c
+		}
+	}
+	switch {
+	case s.cfg.cdc() && clash != "":
+		// The table's own column keeps its name and schema; the stream is full refresh only, whose
+		// records carry no metadata columns (Airbyte's connector would overwrite the column's
+		// value with its metadata).
+		s.log.Warn().Str("table", streamKey(r.schema, r.name)).Str("column", clash).
+			Msg("the table has a column named as a CDC metadata column: its stream is offered as full refresh only; rename the column to sync it incrementally")
+	case s.cfg.cdc():
 		// Every stream of a CDC connection carries the metadata columns, as Airbyte's does.
 		props[colLSN] = map[string]any{"type": []string{"null", "number"}}
 		props[colUpdatedAt] = map[string]any{"type": []string{"null", "string"}, "format": "date-time", "airbyte_type": "timestamp_with_timezone"}
@@ -97,8 +113,12 @@ func (s *source) describe(ctx context.Context, conn *pgx.Conn, types *pgjson.Reg
 	}
 	var key []string
 	if r.kind == 'r' || r.kind == 'p' {
+		if s.cfg.cdc() && r.kind == 'p' && !r.viaRoot {
+			s.log.Warn().Str("table", streamKey(r.schema, r.name)).Str("publication", s.cfg.ReplicationMethod.Publication).
+				Msg("a partitioned table is captured through its root only when the publication publishes via the root: its stream is offered as full refresh only; ALTER PUBLICATION ... SET (publish_via_partition_root = true) to sync it incrementally")
+		}
 		// A capturable table: in the publication, with a key the change stream carries.
-		if s.cfg.cdc() && (r.kind == 'r' || r.viaRoot) {
+		if s.cfg.cdc() && clash == "" && (r.kind == 'r' || r.viaRoot) {
 			t, err := chunker.Discover(ctx, conn, r.schema, r.name, nil, s.cfg.ReplicationMethod.Publication)
 			switch {
 			case err == nil:

@@ -23,6 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgjson"
 )
 
 // The connector's tests run the built binary, as the platform does, against a real PostgreSQL
@@ -506,7 +507,11 @@ func (d *destination) table(stream string) map[string]map[string]*string {
 func (d *destination) equalsSource(t testing.TB, e *env, stream string) {
 	t.Helper()
 	schema, table, _ := strings.Cut(stream, ".")
-	src, err := e2e.SourceRowsJSON(context.Background(), e.db.DSN, schema, table, d.keys[stream])
+	profile := pgjson.Airbyte
+	if e.cfg["value_forms"] == "exact" {
+		profile = pgjson.Exact
+	}
+	src, err := e2e.SourceRowsJSON(context.Background(), e.db.DSN, schema, table, d.keys[stream], profile)
 	require.NoError(t, err)
 	require.Empty(t, e2e.Diff(d.table(stream), src), "destination %s differs from the source", stream)
 }

@@ -124,14 +124,18 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := s.resolve(ctx, conn, streams); err != nil {
-		return err
-	}
-
-	r := &reader{s: s, streams: streams, types: pgjson.NewRegistry(conn), conn: conn, pos: in.pos}
 	for _, st := range streams {
 		s.out.status(st.desc, "STARTED")
 	}
+	if err := s.resolve(ctx, conn, streams); err != nil {
+		// Nothing is read: every stream ends INCOMPLETE, the missing ones named in the error.
+		for _, st := range streams {
+			s.out.status(st.desc, "INCOMPLETE")
+		}
+		return err
+	}
+
+	r := &reader{s: s, streams: streams, types: pgjson.NewProfileRegistry(conn, s.cfg.profile()), conn: conn, pos: in.pos}
 	err = r.run(ctx, incremental)
 	final := "COMPLETE"
 	if err != nil {

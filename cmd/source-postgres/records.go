@@ -39,6 +39,7 @@ type plan struct {
 	codecs  []*pgjson.Type // per column
 	include []bool         // the column is in the configured stream's schema
 	meta    [3]bool        // _ab_cdc_lsn, _ab_cdc_updated_at, _ab_cdc_deleted_at are in it
+	clash   string         // a configured column named as one of the metadata columns
 }
 
 // rowEncoder encodes rows and events of one stream's table as RECORD lines: the configured
@@ -84,6 +85,9 @@ func (e *rowEncoder) plan(ctx context.Context, names []string, types []uint32) (
 	}
 	for i, n := range []string{colLSN, colUpdatedAt, colDeletedAt} {
 		p.meta[i] = st.columns == nil || st.columns[n]
+		if slices.Contains(names, n) && p.meta[i] && p.clash == "" {
+			p.clash = n
+		}
 	}
 	if len(e.plans) >= 8 {
 		e.plans = e.plans[1:]
@@ -115,6 +119,9 @@ func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event,
 	p, err := e.plan(ctx, c.Names, c.Types)
 	if err != nil {
 		return b, err
+	}
+	if p.clash != "" {
+		return b, metadataClash(streamKey(c.Schema, c.Table), p.clash)
 	}
 	var isKey []bool
 	if ev.Op == merge.Delete {
@@ -151,8 +158,10 @@ func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event,
 }
 
 // appendData appends the configured columns' values. For a delete (isKey set), only the key
-// columns and the values the old row carried are written. A value that has no exact JSON form
-// (numeric NaN) or cannot be encoded is written as null and listed in meta.changes; a TOASTed
+// columns and the values the old row carried are written. Every value whose JSON form is not the
+// whole value is listed in meta.changes: written as null when it has no form in the column's
+// schema (numeric NaN, a date's infinity) or cannot be encoded (NULLED), written in part when a
+// part of it had none (a NaN element of an array, an array's lower bounds; TRUNCATED). A TOASTed
 // value the server did not send (never expected: the engine re-reads such rows) is left out and
 // listed too.
 func (e *rowEncoder) appendData(ctx context.Context, b []byte, p *plan, col func(int) replicator.Value, isKey []bool) ([]byte, bool) {
@@ -167,7 +176,7 @@ func (e *rowEncoder) appendData(ctx context.Context, b []byte, p *plan, col func
 			continue
 		}
 		if v.Kind == replicator.Unchanged {
-			e.change(p.names[i], "SOURCE_RETRIEVAL_ERROR")
+			e.change(p.names[i], "NULLED", "SOURCE_RETRIEVAL_ERROR")
 			continue
 		}
 		if !first {
@@ -184,10 +193,13 @@ func (e *rowEncoder) appendData(ctx context.Context, b []byte, p *plan, col func
 		switch {
 		case err != nil:
 			b = append(b[:start], "null"...)
-			e.change(p.names[i], "SOURCE_SERIALIZATION_ERROR")
+			e.change(p.names[i], "NULLED", "SOURCE_SERIALIZATION_ERROR")
 		case lossy && string(out[start:]) == "null":
 			b = out
-			e.change(p.names[i], "SOURCE_SERIALIZATION_ERROR")
+			e.change(p.names[i], "NULLED", "SOURCE_SERIALIZATION_ERROR")
+		case lossy:
+			b = out
+			e.change(p.names[i], "TRUNCATED", "SOURCE_SERIALIZATION_ERROR")
 		default:
 			b = out
 		}
@@ -195,11 +207,12 @@ func (e *rowEncoder) appendData(ctx context.Context, b []byte, p *plan, col func
 	return b, first
 }
 
-func (e *rowEncoder) change(field, reason string) {
+func (e *rowEncoder) change(field, change, reason string) {
 	if len(e.changes) > 0 {
 		e.changes = append(e.changes, ',')
 	}
-	e.changes = append(pgjson.AppendString(append(e.changes, `{"field":`...), field), `,"change":"NULLED","reason":"`...)
+	e.changes = append(pgjson.AppendString(append(e.changes, `{"field":`...), field), `,"change":"`...)
+	e.changes = append(append(e.changes, change...), `","reason":"`...)
 	e.changes = append(append(e.changes, reason...), `"}`...)
 }
 
@@ -371,4 +384,11 @@ func (s *recordSink) flush() error {
 	clear(s.index)
 	s.lines, s.bytes = s.lines[:0], 0
 	return out.writeRecords(buf, n)
+}
+
+// metadataClash is the error of a table with a column named as a CDC metadata column: its
+// records would carry the name twice, and a destination would keep one of the two values.
+func metadataClash(table, column string) error {
+	return configErrorf("table %s has a column named %s, the name of a CDC metadata column the connector adds to every record of an incremental stream: the record would hold two values under one name, and the destination would keep only one. "+
+		"Rename the column (ALTER TABLE %s RENAME COLUMN %s TO ...), or sync the stream as full refresh (full refresh records carry no metadata columns)", table, column, table, column)
 }

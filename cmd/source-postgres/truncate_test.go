@@ -62,7 +62,7 @@ func withoutStream(t *testing.T, state []byte, name string) []byte {
 }
 
 // TestMissingTableStopsTheRead: a configured stream whose table is gone (dropped, or renamed away
-// for a while) fails the read with a config error naming it; the read does not go on with the
+// for a while) fails the read with a config error naming it, every stream ending INCOMPLETE; the read does not go on with the
 // other streams while the state moves past the missing one's changes (renamed back, it would
 // resume as if nothing had happened: an update and a delete lost). Found by an adversarial review.
 func TestMissingTableStopsTheRead(t *testing.T) {
@@ -82,6 +82,12 @@ func TestMissingTableStopsTheRead(t *testing.T) {
 	require.Len(t, errs, 1)
 	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
 	require.Contains(t, errs[0].str("trace", "error", "message"), "public.orders")
+	// Every stream ends INCOMPLETE (nothing was read), none COMPLETE.
+	last := map[string]string{}
+	for _, m := range failed.traces("STREAM_STATUS") {
+		last[m.str("trace", "stream_status", "stream_descriptor", "name")] = m.str("trace", "stream_status", "status")
+	}
+	require.Equal(t, map[string]string{"orders": "INCOMPLETE", "items": "INCOMPLETE"}, last)
 	e.db.Exec(`ALTER TABLE orders_tmp RENAME TO orders`)
 	r3 := e.read(cat, s1)
 	replayEqualsSource(t, e, "public.orders", "id", r1, r3)

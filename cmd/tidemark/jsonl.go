@@ -317,8 +317,9 @@ func (e *eventEncoder) columns(ctx context.Context, c *merge.Columns) (*encodedC
 //
 // Values have their type's JSON form (docs/types.md); NULL is null. Columns whose TOASTed value
 // the server did not send are left out of "after" and listed in "unchanged". Values whose JSON
-// form does not carry the whole value (numeric NaN, which is null; an array with lower bounds
-// other than 1) keep their PostgreSQL text in "original".
+// form does not carry the whole value (numeric NaN and a date's infinity, which are null, alone or
+// inside an array or composite; an array with lower bounds other than 1) keep their PostgreSQL
+// text in "original".
 func (e *eventEncoder) append(ctx context.Context, b []byte, ev *merge.Event) ([]byte, error) {
 	cols := ev.Columns
 	ec, err := e.columns(ctx, cols)

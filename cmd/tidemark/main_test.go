@@ -246,7 +246,7 @@ func TestSchemaCommand(t *testing.T) {
 	require.JSONEq(t, `{"public.t":{"type":"object","properties":{
 		"id":{"type":["null","integer"]},
 		"ts":{"type":["null","string"],"format":"date-time","airbyte_type":"timestamp_with_timezone"},
-		"tags":{"type":["null","array"],"items":{"type":["null","array"],"items":{"type":["null","string"]}}}}}}`, out.String())
+		"tags":{"type":["null","array"],"items":{"type":["null","string","array"]}}}}}`, out.String())
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 1, run(context.Background(), []string{"schema", "--source", db.DSN, "--tables", "public.nope"}, e))
 	require.Contains(t, errOut.String(), "does not exist")

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgjson"
 )
 
 // Mode is what captures.
@@ -600,11 +601,16 @@ type capture interface {
 	checkpoint(ctx context.Context) (*checkpointInfo, error)
 }
 
-// sourceTables returns the source's rows of each table in their JSON form, by key.
+// sourceTables returns the source's rows of each table in their JSON form (the connector's
+// forms in airbyte mode, its default; the CLI's exact ones otherwise), by key.
 func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[string]*string, error) {
 	out := map[string]map[string]map[string]*string{}
+	profile := pgjson.Exact
+	if r.cfg.Mode == Airbyte {
+		profile = pgjson.Airbyte
+	}
 	for name, key := range keys() {
-		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key)
+		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key, profile)
 		if err != nil {
 			return nil, err
 		}

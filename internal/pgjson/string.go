@@ -1,5 +1,6 @@
 // Package pgjson encodes PostgreSQL values as JSON, the same way whichever path (backfill or
-// change stream) read them.
+// change stream) read them, in one of two profiles (Profile): the exact forms, or the forms of
+// Airbyte's Java Postgres source (docs/types.md lists both).
 package pgjson
 
 import (

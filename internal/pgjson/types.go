@@ -7,13 +7,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// kind is how a type's values are written in JSON.
+// kind is how a type's values are written in JSON; some kinds are written otherwise in the
+// Airbyte profile (Type.prof), as their comments say.
 type kind int
 
 const (
@@ -22,25 +24,32 @@ const (
 	kNumber                  // numeric, float4, float8: a JSON number; NaN and the infinities become null
 	kMoney                   // money: "$1,234.50" becomes 1234.50
 	kBool                    // t/f
-	kBytea                   // base64 of the bytes
-	kDate                    // as printed (ISO, " BC" suffix, "infinity")
-	kTime                    // as printed
-	kTimeTZ                  // as printed, the offset as +HH:MM
-	kTimestamp               // "YYYY-MM-DDTHH:MM:SS[.f]"
-	kTimestampTZ             // "YYYY-MM-DDTHH:MM:SS[.f]Z"
+	kBytea                   // base64 of the bytes (the Airbyte profile's bytea is kString, but for array elements)
+	kDate                    // as printed (ISO, " BC" suffix, "+" past 9999); infinity null
+	kTime                    // as printed; Airbyte: as java.time prints it
+	kTimeTZ                  // the offset as +HH:MM; Airbyte: java.time's form
+	kTimestamp               // "YYYY-MM-DDTHH:MM:SS[.f]"; Airbyte: java.time's form
+	kTimestampTZ             // "YYYY-MM-DDTHH:MM:SS[.f]Z"; Airbyte: six fraction digits
 	kArray                   // a JSON array of the elements
-	kComposite               // a JSON object of the fields
-	kHstore                  // a JSON object of string (or null) values
+	kComposite               // a JSON object of the fields; Airbyte: the text, as a string
+	kHstore                  // a JSON object of string (or null) values; Airbyte: its JSON text, as a string
+	kInterval                // ISO 8601 duration, as a string; Airbyte: PostgreSQL's postgres style
+	kGeometric               // the text, as a string; Airbyte: its numbers as Java doubles
+	kVector                  // int2vector, oidvector: "1 2 3" becomes [1,2,3]
+	kText                    // Airbyte: an untyped array's element, its server text as a string (elem: the type)
+	kBitBool                 // Airbyte: bit[] elements: 1 true, 0 false
 )
 
 // Type is how one PostgreSQL type's values become JSON. Types are immutable and shared.
 type Type struct {
-	OID    uint32
-	Name   string // type name, schema-qualified outside pg_catalog
-	kind   kind
-	elem   *Type   // arrays: the element type
-	delim  byte    // arrays: the element delimiter (',' for all but box, ';')
-	fields []Field // composites: the fields as first loaded
+	OID     uint32
+	Name    string // type name, schema-qualified outside pg_catalog
+	kind    kind
+	prof    Profile
+	elem    *Type   // arrays: the element type
+	delim   byte    // arrays: the element delimiter (',' for all but box, ';')
+	untyped bool    // Airbyte: an array the Java connector does not type (schema without items)
+	fields  []Field // composites: the fields as first loaded
 	// comp is a composite's current definition, shared by the domains over it: ALTER TYPE ...
 	// ADD or DROP ATTRIBUTE changes it while the capture runs (Registry.Reload). nil: fields.
 	comp *compositeHolder
@@ -100,10 +109,11 @@ func (e *CompositeChangedError) Error() string {
 
 func (e *CompositeChangedError) Unwrap() error { return ErrCompositeChanged }
 
-// Append appends the JSON form of a value of type t, given its text form. lossy reports that
-// the JSON form does not carry the whole value, so the caller keeps the text beside it: a part
-// with no JSON form in the column's schema (NaN and the infinities of numeric and floating-point
-// types) is written as null, and an array's lower bounds other than 1 are not written.
+// Append appends the JSON form of a value of type t, given its text form, in t's profile. lossy
+// reports that the JSON form does not carry the whole value, so the caller keeps the text beside
+// it: a part with no JSON form in the column's schema (NaN and the infinities of numeric and
+// floating-point types, ±infinity of dates and timestamps, a UTC offset with seconds) is
+// written as null, and an array's lower bounds other than 1 are not written.
 func (t *Type) Append(dst, text []byte) (out []byte, lossy bool, err error) {
 	switch t.kind {
 	case kInteger:
@@ -130,6 +140,19 @@ func (t *Type) Append(dst, text []byte) (out []byte, lossy bool, err error) {
 			return append(dst, "false"...), false, nil
 		}
 		return dst, false, fmt.Errorf("%w: boolean %q", errSyntax, text)
+	case kBitBool:
+		switch string(text) {
+		case "1":
+			return append(dst, "true"...), false, nil
+		case "0":
+			return append(dst, "false"...), false, nil
+		}
+		// A bit string of more than one bit has no boolean form (the Java connector writes
+		// false): null, the text kept beside.
+		if strings.Trim(string(text), "01") != "" {
+			return dst, false, fmt.Errorf("%w: bit %q", errSyntax, text)
+		}
+		return append(dst, "null"...), true, nil
 	case kBytea:
 		if !bytes.HasPrefix(text, []byte(`\x`)) {
 			return dst, false, fmt.Errorf("%w: bytea %q is not in hex form", errSyntax, text)
@@ -141,17 +164,43 @@ func (t *Type) Append(dst, text []byte) (out []byte, lossy bool, err error) {
 		dst = append(dst, '"')
 		dst = base64.StdEncoding.AppendEncode(dst, raw)
 		return append(dst, '"'), false, nil
-	case kTimeTZ:
-		return AppendString(dst, withOffset(text, false)), false, nil
-	case kTimestamp:
-		return AppendString(dst, withT(text)), false, nil
-	case kTimestampTZ:
-		return AppendString(dst, withOffset(withT(text), true)), false, nil
+	case kDate, kTime, kTimeTZ, kTimestamp, kTimestampTZ:
+		return t.appendTemporal(dst, text)
+	case kInterval:
+		if t.prof == Airbyte {
+			return AppendString(dst, postgresInterval(text)), false, nil
+		}
+		return AppendString(dst, text), false, nil
+	case kGeometric:
+		if t.prof == Airbyte {
+			out, err := appendJavaGeometric(dst, text)
+			return out, false, err
+		}
+		return AppendString(dst, text), false, nil
+	case kVector:
+		return appendVector(dst, text)
+	case kText:
+		r, err := t.elem.serverText(text)
+		if err != nil {
+			return dst, false, err
+		}
+		return AppendString(dst, r), false, nil
 	case kArray:
 		return t.appendArray(dst, text)
 	case kComposite:
+		if t.prof == Airbyte {
+			r, err := t.serverText(text)
+			if err != nil {
+				return dst, false, err
+			}
+			return AppendString(dst, r), false, nil
+		}
 		return t.appendComposite(dst, text)
 	case kHstore:
+		if t.prof == Airbyte {
+			out, err := appendJavaHstore(dst, text)
+			return out, false, err
+		}
 		keys, vals, err := parseHstore(text)
 		if err != nil {
 			return dst, false, err
@@ -171,6 +220,22 @@ func (t *Type) Append(dst, text []byte) (out []byte, lossy bool, err error) {
 		return append(dst, '}'), false, nil
 	}
 	return AppendString(dst, text), false, nil
+}
+
+// appendVector writes an int2vector's or oidvector's text ("1 2 3", no braces: its lower bound
+// is always 0) as a JSON array of integers.
+func appendVector(dst, text []byte) ([]byte, bool, error) {
+	out := append(dst, '[')
+	for i, f := range bytes.Fields(text) {
+		if !isInteger(f) {
+			return dst, false, fmt.Errorf("%w: vector %q", errSyntax, text)
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, f...)
+	}
+	return append(out, ']'), false, nil
 }
 
 func (t *Type) appendArray(dst, text []byte) ([]byte, bool, error) {
@@ -208,11 +273,15 @@ func (t *Type) appendItems(dst []byte, items []arrayItem) ([]byte, bool, error) 
 }
 
 func (t *Type) appendComposite(dst, text []byte) ([]byte, bool, error) {
+	d := t.def()
+	if len(d.fields) == 0 && string(text) == "()" {
+		// A type without attributes (CREATE TYPE e AS ()): its one value.
+		return append(dst, "{}"...), false, nil
+	}
 	vals, err := parseComposite(text)
 	if err != nil {
 		return dst, false, err
 	}
-	d := t.def()
 	// The stream prints a value with the attributes of its time; when the type changed since,
 	// the value's fields may fit an earlier definition instead. The first reading under which
 	// every field parses as its type wins: the current definition, then the most recent
@@ -387,56 +456,16 @@ func appendMoney(dst, text []byte) ([]byte, bool, error) {
 	return dst, false, nil
 }
 
-// withT puts the T of RFC 3339 between a timestamp's date and time.
-func withT(text []byte) []byte {
-	i := bytes.IndexByte(text, ' ')
-	if i < 0 || len(text) < 11 || text[i+1] < '0' || text[i+1] > '9' {
-		return text // infinity, -infinity
-	}
-	out := bytes.Clone(text)
-	out[i] = 'T'
-	return out
-}
-
-// withOffset writes the UTC offset after a time of day as RFC 3339 does: Z for UTC when zulu,
-// else +HH:MM. A " BC" suffix stays last.
-func withOffset(text []byte, zulu bool) []byte {
-	bc := bytes.HasSuffix(text, []byte(" BC"))
-	body := bytes.TrimSuffix(text, []byte(" BC"))
-	t := bytes.LastIndexByte(body, 'T')
-	if t < 0 {
-		t = 0
-	}
-	i := bytes.LastIndexAny(body[t:], "+-")
-	if i < 0 {
-		return text
-	}
-	i += t
-	off := body[i:]
-	var out []byte
-	switch {
-	case zulu && (bytes.Equal(off, []byte("+00")) || bytes.Equal(off, []byte("+00:00"))):
-		out = append(bytes.Clone(body[:i]), 'Z')
-	case len(off) == 3:
-		out = append(append(bytes.Clone(body[:i]), off...), ":00"...)
-	default:
-		return text
-	}
-	if bc {
-		out = append(out, " BC"...)
-	}
-	return out
-}
-
-// Schema returns the JSON schema of a column of type t with dims array dimensions declared
-// (attndims; 0 when the column is not declared as an array of arrays): draft-07 with the
-// formats and airbyte_type annotations Airbyte destinations read. Every value may be null.
+// Schema returns the JSON schema of a column of type t: draft-07 with the formats and
+// airbyte_type annotations Airbyte destinations read. Every value may be null. dims, the
+// declared array dimensions (attndims), does not narrow it: PostgreSQL does not enforce them, so
+// an array's items may be arrays at any depth, whatever the declaration.
 func (t *Type) Schema(dims int) map[string]any {
-	s := t.schema(max(dims, 1))
-	return s
+	return t.schema(-1)
 }
 
-func (t *Type) schema(dims int) map[string]any {
+// schema is Schema for a column whose atttypmod is typmod (-1: none).
+func (t *Type) schema(typmod int32) map[string]any {
 	nullable := func(typ string, extra ...any) map[string]any {
 		m := map[string]any{"type": []string{"null", typ}}
 		for i := 0; i+1 < len(extra); i += 2 {
@@ -447,11 +476,20 @@ func (t *Type) schema(dims int) map[string]any {
 	switch t.kind {
 	case kInteger:
 		return nullable("integer")
-	case kNumber, kMoney:
+	case kNumber:
+		// The Java connector types a numeric column declared with a scale of 0 as an integer.
+		if t.prof == Airbyte && t.Name == "numeric" && typmod >= 4 && (typmod-4)&0xffff == 0 {
+			return nullable("integer")
+		}
 		return nullable("number")
-	case kBool:
+	case kMoney:
+		return nullable("number")
+	case kBool, kBitBool:
 		return nullable("boolean")
 	case kBytea:
+		if t.prof == Airbyte {
+			return nullable("string")
+		}
 		return nullable("string", "contentEncoding", "base64")
 	case kDate:
 		return nullable("string", "format", "date")
@@ -464,18 +502,27 @@ func (t *Type) schema(dims int) map[string]any {
 	case kTimestampTZ:
 		return nullable("string", "format", "date-time", "airbyte_type", "timestamp_with_timezone")
 	case kArray:
-		items := t.elem.schema(1)
-		for range dims - 1 {
-			items = nullable("array", "items", items)
+		if t.untyped {
+			return nullable("array")
 		}
+		items := t.elem.schema(-1)
+		items["type"] = append(items["type"].([]string), "array")
 		return nullable("array", "items", items)
+	case kVector:
+		return nullable("array", "items", nullable("integer"))
 	case kComposite:
+		if t.prof == Airbyte {
+			return nullable("string")
+		}
 		props := map[string]any{}
 		for _, f := range t.def().fields {
-			props[f.Name] = f.Type.schema(1)
+			props[f.Name] = f.Type.schema(-1)
 		}
 		return nullable("object", "properties", props)
 	case kHstore:
+		if t.prof == Airbyte {
+			return nullable("string")
+		}
 		return nullable("object", "additionalProperties", map[string]any{"type": []string{"null", "string"}})
 	}
 	return nullable("string")
@@ -483,16 +530,25 @@ func (t *Type) schema(dims int) map[string]any {
 
 // Registry looks up Types by OID on a connection, once each.
 type Registry struct {
-	mu    sync.Mutex
-	conn  *pgx.Conn
-	types map[uint32]*Type
+	mu      sync.Mutex
+	conn    *pgx.Conn
+	types   map[uint32]*Type
+	profile Profile
 }
 
-// NewRegistry returns a Registry that queries pg_type on conn, which it does not own; it must
-// not be used by anything else while the Registry queries it.
+// NewRegistry returns a Registry of the Exact profile that queries pg_type on conn, which it
+// does not own; it must not be used by anything else while the Registry queries it.
 func NewRegistry(conn *pgx.Conn) *Registry {
-	return &Registry{conn: conn, types: map[uint32]*Type{}}
+	return NewProfileRegistry(conn, Exact)
 }
+
+// NewProfileRegistry returns a Registry whose Types write the forms of profile p.
+func NewProfileRegistry(conn *pgx.Conn, p Profile) *Registry {
+	return &Registry{conn: conn, types: map[uint32]*Type{}, profile: p}
+}
+
+// Profile is the profile of the Registry's Types.
+func (r *Registry) Profile() Profile { return r.profile }
 
 // Type returns the Type of oid.
 func (r *Registry) Type(ctx context.Context, oid uint32) (*Type, error) {
@@ -520,11 +576,17 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 	if err != nil {
 		return nil, fmt.Errorf("look up type %d: %w", oid, err)
 	}
-	t := &Type{OID: oid, Name: name}
+	t := &Type{OID: oid, Name: name, prof: r.profile}
 	if schema != "pg_catalog" {
 		t.Name = schema + "." + name
 	}
 	switch {
+	case typtype == 'b' && schema == "pg_catalog" && (name == "int2vector" || name == "oidvector"):
+		// Arrays by category, but printed without braces.
+		t.kind = kVector
+		if r.profile == Airbyte {
+			t.kind = kString
+		}
 	case typtype == 'd':
 		b, err := r.load(ctx, base, depth+1)
 		if err != nil {
@@ -543,6 +605,22 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 			return nil, fmt.Errorf("look up type %d: %w", elem, err)
 		}
 		t.kind, t.elem, t.delim = kArray, e, elemDelim
+		if r.profile == Airbyte {
+			// The Java connector types the arrays of some built-in types; the elements of every
+			// other array are written as the text its driver receives.
+			switch {
+			case e.Name == "bit":
+				t.elem = &Type{OID: e.OID, Name: e.Name, kind: kBitBool, prof: Airbyte}
+			case e.Name == "bytea":
+				t.elem = &Type{OID: e.OID, Name: e.Name, kind: kBytea, prof: Airbyte}
+			case e.Name == "oid":
+				// Integers, which the Java connector's catalog types as numbers in an array.
+				t.elem = &Type{OID: e.OID, Name: e.Name, kind: kNumber, prof: Airbyte}
+			case !airbyteTypedArrays[e.Name]:
+				t.untyped = true
+				t.elem = &Type{OID: e.OID, Name: e.Name, kind: kText, prof: Airbyte, elem: e}
+			}
+		}
 	case typtype == 'c':
 		t.kind = kComposite
 		t.comp = &compositeHolder{}
@@ -558,6 +636,9 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 		t.comp.def.Store(d)
 	case typtype == 'b' && schema == "pg_catalog":
 		t.kind = builtinKinds[name]
+		if k, ok := airbyteKinds[name]; ok && r.profile == Airbyte {
+			t.kind = k
+		}
 	case typtype == 'b' && name == "hstore":
 		t.kind = kHstore
 	}
@@ -642,12 +723,27 @@ func (r *Registry) Append(ctx context.Context, t *Type, dst, text []byte) ([]byt
 	}
 }
 
-// builtinKinds maps the built-in base types that are not strings in JSON.
+// builtinKinds maps the built-in base types that are not plain strings in JSON.
 var builtinKinds = map[string]kind{
 	"int2": kInteger, "int4": kInteger, "int8": kInteger, "oid": kInteger, "xid": kInteger, "xid8": kInteger, "cid": kInteger,
 	"numeric": kNumber, "float4": kNumber, "float8": kNumber, "money": kMoney,
 	"bool": kBool, "bytea": kBytea,
 	"date": kDate, "time": kTime, "timetz": kTimeTZ, "timestamp": kTimestamp, "timestamptz": kTimestampTZ,
+	"interval": kInterval,
+	"point":    kGeometric, "line": kGeometric, "lseg": kGeometric, "box": kGeometric, "path": kGeometric, "polygon": kGeometric, "circle": kGeometric,
+}
+
+// airbyteKinds are the Airbyte profile's exceptions to builtinKinds: the Java connector's driver
+// has no numeric type for xid, xid8 and cid, and bytea is its hex text.
+var airbyteKinds = map[string]kind{"xid": kString, "xid8": kString, "cid": kString, "bytea": kString}
+
+// airbyteTypedArrays are the element types whose arrays the Java connector writes element by
+// element in their type's form (PostgresSourceOperations); bit and bytea elements have their own
+// kinds there.
+var airbyteTypedArrays = map[string]bool{
+	"int2": true, "int4": true, "int8": true, "oid": true, "numeric": true, "money": true, "float4": true, "float8": true,
+	"bool": true, "bit": true, "bytea": true, "date": true, "time": true, "timetz": true, "timestamp": true, "timestamptz": true,
+	"varchar": true, "char": true, "bpchar": true, "text": true, "name": true,
 }
 
 // TableSchema returns the JSON schema of a row of schema.table: an object with one property per
@@ -655,19 +751,19 @@ var builtinKinds = map[string]kind{
 // describes it.
 func (r *Registry) TableSchema(ctx context.Context, schema, table string) (map[string]any, error) {
 	type col struct {
-		name string
-		oid  uint32
-		dims int
+		name   string
+		oid    uint32
+		typmod int32
 	}
 	r.mu.Lock()
-	rows, err := r.conn.Query(ctx, `SELECT a.attname, a.atttypid, a.attndims FROM pg_attribute a
+	rows, err := r.conn.Query(ctx, `SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`,
 		pgx.Identifier{schema, table}.Sanitize())
 	var cols []col
 	if err == nil {
 		for rows.Next() {
 			var c col
-			if err = rows.Scan(&c.name, &c.oid, &c.dims); err != nil {
+			if err = rows.Scan(&c.name, &c.oid, &c.typmod); err != nil {
 				break
 			}
 			cols = append(cols, c)
@@ -687,7 +783,7 @@ func (r *Registry) TableSchema(ctx context.Context, schema, table string) (map[s
 		if err != nil {
 			return nil, err
 		}
-		props[c.name] = t.Schema(c.dims)
+		props[c.name] = t.schema(c.typmod)
 	}
 	return map[string]any{"type": "object", "properties": props}, nil
 }
