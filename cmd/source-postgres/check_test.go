@@ -241,3 +241,21 @@ func TestItem17_KeyAndCursorPathsExist(t *testing.T) {
 		}
 	}
 }
+
+// TestLegacySSLFlag: Airbyte's legacy ssl flag, without ssl_mode, is honoured against a real
+// server (this one has no TLS): false connects without TLS, true requires it and so fails with
+// the TLS cause.
+func TestLegacySSLFlag(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	e.cfg["create_replication_slot"] = true
+	delete(e.cfg, "ssl_mode")
+	e.cfg["ssl"] = false
+	status, msg := e.checkStatus()
+	require.Equal(t, "SUCCEEDED", status, msg)
+	e.cfg["ssl"] = true
+	status, msg = e.checkStatus()
+	require.Equal(t, "FAILED", status)
+	require.Contains(t, msg, "TLS")
+}

@@ -183,6 +183,8 @@ func newEnv(t testing.TB) *env {
 			"method": "CDC", "replication_slot": db.Slot, "publication": db.Publication,
 		},
 		"state_interval_seconds": 1,
+		// The tests' slots are made by the first read, unless a test makes them itself.
+		"create_replication_slot": true,
 	}
 	return e
 }

@@ -40,6 +40,9 @@ func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger
 	if len(ignored) > 0 {
 		log.Warn().Strs("params", ignored).Msg("jdbc_url_params not used by Tidemark")
 	}
+	if cfg.EntraTenantID != "" || cfg.EntraClientID != "" {
+		log.Warn().Msg("entra_tenant_id and entra_client_id have no effect without entra_service_principal_auth (as in Airbyte's connector)")
+	}
 	if cfg.tunnelled() {
 		if s.tun, err = openTunnel(ctx, cfg.TunnelMethod, log); err != nil {
 			s.close()
