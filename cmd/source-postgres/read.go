@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
@@ -266,6 +267,9 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 			s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
 			return nil
 		}
+		if errors.Is(err, replicator.ErrSlotLost) {
+			return lostSlot(rm)
+		}
 		if attempt == 0 && from != nil && resyncable(err) {
 			if rm.InvalidCDCCursorBehaviour != invalidCursorResync {
 				return &configError{fmt.Errorf("%w. The state cannot be resumed from slot %q: reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q to re-sync automatically", err, rm.ReplicationSlot, invalidCursorResync)}
@@ -280,6 +284,19 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 		}
 		return err
 	}
+}
+
+// lostSlot is the error of a read whose slot is invalidated (wal_status lost): it streams nothing
+// any more, whatever invalid_cdc_cursor_position_behavior says, and Tidemark drops no slot, so
+// the DBA must make it again; what follows depends on the behaviour chosen.
+func lostSlot(rm *replicationMethod) error {
+	slot := rm.ReplicationSlot
+	what := fmt.Sprintf("replication slot %q is invalidated: it lost WAL it still needed (wal_status = lost; see max_slot_wal_keep_size), so the changes it held are gone and it can stream nothing more. "+
+		"Tidemark drops no slot: drop it and create it again, with SELECT pg_drop_replication_slot('%s'); SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, slot, slot)
+	if rm.InvalidCDCCursorBehaviour == invalidCursorResync {
+		return configErrorf("%s The next sync then backfills every stream from the new slot on its own (invalid_cdc_cursor_position_behavior: %s)", what, invalidCursorResync)
+	}
+	return configErrorf("%s Then reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q, with which the next sync backfills every stream from the new slot on its own", what, invalidCursorResync)
 }
 
 // resyncable reports a state that cannot be resumed here (the slot passed it, it belongs to
@@ -337,7 +354,10 @@ func (r *reader) stateMessage() *stateMessage {
 }
 
 // heartbeat repeats the last state when nothing went out for a state interval and no record is
-// waiting for a state: the platform counts states as signs of life.
+// waiting for a state: the platform counts states as signs of life. Before the read has a
+// position (a slot being created, a first chunk or query still running) the state says so: it
+// carries the progress the read started from, and a read resumed from it starts over as this one
+// did.
 func (r *reader) heartbeat(ctx context.Context) {
 	interval := r.s.cfg.stateInterval()
 	t := time.NewTicker(interval / 2)
@@ -348,7 +368,7 @@ func (r *reader) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 			idle, pending := r.s.out.idle()
-			if idle >= interval && !pending && r.position() != nil {
+			if idle >= interval && !pending {
 				_ = r.emitState()
 			}
 		}
@@ -503,28 +523,30 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 // readAll reads a relation without a usable key (a view, a table without a primary key) in one
 // query; it cannot resume mid-way.
 func (r *reader) readAll(ctx context.Context, st *readStream) error {
-	rows, err := r.conn.Query(ctx, "SELECT * FROM "+pgx.Identifier{st.schema, st.name}.Sanitize(), pgx.QueryResultFormats{pgx.TextFormatCode})
+	query := "SELECT * FROM " + pgx.Identifier{st.schema, st.name}.Sanitize()
+	// The types are looked up before the rows are read, from the columns of an empty read: the
+	// connection is busy while the rows come, and cannot answer a type lookup then.
+	cols, err := queryColumns(ctx, r.conn, st, query+" LIMIT 0")
+	if err != nil {
+		return err
+	}
+	enc := newRowEncoder(r.types, st)
+	if err := enc.prepare(ctx, cols); err != nil {
+		return err
+	}
+	rows, err := r.conn.Query(ctx, query, pgx.QueryResultFormats{pgx.TextFormatCode})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", st.key(), err)
 	}
 	defer rows.Close()
 	fds := rows.FieldDescriptions()
-	cols := &rowColumns{schema: st.schema, table: st.name}
-	for _, fd := range fds {
-		cols.names = append(cols.names, fd.Name)
-		cols.types = append(cols.types, fd.DataTypeOID)
-	}
-	enc := newRowEncoder(r.types, st)
+	cols = columnsOf(st, fds)
 	var buf []byte
 	n, total := 0, int64(0)
 	vals := make(chunker.Row, len(fds))
 	flush := func() error {
 		err := r.s.out.writeRecords(buf, n)
 		buf, n = buf[:0], 0
-		return err
-	}
-	// The types are looked up before the rows are read: the connection is busy meanwhile.
-	if err := enc.prepare(ctx, cols); err != nil {
 		return err
 	}
 	for rows.Next() {
@@ -552,4 +574,28 @@ func (r *reader) readAll(ctx context.Context, st *readStream) error {
 	st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Done: true, Rows: total}}
 	r.mu.Unlock()
 	return r.emitState()
+}
+
+// queryColumns returns the columns a query's rows have, without reading any (the query should
+// return none: LIMIT 0).
+func queryColumns(ctx context.Context, conn *pgx.Conn, st *readStream, query string) (*rowColumns, error) {
+	rows, err := conn.Query(ctx, query, pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.key(), err)
+	}
+	cols := columnsOf(st, rows.FieldDescriptions())
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.key(), err)
+	}
+	return cols, nil
+}
+
+func columnsOf(st *readStream, fds []pgconn.FieldDescription) *rowColumns {
+	cols := &rowColumns{schema: st.schema, table: st.name}
+	for _, fd := range fds {
+		cols.names = append(cols.names, fd.Name)
+		cols.types = append(cols.types, fd.DataTypeOID)
+	}
+	return cols
 }

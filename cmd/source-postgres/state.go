@@ -223,10 +223,15 @@ func debeziumLSN(raw json.RawMessage) (pglogrepl.LSN, error) {
 
 // airbyteStreamDone reports whether an Airbyte source-postgres stream state says the stream's
 // initial load finished: a ctid state with a ctid is a load in progress, and a null state an
-// empty table.
+// empty table. A state that carries nothing ({}) shows no finished load: the stream is loaded
+// again, which can only repeat rows, where taking it as finished could leave the table out.
 func airbyteStreamDone(raw json.RawMessage) bool {
 	if len(raw) == 0 || string(raw) == "null" {
 		return true
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil || len(fields) == 0 {
+		return false
 	}
 	var s struct {
 		StateType string          `json:"state_type"`
