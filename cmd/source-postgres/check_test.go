@@ -66,7 +66,6 @@ func TestItem13_CheckFailsWithAnActionableMessage(t *testing.T) {
 			c["username"], c["password"] = role, rolePassword
 			c["signal_table"] = "public.tidemark_signal"
 		}, []string{`signal table "public"."tidemark_signal" does not exist, and this role may not create it`}},
-		{"not CDC", func(c map[string]any) { c["replication_method"] = map[string]any{"method": "Xmin"} }, []string{"CDC"}},
 	}
 	for _, tc := range cases {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {

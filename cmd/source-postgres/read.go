@@ -34,6 +34,12 @@ type readStream struct {
 	exists      bool            // the table exists (a dropped table's stream is reported, not read)
 	fr          *tableState     // a full refresh stream's progress
 	base        *merge.TableProgress
+
+	// Standard and Xmin (methods.go).
+	cursor []string      // the configured cursor field (Standard)
+	method *methodStream // the relation, as the read needs it
+	ms     *methodState  // the stream's state: its input, then its progress (guarded by reader.mu)
+	enc    *recordWriter // its records' writer
 }
 
 func (r *readStream) key() string { return streamKey(r.schema, r.name) }
@@ -52,7 +58,7 @@ func loadCatalog(path string) ([]*readStream, error) {
 	var errs []error
 	seen := map[string]bool{}
 	for _, cs := range c.Streams {
-		r := &readStream{desc: streamDescriptor{Name: cs.Stream.Name, Namespace: cs.Stream.Namespace}, schema: namespaceOr(cs.Stream.Namespace), name: cs.Stream.Name}
+		r := &readStream{desc: streamDescriptor{Name: cs.Stream.Name, Namespace: cs.Stream.Namespace}, schema: namespaceOr(cs.Stream.Namespace), name: cs.Stream.Name, cursor: cs.CursorField}
 		switch cs.SyncMode {
 		case "incremental":
 			r.incremental = true
@@ -116,8 +122,11 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 			}
 		}
 	}
-	if len(incremental) > 0 && !s.cfg.cdc() {
-		return configErrorf("stream %s is incremental, but replication_method is %s: Tidemark syncs incrementally with CDC only; choose CDC, or sync the streams as full refresh", incremental[0].key(), s.cfg.ReplicationMethod.Method)
+	switch {
+	case s.cfg.cdc() && len(in.streams) > 0:
+		s.log.Warn().Msg("state: per-stream states (of a Standard or Xmin connection) hold no CDC position: the incremental streams are backfilled")
+	case !s.cfg.cdc() && in.pos != nil:
+		s.log.Warn().Msg("state: a CDC state holds no cursor or xmin position: the incremental streams are loaded from scratch")
 	}
 
 	conn, err := s.connect(ctx)
@@ -130,6 +139,12 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 	}
 
 	r := &reader{s: s, streams: streams, types: pgjson.NewRegistry(conn), conn: conn, pos: in.pos}
+	if !s.cfg.cdc() {
+		r.pos = nil
+		if err := r.prepareMethods(ctx, in); err != nil {
+			return err
+		}
+	}
 	for _, st := range streams {
 		s.out.status(st.desc, "STARTED")
 	}
@@ -173,9 +188,15 @@ type reader struct {
 	types   *pgjson.Registry // on conn
 	conn    *pgx.Conn        // the query connection: type lookups, full refresh reads
 
-	mu  sync.Mutex
-	pos *merge.Position // the last position: the input state's, then each checkpoint's
+	mu      sync.Mutex
+	pos     *merge.Position // the last position: the input state's, then each checkpoint's
+	current *readStream     // Standard and Xmin: the stream being read (its state is the heartbeat's)
+	end     time.Time       // Standard and Xmin: when the time budget runs out
 }
+
+// budgetSpent reports that a Standard or Xmin read's time budget ran out: it stops after the
+// chunk it is in, and the next read resumes there.
+func (r *reader) budgetSpent() bool { return !r.end.IsZero() && time.Now().After(r.end) }
 
 func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 	s := r.s
@@ -201,6 +222,30 @@ func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 		wg.Wait()
 	}()
 
+	if !s.cfg.cdc() {
+		// Standard and Xmin: each stream in turn, with a state of its own after each chunk.
+		r.end = time.Now().Add(s.cfg.budget())
+		for _, st := range r.streams {
+			r.mu.Lock()
+			r.current = st
+			r.mu.Unlock()
+			var err error
+			if st.incremental {
+				err = r.methodRead(ctx, st)
+			} else {
+				err = r.fullRefresh(ctx, st)
+			}
+			if err != nil {
+				return err
+			}
+			if r.budgetSpent() {
+				s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
+				break
+			}
+		}
+		return context.Cause(ctx)
+	}
+
 	var tables []*readStream
 	for _, st := range incremental {
 		if st.exists {
@@ -224,7 +269,7 @@ func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 		return err
 	}
 	// The last message of the read is a state that covers every record.
-	return r.emitState()
+	return r.emitState(nil)
 }
 
 // capture runs the engine over the incremental streams until it has caught up (or the budget
@@ -323,9 +368,22 @@ func (r *reader) setPosition(pos *merge.Position) {
 	r.mu.Unlock()
 }
 
-// emitState writes the GLOBAL state: the position and every configured stream's progress.
-func (r *reader) emitState() error {
-	return r.s.out.state(r.stateMessage)
+// emitState writes a state: with CDC, the GLOBAL state (the position and every configured
+// stream's progress); with Standard and Xmin, the STREAM state of st (nil: of the stream being
+// read).
+func (r *reader) emitState(st *readStream) error {
+	if r.s.cfg.cdc() {
+		return r.s.out.state(r.stateMessage)
+	}
+	if st == nil {
+		r.mu.Lock()
+		st = r.current
+		r.mu.Unlock()
+		if st == nil {
+			return nil
+		}
+	}
+	return r.s.out.state(func() *stateMessage { return r.streamStateMessage(st) })
 }
 
 func (r *reader) stateMessage() *stateMessage {
@@ -369,7 +427,7 @@ func (r *reader) heartbeat(ctx context.Context) {
 		case <-t.C:
 			idle, pending := r.s.out.idle()
 			if idle >= interval && !pending {
-				_ = r.emitState()
+				_ = r.emitState(nil)
 			}
 		}
 	}
@@ -466,7 +524,7 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 					r.mu.Lock()
 					fr.Done = true
 					r.mu.Unlock()
-					return r.emitState()
+					return r.emitState(st)
 				}
 			}
 		} else {
@@ -508,7 +566,7 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 		}
 		fr.Done = chunk.Done
 		r.mu.Unlock()
-		if err := r.emitState(); err != nil {
+		if err := r.emitState(st); err != nil {
 			return err
 		}
 		if chunk.Done {
@@ -573,7 +631,7 @@ func (r *reader) readAll(ctx context.Context, st *readStream) error {
 	r.mu.Lock()
 	st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Done: true, Rows: total}}
 	r.mu.Unlock()
-	return r.emitState()
+	return r.emitState(st)
 }
 
 // queryColumns returns the columns a query's rows have, without reading any (the query should
