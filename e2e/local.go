@@ -83,6 +83,13 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
+	if opts.NextXID != 0 {
+		if err := c.setNextXID(ctx, opts.NextXID); err != nil {
+			_ = c.shutdown(context.Background(), syscall.SIGQUIT)
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	// A port found free can be taken before the server binds it: try a few.
 	for attempt := 0; ; attempt++ {
 		if c.port, err = freePort(); err == nil {
@@ -152,6 +159,44 @@ func (c *localCluster) initdb(ctx context.Context, password string, settings map
 	defer f.Close()
 	if _, err := f.Write(conf.Bytes()); err != nil {
 		return fmt.Errorf("write postgresql.conf: %w", err)
+	}
+	return nil
+}
+
+// setNextXID makes next the cluster's next transaction id: it freezes every row of every
+// database (their xmins would otherwise look like the future), stops the server, sets the id with
+// pg_resetwal, and adds the commit log segment the id falls in (pg_resetwal does not).
+func (c *localCluster) setNextXID(ctx context.Context, next uint64) error {
+	var err error
+	if c.port, err = freePort(); err != nil {
+		return err
+	}
+	if err := c.start(ctx); err != nil {
+		return err
+	}
+	out, err := c.run(ctx, "vacuumdb", "-h", c.dir, "-p", strconv.Itoa(c.port), "-U", "postgres", "--all", "--freeze", "-q")
+	if serr := c.shutdown(ctx, syscall.SIGINT); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("freeze before setting the next transaction id: %w: %s", err, lastLines(out, 10))
+	}
+	data := filepath.Join(c.dir, "data")
+	if out, err := c.run(ctx, "pg_resetwal", "-D", data, "-e", strconv.FormatUint(next>>32, 10), "-x", strconv.FormatUint(next&0xFFFFFFFF, 10)); err != nil {
+		return fmt.Errorf("pg_resetwal: %w: %s", err, lastLines(out, 10))
+	}
+	// A commit log segment holds 32 pages of 32768 transactions.
+	seg := filepath.Join(data, "pg_xact", fmt.Sprintf("%04X", (next&0xFFFFFFFF)/(32*32768)))
+	if _, err := os.Stat(seg); err == nil {
+		return nil
+	}
+	if err := os.WriteFile(seg, make([]byte, 32*8192), 0o600); err != nil {
+		return fmt.Errorf("write commit log segment: %w", err)
+	}
+	if c.cred != nil {
+		if err := os.Chown(seg, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			return fmt.Errorf("hand the commit log segment to the server's user: %w", err)
+		}
 	}
 	return nil
 }

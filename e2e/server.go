@@ -52,6 +52,10 @@ type Options struct {
 	Log zerolog.Logger
 	// Image is the image StartContainer runs. Zero: ContainerImage.
 	Image string
+	// NextXID, when not zero, is the 64-bit transaction id (epoch << 32 | xid) the cluster's
+	// next transaction gets, set with pg_resetwal after initdb (every row initdb wrote is frozen
+	// first): a test crosses a 32-bit wraparound after a few thousand transactions. Local only.
+	NextXID uint64
 }
 
 // Server is one PostgreSQL server with wal_level=logical that tests, the demo and the chaos

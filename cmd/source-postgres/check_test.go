@@ -66,7 +66,6 @@ func TestItem13_CheckFailsWithAnActionableMessage(t *testing.T) {
 			c["username"], c["password"] = role, rolePassword
 			c["signal_table"] = "public.tidemark_signal"
 		}, []string{`signal table "public"."tidemark_signal" does not exist, and this role may not create it`}},
-		{"not CDC", func(c map[string]any) { c["replication_method"] = map[string]any{"method": "Xmin"} }, []string{"CDC"}},
 	}
 	for _, tc := range cases {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
@@ -247,4 +246,22 @@ func TestItem17_KeyAndCursorPathsExist(t *testing.T) {
 			require.NotContains(t, prop["type"], "array")
 		}
 	}
+}
+
+// TestLegacySSLFlag: Airbyte's legacy ssl flag, without ssl_mode, is honoured against a real
+// server (this one has no TLS): false connects without TLS, true requires it and so fails with
+// the TLS cause.
+func TestLegacySSLFlag(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	e.cfg["create_replication_slot"] = true
+	delete(e.cfg, "ssl_mode")
+	e.cfg["ssl"] = false
+	status, msg := e.checkStatus()
+	require.Equal(t, "SUCCEEDED", status, msg)
+	e.cfg["ssl"] = true
+	status, msg = e.checkStatus()
+	require.Equal(t, "FAILED", status)
+	require.Contains(t, msg, "TLS")
 }

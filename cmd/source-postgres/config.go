@@ -25,8 +25,8 @@ import (
 var specJSON []byte
 
 // config is the connector's configuration: every key of Airbyte's source-postgres config, and
-// Tidemark's own. Unknown keys are ignored; keys of Airbyte's that Tidemark does not need are
-// accepted and listed in docs/airbyte.md.
+// Tidemark's own. Unknown keys are ignored; each key of Airbyte's is honoured, or refused with a
+// config error where Tidemark cannot do what it asks (docs/airbyte.md lists them all).
 type config struct {
 	Host          string   `json:"host"`
 	Port          *int     `json:"port"`
@@ -39,6 +39,15 @@ type config struct {
 	SSLMode           *sslMode           `json:"ssl_mode"`
 	TunnelMethod      *tunnelMethod      `json:"tunnel_method"`
 	ReplicationMethod *replicationMethod `json:"replication_method"`
+
+	// Keys of Airbyte's connector (the legacy ssl flag, the Kotlin version's keys).
+	SSL                             *bool  `json:"ssl"`
+	EntraServicePrincipalAuth       bool   `json:"entra_service_principal_auth"`
+	EntraTenantID                   string `json:"entra_tenant_id"`
+	EntraClientID                   string `json:"entra_client_id"`
+	CheckpointTargetIntervalSeconds int    `json:"checkpoint_target_interval_seconds"`
+	MaxDBConnections                *int   `json:"max_db_connections"`
+	CheckPrivileges                 *bool  `json:"check_privileges"`
 
 	// Tidemark's own options.
 	CreateReplicationSlot *bool  `json:"create_replication_slot"`
@@ -162,6 +171,13 @@ func (c *config) check() error {
 	if len(c.Schemas) == 0 {
 		c.Schemas = []string{"public"}
 	}
+	if c.SSL != nil && c.SSLMode == nil {
+		// Airbyte's legacy flag, from before ssl_mode: true asks for TLS, false for none.
+		c.SSLMode = &sslMode{Mode: "disable"}
+		if *c.SSL {
+			c.SSLMode.Mode = "require"
+		}
+	}
 	if c.SSLMode == nil {
 		c.SSLMode = &sslMode{Mode: "require"}
 	}
@@ -181,6 +197,9 @@ func (c *config) check() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("ssl_mode.mode %q is not one of disable, allow, prefer, require, verify-ca, verify-full", c.SSLMode.Mode))
+	}
+	if c.SSL != nil && *c.SSL == (c.SSLMode.Mode == "disable") {
+		errs = append(errs, fmt.Errorf("ssl is %t but ssl_mode is %s: remove the legacy ssl key, or make the two agree", *c.SSL, c.SSLMode.Mode))
 	}
 	if (c.SSLMode.ClientCertificate == "") != (c.SSLMode.ClientKey == "") {
 		errs = append(errs, errors.New("ssl_mode needs both client_certificate and client_key, or neither"))
@@ -273,6 +292,26 @@ func (c *config) check() error {
 			errs = append(errs, err)
 		}
 	}
+	if c.CheckpointTargetIntervalSeconds != 0 {
+		// Airbyte's name for the longest time between two states.
+		if err := inRange("checkpoint_target_interval_seconds", c.CheckpointTargetIntervalSeconds, 1, 86400, int(defaultStateInterval/time.Second)); err != nil {
+			errs = append(errs, err)
+		} else if c.StateIntervalSeconds != 0 && c.StateIntervalSeconds != c.CheckpointTargetIntervalSeconds {
+			errs = append(errs, fmt.Errorf("checkpoint_target_interval_seconds %d and state_interval_seconds %d both set the longest time between two states: keep one", c.CheckpointTargetIntervalSeconds, c.StateIntervalSeconds))
+		}
+	}
+	if c.EntraServicePrincipalAuth {
+		errs = append(errs, errors.New("entra_service_principal_auth: Tidemark does not authenticate as a Microsoft Entra service principal (it fetches no token from Microsoft's identity platform); connect with a database role and its password, and set entra_service_principal_auth to false"))
+	}
+	if n := c.MaxDBConnections; n != nil {
+		need, why := c.connectionsNeeded()
+		switch {
+		case *n < 1:
+			errs = append(errs, fmt.Errorf("max_db_connections %d is out of range: give at least %d, or leave it out", *n, need))
+		case *n < need:
+			errs = append(errs, fmt.Errorf("max_db_connections %d is too few: %s; give at least %d, or leave it out", *n, why, need))
+		}
+	}
 	if _, _, err := c.jdbcParams(); err != nil {
 		errs = append(errs, err)
 	}
@@ -313,7 +352,20 @@ func (c *config) tunnelled() bool {
 	return c.TunnelMethod != nil && c.TunnelMethod.Method != "" && c.TunnelMethod.Method != "NO_TUNNEL"
 }
 
-func (c *config) createSlot() bool { return c.CreateReplicationSlot == nil || *c.CreateReplicationSlot }
+// createSlot reports whether a read creates a missing slot: only when asked, as Airbyte's
+// connector never creates one (its setup guide has the DBA create it).
+func (c *config) createSlot() bool { return c.CreateReplicationSlot != nil && *c.CreateReplicationSlot }
+
+// connectionsNeeded is the most connections a read holds open at once, and why.
+func (c *config) connectionsNeeded() (int, string) {
+	if !c.cdc() {
+		return 1, "a " + c.ReplicationMethod.Method + " read uses one connection"
+	}
+	if c.ReplicationMethod.HeartbeatActionQuery != "" {
+		return 4, "a CDC read holds four connections at once (its queries, the backfill's chunks, the replication stream, and heartbeat_action_query's)"
+	}
+	return 3, "a CDC read holds three connections at once (its queries, the backfill's chunks and the replication stream)"
+}
 
 // signalTable is the signal table of the table transport: signal_table, or the default.
 func (c *config) signalTable() (pgx.Identifier, error) {
@@ -348,6 +400,9 @@ func (c *config) budget() time.Duration {
 func (c *config) stateInterval() time.Duration {
 	if c.StateIntervalSeconds > 0 {
 		return time.Duration(c.StateIntervalSeconds) * time.Second
+	}
+	if c.CheckpointTargetIntervalSeconds > 0 {
+		return time.Duration(c.CheckpointTargetIntervalSeconds) * time.Second
 	}
 	return defaultStateInterval
 }
@@ -479,6 +534,7 @@ func (c *config) secrets() []string {
 		}
 	}
 	add(c.Password)
+	add(c.EntraTenantID)
 	if c.SSLMode != nil {
 		add(c.SSLMode.ClientKey)
 		add(c.SSLMode.ClientKeyPassword)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -80,6 +81,7 @@ func TestConfigRanges(t *testing.T) {
 		{"sync_time_budget_seconds", true},
 		{"state_interval_seconds", true},
 		{"replication_method.initial_load_timeout_hours", true},
+		{"checkpoint_target_interval_seconds", true},
 	}
 	for _, k := range keys {
 		b, ok := bounds[k.path]
@@ -116,7 +118,7 @@ func TestConfigRanges(t *testing.T) {
 
 	// Keys of Airbyte's spec that Tidemark accepts without reading take any number.
 	for _, path := range []string{"replication_method.initial_waiting_seconds", "replication_method.queue_size",
-		"replication_method.debezium_shutdown_timeout_seconds", "checkpoint_target_interval_seconds", "max_db_connections"} {
+		"replication_method.debezium_shutdown_timeout_seconds"} {
 		for _, raw := range []string{strconv.FormatInt(math.MaxInt64, 10), strconv.FormatInt(math.MinInt64, 10), "1e300"} {
 			_, err := loadRaw(t, rangeConfig(t, path, raw))
 			require.NoError(t, err, "%s=%s", path, raw)
@@ -152,4 +154,120 @@ func TestValueForms(t *testing.T) {
 	require.True(t, errors.As(err, &ce))
 	require.Contains(t, err.Error(), `value_forms "base64"`)
 	require.Contains(t, err.Error(), "exact")
+}
+
+// TestAirbyteKeysHonouredOrRefused: the keys of Airbyte's spec that Tidemark has no feature of its
+// own for are honoured (the legacy ssl flag, checkpoint_target_interval_seconds,
+// max_db_connections) or refused with a config error that names the key (Entra service principal
+// authentication), never accepted and ignored; and create_replication_slot is off by default, as
+// Airbyte's connector never creates a slot.
+func TestAirbyteKeysHonouredOrRefused(t *testing.T) {
+	base := func(edit func(m map[string]any)) string {
+		m := map[string]any{
+			"host": "db.example.com", "port": 5432, "database": "app", "username": "u", "password": "pw",
+			"replication_method": map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p"},
+		}
+		edit(m)
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		return string(b)
+	}
+	load := func(edit func(m map[string]any)) (*config, error) {
+		return loadRaw(t, base(edit))
+	}
+	refused := func(err error, words ...string) {
+		t.Helper()
+		var ce *configError
+		require.True(t, errors.As(err, &ce), "a config_error: %v", err)
+		for _, w := range words {
+			require.ErrorContains(t, err, w)
+		}
+	}
+
+	// The legacy ssl flag: the mode it stands for when ssl_mode is absent, refused when it
+	// contradicts ssl_mode.
+	c, err := load(func(m map[string]any) { m["ssl"] = true })
+	require.NoError(t, err)
+	require.Equal(t, "require", c.SSLMode.Mode)
+	c, err = load(func(m map[string]any) { m["ssl"] = false })
+	require.NoError(t, err)
+	require.Equal(t, "disable", c.SSLMode.Mode)
+	c, err = load(func(m map[string]any) {
+		m["ssl"] = true
+		m["ssl_mode"] = map[string]any{"mode": "verify-full", "ca_certificate": "x"}
+	})
+	require.NoError(t, err)
+	require.Equal(t, "verify-full", c.SSLMode.Mode)
+	c, err = load(func(m map[string]any) { m["ssl"] = false; m["ssl_mode"] = map[string]any{"mode": "disable"} })
+	require.NoError(t, err)
+	require.Equal(t, "disable", c.SSLMode.Mode)
+	_, err = load(func(m map[string]any) { m["ssl"] = true; m["ssl_mode"] = map[string]any{"mode": "disable"} })
+	refused(err, "ssl", "ssl_mode")
+	_, err = load(func(m map[string]any) { m["ssl"] = false; m["ssl_mode"] = map[string]any{"mode": "require"} })
+	refused(err, "ssl", "ssl_mode")
+
+	// Entra service principal authentication needs a token from Microsoft's identity platform,
+	// which Tidemark does not fetch: refused. Without it the tenant and client ids mean nothing,
+	// in Airbyte's connector too.
+	_, err = load(func(m map[string]any) {
+		m["entra_service_principal_auth"] = true
+		m["entra_tenant_id"], m["entra_client_id"] = "tenant-0000", "client-0000"
+	})
+	refused(err, "entra_service_principal_auth")
+	_, err = load(func(m map[string]any) {
+		m["entra_service_principal_auth"] = false
+		m["entra_tenant_id"], m["entra_client_id"] = "tenant-0000", "client-0000"
+	})
+	require.NoError(t, err)
+
+	// max_db_connections bounds the connections a read opens at once: a CDC read needs three
+	// (its queries, the engine's chunks, the replication stream), four with the heartbeat query;
+	// a Standard or Xmin read one.
+	for _, tc := range []struct {
+		n      any
+		method map[string]any
+		ok     bool
+	}{
+		{2, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p"}, false},
+		{3, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p"}, true},
+		{3, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p", "heartbeat_action_query": "SELECT 1"}, false},
+		{4, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p", "heartbeat_action_query": "SELECT 1"}, true},
+		{1, map[string]any{"method": "Standard"}, true},
+		{1, map[string]any{"method": "Xmin"}, true},
+		{0, map[string]any{"method": "Xmin"}, false},
+		{-1, map[string]any{"method": "Standard"}, false},
+		{nil, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p"}, true},
+	} {
+		_, err := load(func(m map[string]any) { m["max_db_connections"] = tc.n; m["replication_method"] = tc.method })
+		if tc.ok {
+			require.NoError(t, err, "max_db_connections %v, %v", tc.n, tc.method)
+		} else {
+			refused(err, "max_db_connections")
+		}
+	}
+
+	// checkpoint_target_interval_seconds is the state interval when state_interval_seconds is
+	// absent; both, differing, are refused.
+	c, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 300 })
+	require.NoError(t, err)
+	require.Equal(t, 300*time.Second, c.stateInterval())
+	c, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 7; m["state_interval_seconds"] = 7 })
+	require.NoError(t, err)
+	require.Equal(t, 7*time.Second, c.stateInterval())
+	_, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 300; m["state_interval_seconds"] = 5 })
+	refused(err, "checkpoint_target_interval_seconds", "state_interval_seconds")
+
+	// check_privileges is accepted either way: discovery lists only what the role may read.
+	for _, v := range []bool{true, false} {
+		_, err = load(func(m map[string]any) { m["check_privileges"] = v })
+		require.NoError(t, err)
+	}
+
+	// No slot is created unless asked for.
+	c, err = load(func(m map[string]any) {})
+	require.NoError(t, err)
+	require.False(t, c.createSlot())
+	c, err = load(func(m map[string]any) { m["create_replication_slot"] = true })
+	require.NoError(t, err)
+	require.True(t, c.createSlot())
 }

@@ -59,9 +59,11 @@ func (s *source) relations(ctx context.Context, conn *pgx.Conn) ([]relation, err
 }
 
 // discover describes every readable table and view of the configured schemas as a stream.
-// A table whose changes can be captured (in the publication, with a usable key) supports
-// incremental syncs; every other relation (views and materialized views among them) full refresh
-// only, with its primary key when it has one.
+// With CDC, a table whose changes can be captured (in the publication, with a usable key)
+// supports incremental syncs; every other relation (views and materialized views among them) full
+// refresh only, with its primary key when it has one. With Standard, every relation supports
+// incremental syncs by a cursor the user chooses; with Xmin, every relation that has rows of its
+// own (tables, partitioned tables, materialized views), by the source-defined xmin.
 func (s *source) discover(ctx context.Context) (*catalog, error) {
 	conn, err := s.connect(ctx)
 	if err != nil {
@@ -137,7 +139,18 @@ func (s *source) describe(ctx context.Context, conn *pgx.Conn, types *pgjson.Reg
 		}
 		// Tables with a key are read in key order, chunk by chunk, and resume mid-table.
 		st.IsResumable = len(key) > 0
-		if st.IsResumable {
+		if st.IsResumable && s.cfg.cdc() {
+			st.SourceDefinedCursor = true
+		}
+	}
+	switch s.cfg.ReplicationMethod.Method {
+	case "Standard":
+		// Incremental by a cursor column the user chooses, in any relation (methods.go).
+		st.SupportedSyncModes = []string{"full_refresh", "incremental"}
+	case "Xmin":
+		// Incremental by the rows' xmin, which relations with storage have.
+		if r.kind == 'r' || r.kind == 'p' || r.kind == 'm' {
+			st.SupportedSyncModes = []string{"full_refresh", "incremental"}
 			st.SourceDefinedCursor = true
 		}
 	}

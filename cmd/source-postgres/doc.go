@@ -1,14 +1,17 @@
 // Command source-postgres is Tidemark's Airbyte source connector: spec, check, discover and read
-// of the Airbyte protocol (v0), over Tidemark's backfill-while-streaming engine. Its config is a
-// superset of Airbyte's own source-postgres config. See docs/airbyte.md.
+// of the Airbyte protocol (v0), over Tidemark's backfill-while-streaming engine (CDC), or with
+// queries (the Standard and Xmin methods, methods.go). Its config is a superset of Airbyte's own
+// source-postgres config. See docs/airbyte.md.
 //
 // stdout carries protocol messages only, one per line; logs go to stderr, and warnings also as
 // LOG messages. Every failure ends in a TRACE ERROR with its failure_type and a non-zero exit.
 //
 // # Invariants this command relies on and keeps
 //
-//   - A STATE is written only for an engine Position (a transaction boundary, every chunk counted
-//     in it already emitted) or after a full refresh chunk; it lists every configured stream.
+//   - With CDC, a STATE is written only for an engine Position (a transaction boundary, every
+//     chunk counted in it already emitted) or after a full refresh chunk; it lists every
+//     configured stream. With Standard and Xmin, a STATE is one stream's, written after its
+//     records: after a key chunk, between two cursor values, at the end of a scan.
 //   - sourceStats.recordCount is the number of RECORD lines written since the previous STATE:
 //     records and states go through one output, and a state takes its count and resets it under
 //     the same lock as the records are written (output.state).

@@ -38,7 +38,7 @@ func TestFullRefreshWritesInPieces(t *testing.T) {
 	defer conn.Close(ctx)
 
 	w := &writeSizes{}
-	s := &source{cfg: &config{BackfillChunkSize: 10000}, out: newOutput(w, nil), log: zerolog.New(zerolog.NewTestWriter(t))}
+	s := &source{cfg: &config{BackfillChunkSize: 10000, ReplicationMethod: &replicationMethod{Method: "CDC"}}, out: newOutput(w, nil), log: zerolog.New(zerolog.NewTestWriter(t))}
 	st := &readStream{desc: streamDescriptor{Name: "w"}, schema: "public", name: "w", exists: true}
 	r := &reader{s: s, streams: []*readStream{st}, types: pgjson.NewRegistry(conn), conn: conn}
 	require.NoError(t, r.fullRefresh(ctx, st))
@@ -66,7 +66,7 @@ func TestFullRefreshChunksBoundedInBytes(t *testing.T) {
 	defer conn.Close(ctx)
 
 	w := &writeSizes{}
-	s := &source{cfg: &config{BackfillChunkSize: 10000}, out: newOutput(w, nil), log: zerolog.New(zerolog.NewTestWriter(t))}
+	s := &source{cfg: &config{BackfillChunkSize: 10000, ReplicationMethod: &replicationMethod{Method: "CDC"}}, out: newOutput(w, nil), log: zerolog.New(zerolog.NewTestWriter(t))}
 	st := &readStream{desc: streamDescriptor{Name: "w"}, schema: "public", name: "w", exists: true}
 	r := &reader{s: s, streams: []*readStream{st}, types: pgjson.NewRegistry(conn), conn: conn}
 	require.NoError(t, r.fullRefresh(ctx, st))

@@ -184,6 +184,8 @@ func newEnv(t testing.TB) *env {
 			"method": "CDC", "replication_slot": db.Slot, "publication": db.Publication,
 		},
 		"state_interval_seconds": 1,
+		// The tests' slots are made by the first read, unless a test makes them itself.
+		"create_replication_slot": true,
 	}
 	return e
 }
@@ -213,6 +215,30 @@ func (e *env) readOnlyRole(tables ...string) string {
 	return role
 }
 
+// queryRole switches the config to a role set up as Airbyte's guide sets it up for the Standard
+// and Xmin methods, and to that method: LOGIN, SELECT on the given tables, transactions
+// read-only by default, no REPLICATION, no CREATE anywhere; no slot, no publication.
+func (e *env) queryRole(method string, tables ...string) string {
+	e.t.Helper()
+	role := "abq_" + e.db.Name[2:]
+	const password = "ro-secret-7d6e5f"
+	e.db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN NOREPLICATION PASSWORD '%s'`, role, password))
+	e.t.Cleanup(func() {
+		e.db.Exec(`DROP OWNED BY ` + role)
+		e.db.Exec(`DROP ROLE ` + role)
+	})
+	for _, t := range tables {
+		e.db.Exec(fmt.Sprintf(`GRANT SELECT ON %s TO %s`, t, role))
+	}
+	e.db.Exec(fmt.Sprintf(`ALTER ROLE %s SET default_transaction_read_only = on`, role))
+	e.db.Exec(`REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
+	e.cfg["username"], e.cfg["password"] = role, password
+	e.cfg["replication_method"] = map[string]any{"method": method}
+	delete(e.cfg, "create_replication_slot")
+	e.secrets = append(e.secrets, password)
+	return role
+}
+
 // cdc returns the replication_method object of the config, to change.
 func (e *env) cdc() map[string]any { return e.cfg["replication_method"].(map[string]any) }
 
@@ -236,6 +262,13 @@ func (e *env) config() string { return e.file("config.json", e.cfg) }
 // when it can be.
 func (e *env) catalog(tables ...string) string {
 	e.t.Helper()
+	return e.cursorCatalog(nil, tables...)
+}
+
+// cursorCatalog is catalog with the cursor fields of the Standard method: a stream whose table
+// (schema.table) has a cursor in cursors is incremental by it, the others full refresh.
+func (e *env) cursorCatalog(cursors map[string]string, tables ...string) string {
+	e.t.Helper()
 	r := e.run("discover", "--config", e.config())
 	require.Equal(e.t, 0, r.code, r.stderr)
 	cats := r.ofType("CATALOG")
@@ -248,10 +281,14 @@ func (e *env) catalog(tables ...string) string {
 			continue
 		}
 		mode, dest := "full_refresh", "overwrite"
-		if slices.Contains(st["supported_sync_modes"].([]any), any("incremental")) {
+		cursor, chosen := cursors[name]
+		if slices.Contains(st["supported_sync_modes"].([]any), any("incremental")) && (cursors == nil || chosen) {
 			mode, dest = "incremental", "append_dedup"
 		}
 		cs := map[string]any{"stream": st, "sync_mode": mode, "destination_sync_mode": dest}
+		if chosen {
+			cs["cursor_field"] = []string{cursor}
+		}
 		if pk, ok := st["source_defined_primary_key"]; ok {
 			cs["primary_key"] = pk
 		}

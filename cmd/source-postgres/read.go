@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
@@ -33,6 +34,12 @@ type readStream struct {
 	exists      bool            // the table exists (a dropped table's stream is reported, not read)
 	fr          *tableState     // a full refresh stream's progress
 	base        *merge.TableProgress
+
+	// Standard and Xmin (methods.go).
+	cursor []string      // the configured cursor field (Standard)
+	method *methodStream // the relation, as the read needs it
+	ms     *methodState  // the stream's state: its input, then its progress (guarded by reader.mu)
+	enc    *recordWriter // its records' writer
 }
 
 func (r *readStream) key() string { return streamKey(r.schema, r.name) }
@@ -51,7 +58,7 @@ func loadCatalog(path string) ([]*readStream, error) {
 	var errs []error
 	seen := map[string]bool{}
 	for _, cs := range c.Streams {
-		r := &readStream{desc: streamDescriptor{Name: cs.Stream.Name, Namespace: cs.Stream.Namespace}, schema: namespaceOr(cs.Stream.Namespace), name: cs.Stream.Name}
+		r := &readStream{desc: streamDescriptor{Name: cs.Stream.Name, Namespace: cs.Stream.Namespace}, schema: namespaceOr(cs.Stream.Namespace), name: cs.Stream.Name, cursor: cs.CursorField}
 		switch cs.SyncMode {
 		case "incremental":
 			r.incremental = true
@@ -115,8 +122,11 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 			}
 		}
 	}
-	if len(incremental) > 0 && !s.cfg.cdc() {
-		return configErrorf("stream %s is incremental, but replication_method is %s: Tidemark syncs incrementally with CDC only; choose CDC, or sync the streams as full refresh", incremental[0].key(), s.cfg.ReplicationMethod.Method)
+	switch {
+	case s.cfg.cdc() && len(in.streams) > 0:
+		s.log.Warn().Msg("state: per-stream states (of a Standard or Xmin connection) hold no CDC position: the incremental streams are backfilled")
+	case !s.cfg.cdc() && in.pos != nil:
+		s.log.Warn().Msg("state: a CDC state holds no cursor or xmin position: the incremental streams are loaded from scratch")
 	}
 
 	conn, err := s.connect(ctx)
@@ -136,6 +146,15 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 	}
 
 	r := &reader{s: s, streams: streams, types: pgjson.NewProfileRegistry(conn, s.cfg.profile()), conn: conn, pos: in.pos}
+	if !s.cfg.cdc() {
+		r.pos = nil
+		if err := r.prepareMethods(ctx, in); err != nil {
+			for _, st := range streams {
+				s.out.status(st.desc, "INCOMPLETE")
+			}
+			return err
+		}
+	}
 	err = r.run(ctx, incremental)
 	final := "COMPLETE"
 	if err != nil {
@@ -176,9 +195,15 @@ type reader struct {
 	types   *pgjson.Registry // on conn
 	conn    *pgx.Conn        // the query connection: type lookups, full refresh reads
 
-	mu  sync.Mutex
-	pos *merge.Position // the last position: the input state's, then each checkpoint's
+	mu      sync.Mutex
+	pos     *merge.Position // the last position: the input state's, then each checkpoint's
+	current *readStream     // Standard and Xmin: the stream being read (its state is the heartbeat's)
+	end     time.Time       // Standard and Xmin: when the time budget runs out
 }
+
+// budgetSpent reports that a Standard or Xmin read's time budget ran out: it stops after the
+// chunk it is in, and the next read resumes there.
+func (r *reader) budgetSpent() bool { return !r.end.IsZero() && time.Now().After(r.end) }
 
 func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 	s := r.s
@@ -204,6 +229,30 @@ func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 		wg.Wait()
 	}()
 
+	if !s.cfg.cdc() {
+		// Standard and Xmin: each stream in turn, with a state of its own after each chunk.
+		r.end = time.Now().Add(s.cfg.budget())
+		for _, st := range r.streams {
+			r.mu.Lock()
+			r.current = st
+			r.mu.Unlock()
+			var err error
+			if st.incremental {
+				err = r.methodRead(ctx, st)
+			} else {
+				err = r.fullRefresh(ctx, st)
+			}
+			if err != nil {
+				return err
+			}
+			if r.budgetSpent() {
+				s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
+				break
+			}
+		}
+		return context.Cause(ctx)
+	}
+
 	var tables []*readStream
 	for _, st := range incremental {
 		if st.exists {
@@ -227,7 +276,7 @@ func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 		return err
 	}
 	// The last message of the read is a state that covers every record.
-	return r.emitState()
+	return r.emitState(nil)
 }
 
 // capture runs the engine over the incremental streams until it has caught up (or the budget
@@ -270,6 +319,9 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 			s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
 			return nil
 		}
+		if errors.Is(err, replicator.ErrSlotLost) {
+			return lostSlot(rm)
+		}
 		if attempt == 0 && from != nil && resyncable(err) {
 			if rm.InvalidCDCCursorBehaviour != invalidCursorResync {
 				return &configError{fmt.Errorf("%w. The state cannot be resumed from slot %q: reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q to re-sync automatically", err, rm.ReplicationSlot, invalidCursorResync)}
@@ -284,6 +336,19 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 		}
 		return err
 	}
+}
+
+// lostSlot is the error of a read whose slot is invalidated (wal_status lost): it streams nothing
+// any more, whatever invalid_cdc_cursor_position_behavior says, and Tidemark drops no slot, so
+// the DBA must make it again; what follows depends on the behaviour chosen.
+func lostSlot(rm *replicationMethod) error {
+	slot := rm.ReplicationSlot
+	what := fmt.Sprintf("replication slot %q is invalidated: it lost WAL it still needed (wal_status = lost; see max_slot_wal_keep_size), so the changes it held are gone and it can stream nothing more. "+
+		"Tidemark drops no slot: drop it and create it again, with SELECT pg_drop_replication_slot('%s'); SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, slot, slot)
+	if rm.InvalidCDCCursorBehaviour == invalidCursorResync {
+		return configErrorf("%s The next sync then backfills every stream from the new slot on its own (invalid_cdc_cursor_position_behavior: %s)", what, invalidCursorResync)
+	}
+	return configErrorf("%s Then reset the connection's state (a full re-sync), or set invalid_cdc_cursor_position_behavior to %q, with which the next sync backfills every stream from the new slot on its own", what, invalidCursorResync)
 }
 
 // resyncable reports a state that cannot be resumed here (the slot passed it, it belongs to
@@ -310,9 +375,22 @@ func (r *reader) setPosition(pos *merge.Position) {
 	r.mu.Unlock()
 }
 
-// emitState writes the GLOBAL state: the position and every configured stream's progress.
-func (r *reader) emitState() error {
-	return r.s.out.state(r.stateMessage)
+// emitState writes a state: with CDC, the GLOBAL state (the position and every configured
+// stream's progress); with Standard and Xmin, the STREAM state of st (nil: of the stream being
+// read).
+func (r *reader) emitState(st *readStream) error {
+	if r.s.cfg.cdc() {
+		return r.s.out.state(r.stateMessage)
+	}
+	if st == nil {
+		r.mu.Lock()
+		st = r.current
+		r.mu.Unlock()
+		if st == nil {
+			return nil
+		}
+	}
+	return r.s.out.state(func() *stateMessage { return r.streamStateMessage(st) })
 }
 
 func (r *reader) stateMessage() *stateMessage {
@@ -341,7 +419,10 @@ func (r *reader) stateMessage() *stateMessage {
 }
 
 // heartbeat repeats the last state when nothing went out for a state interval and no record is
-// waiting for a state: the platform counts states as signs of life.
+// waiting for a state: the platform counts states as signs of life. Before the read has a
+// position (a slot being created, a first chunk or query still running) the state says so: it
+// carries the progress the read started from, and a read resumed from it starts over as this one
+// did.
 func (r *reader) heartbeat(ctx context.Context) {
 	interval := r.s.cfg.stateInterval()
 	t := time.NewTicker(interval / 2)
@@ -352,8 +433,8 @@ func (r *reader) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 			idle, pending := r.s.out.idle()
-			if idle >= interval && !pending && r.position() != nil {
-				_ = r.emitState()
+			if idle >= interval && !pending {
+				_ = r.emitState(nil)
 			}
 		}
 	}
@@ -450,7 +531,7 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 					r.mu.Lock()
 					fr.Done = true
 					r.mu.Unlock()
-					return r.emitState()
+					return r.emitState(st)
 				}
 			}
 		} else {
@@ -492,7 +573,7 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 		}
 		fr.Done = chunk.Done
 		r.mu.Unlock()
-		if err := r.emitState(); err != nil {
+		if err := r.emitState(st); err != nil {
 			return err
 		}
 		if chunk.Done {
@@ -507,28 +588,30 @@ func (r *reader) fullRefresh(ctx context.Context, st *readStream) error {
 // readAll reads a relation without a usable key (a view, a table without a primary key) in one
 // query; it cannot resume mid-way.
 func (r *reader) readAll(ctx context.Context, st *readStream) error {
-	rows, err := r.conn.Query(ctx, "SELECT * FROM "+pgx.Identifier{st.schema, st.name}.Sanitize(), pgx.QueryResultFormats{pgx.TextFormatCode})
+	query := "SELECT * FROM " + pgx.Identifier{st.schema, st.name}.Sanitize()
+	// The types are looked up before the rows are read, from the columns of an empty read: the
+	// connection is busy while the rows come, and cannot answer a type lookup then.
+	cols, err := queryColumns(ctx, r.conn, st, query+" LIMIT 0")
+	if err != nil {
+		return err
+	}
+	enc := newRowEncoder(r.types, st)
+	if err := enc.prepare(ctx, cols); err != nil {
+		return err
+	}
+	rows, err := r.conn.Query(ctx, query, pgx.QueryResultFormats{pgx.TextFormatCode})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", st.key(), err)
 	}
 	defer rows.Close()
 	fds := rows.FieldDescriptions()
-	cols := &rowColumns{schema: st.schema, table: st.name}
-	for _, fd := range fds {
-		cols.names = append(cols.names, fd.Name)
-		cols.types = append(cols.types, fd.DataTypeOID)
-	}
-	enc := newRowEncoder(r.types, st)
+	cols = columnsOf(st, fds)
 	var buf []byte
 	n, total := 0, int64(0)
 	vals := make(chunker.Row, len(fds))
 	flush := func() error {
 		err := r.s.out.writeRecords(buf, n)
 		buf, n = buf[:0], 0
-		return err
-	}
-	// The types are looked up before the rows are read: the connection is busy meanwhile.
-	if err := enc.prepare(ctx, cols); err != nil {
 		return err
 	}
 	for rows.Next() {
@@ -555,5 +638,29 @@ func (r *reader) readAll(ctx context.Context, st *readStream) error {
 	r.mu.Lock()
 	st.fr = &tableState{SyncMode: "full_refresh", TableProgress: merge.TableProgress{Done: true, Rows: total}}
 	r.mu.Unlock()
-	return r.emitState()
+	return r.emitState(st)
+}
+
+// queryColumns returns the columns a query's rows have, without reading any (the query should
+// return none: LIMIT 0).
+func queryColumns(ctx context.Context, conn *pgx.Conn, st *readStream, query string) (*rowColumns, error) {
+	rows, err := conn.Query(ctx, query, pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.key(), err)
+	}
+	cols := columnsOf(st, rows.FieldDescriptions())
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.key(), err)
+	}
+	return cols, nil
+}
+
+func columnsOf(st *readStream, fds []pgconn.FieldDescription) *rowColumns {
+	cols := &rowColumns{schema: st.schema, table: st.name}
+	for _, fd := range fds {
+		cols.names = append(cols.names, fd.Name)
+		cols.types = append(cols.types, fd.DataTypeOID)
+	}
+	return cols
 }

@@ -682,6 +682,7 @@ func TestItem37_ErrorsAreClassified(t *testing.T) {
 	}{
 		{"auth", func(c map[string]any) { c["password"] = "wrong-password-42" }, "config_error"},
 		{"slot", func(c map[string]any) { c["create_replication_slot"] = false }, "config_error"},
+		{"slot by default", func(c map[string]any) { delete(c, "create_replication_slot") }, "config_error"},
 		{"publication", func(c map[string]any) { c["replication_method"].(map[string]any)["publication"] = "nope" }, "config_error"},
 		{"network", func(c map[string]any) { c["host"], c["port"] = "127.0.0.1", 1 }, "transient_error"},
 	}

@@ -358,7 +358,7 @@ func (s *recordSink) Checkpoint(_ context.Context, pos *merge.Position) error {
 		return err
 	}
 	s.r.setPosition(pos)
-	return s.r.emitState()
+	return s.r.emitState(nil)
 }
 
 // flush writes the held records.

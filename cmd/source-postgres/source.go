@@ -40,6 +40,9 @@ func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger
 	if len(ignored) > 0 {
 		log.Warn().Strs("params", ignored).Msg("jdbc_url_params not used by Tidemark")
 	}
+	if cfg.EntraTenantID != "" || cfg.EntraClientID != "" {
+		log.Warn().Msg("entra_tenant_id and entra_client_id have no effect without entra_service_principal_auth (as in Airbyte's connector)")
+	}
 	if cfg.tunnelled() {
 		if s.tun, err = openTunnel(ctx, cfg.TunnelMethod, log); err != nil {
 			s.close()
@@ -158,7 +161,7 @@ func (s *source) check(ctx context.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if !s.cfg.cdc() {
-		return configErrorf("replication_method %s: Tidemark reads changes with CDC only; with this method only full refresh streams can be synced. Choose \"Read Changes using Write-Ahead Log (CDC)\" to sync incrementally", s.cfg.ReplicationMethod.Method)
+		return s.checkQueries(ctx, conn)
 	}
 	rm := s.cfg.ReplicationMethod
 	tables, err := s.publishedTables(ctx, conn)
@@ -181,6 +184,58 @@ func (s *source) check(ctx context.Context) error {
 		if len(p.Fix) > 0 {
 			fmt.Fprintf(&b, "; fix: %s", strings.Join(p.Fix, " "))
 		}
+	}
+	return &configError{errors.New(b.String())}
+}
+
+// checkQueries checks what a Standard or Xmin read needs: a server Tidemark supports, and SELECT
+// on tables or views of the configured schemas (no slot, publication or REPLICATION).
+func (s *source) checkQueries(ctx context.Context, conn *pgx.Conn) error {
+	var problems []string
+	var version int
+	var user string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_user`).Scan(&version, &user); err != nil {
+		return fmt.Errorf("read the server version: %w", err)
+	}
+	if version < 130000 {
+		problems = append(problems, fmt.Sprintf("PostgreSQL %d: Tidemark needs PostgreSQL 13 or later", version))
+	}
+	readable := 0
+	for _, schema := range s.cfg.Schemas {
+		var exists, usage bool
+		var n int
+		err := conn.QueryRow(ctx, `
+			SELECT n.oid IS NOT NULL, coalesce(has_schema_privilege(n.oid, 'USAGE'), false),
+			       (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+			          AND has_table_privilege(c.oid, 'SELECT'))
+			FROM (SELECT $1::text AS name) q LEFT JOIN pg_namespace n ON n.nspname = q.name`, schema).Scan(&exists, &usage, &n)
+		if err != nil {
+			return fmt.Errorf("check schema %q: %w", schema, err)
+		}
+		id := pgx.Identifier{schema}.Sanitize()
+		switch {
+		case !exists:
+			problems = append(problems, fmt.Sprintf("schema %q does not exist; fix: correct schemas in the config", schema))
+		case !usage:
+			problems = append(problems, fmt.Sprintf("role %q may not use schema %q; fix: GRANT USAGE ON SCHEMA %s TO %s;", user, schema, id, pgx.Identifier{user}.Sanitize()))
+		default:
+			readable += n
+		}
+	}
+	if readable == 0 && len(problems) == 0 {
+		var grants []string
+		for _, schema := range s.cfg.Schemas {
+			grants = append(grants, fmt.Sprintf("GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s;", pgx.Identifier{schema}.Sanitize(), pgx.Identifier{user}.Sanitize()))
+		}
+		problems = append(problems, fmt.Sprintf("role %q may read no table or view in schemas %s; fix: %s", user, strings.Join(s.cfg.Schemas, ", "), strings.Join(grants, " ")))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problem(s) found on %s:", len(problems), s.cfg.describe())
+	for i, p := range problems {
+		fmt.Fprintf(&b, " (%d) %s", i+1, p)
 	}
 	return &configError{errors.New(b.String())}
 }

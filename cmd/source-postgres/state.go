@@ -24,6 +24,10 @@ import (
 // shared_state holds the merge.Position's LSN (a number, the unit of _ab_cdc_lsn, and its text),
 // the cluster and the slot; each stream_state holds its table's backfill progress
 // (merge.TableProgress), or, for a full refresh stream, the progress of its current read.
+//
+// With the Standard and Xmin methods, each stream has a STREAM state of its own, as Airbyte's
+// connector writes them (methods.go): a methodState for an incremental stream, a tableState for
+// a full refresh one.
 
 // sharedState is the GLOBAL state's shared part.
 type sharedState struct {
@@ -46,10 +50,11 @@ type tableState struct {
 
 // inputState is what read starts from.
 type inputState struct {
-	pos         *merge.Position        // nil: no CDC position (a first sync)
-	fullRefresh map[string]*tableState // full refresh streams' progress, by "schema.table"
-	migrated    string                 // non-empty: the state came from Airbyte's connector, as described
-	ignored     []string               // parts of the state that could not be used, described
+	pos         *merge.Position            // nil: no CDC position (a first sync)
+	fullRefresh map[string]*tableState     // full refresh streams' progress, by "schema.table"
+	streams     map[string]json.RawMessage // per-stream states of incremental streams (STREAM, or a legacy state's streams), by "schema.table"
+	migrated    string                     // non-empty: the state came from Airbyte's connector, as described
+	ignored     []string                   // parts of the state that could not be used, described
 }
 
 // streamKey names a stream's table.
@@ -59,7 +64,7 @@ func streamKey(namespace, name string) string { return namespace + "." + name }
 // one state message, or a legacy state object; an empty array, {} and null are no state. Airbyte
 // source-postgres states (Debezium offsets) are migrated.
 func loadState(path string) (*inputState, error) {
-	st := &inputState{fullRefresh: map[string]*tableState{}}
+	st := &inputState{fullRefresh: map[string]*tableState{}, streams: map[string]json.RawMessage{}}
 	if path == "" {
 		return st, nil
 	}
@@ -94,12 +99,9 @@ func (st *inputState) add(raw json.RawMessage) error {
 	var m struct {
 		stateMessage
 		// A legacy object has none of a state message's fields.
-		CDC      *bool           `json:"cdc"`
-		CDCState json.RawMessage `json:"cdc_state"`
-		Streams  []struct {
-			Name      string  `json:"stream_name"`
-			Namespace *string `json:"stream_namespace"`
-		} `json:"streams"`
+		CDC      *bool             `json:"cdc"`
+		CDCState json.RawMessage   `json:"cdc_state"`
+		Streams  []json.RawMessage `json:"streams"`
 	}
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return fmt.Errorf("%s", jsonProblem(err))
@@ -108,13 +110,40 @@ func (st *inputState) add(raw json.RawMessage) error {
 	case m.Type == "GLOBAL" && m.Global != nil:
 		return st.addGlobal(m.Global)
 	case m.Type == "STREAM":
-		st.ignored = append(st.ignored, "a per-stream state (from a non-CDC replication method): streams are backfilled")
+		var ss streamState
+		if err := json.Unmarshal(m.Stream, &ss); err != nil {
+			return fmt.Errorf("a STREAM state: %s", jsonProblem(err))
+		}
+		if ss.StreamDescriptor.Name == "" {
+			return fmt.Errorf("a STREAM state without a stream_descriptor")
+		}
+		st.addStream(streamKey(namespaceOr(ss.StreamDescriptor.Namespace), ss.StreamDescriptor.Name), ss.StreamState)
 		return nil
 	case m.Type == "LEGACY" || m.Type == "" && len(m.Data) > 0:
 		return st.add(m.Data)
 	case m.CDC != nil || m.CDCState != nil:
-		// Airbyte source-postgres's legacy state: {"cdc":true,"cdc_state":{"state":{...}},"streams":[...]}.
-		if len(m.CDCState) == 0 {
+		// Airbyte source-postgres's legacy state: {"cdc":true,"cdc_state":{"state":{...}},"streams":[...]},
+		// each stream {"stream_name", "stream_namespace", "cursor_field", "cursor", "cursor_record_count"}.
+		type legacyStream struct {
+			Name      string  `json:"stream_name"`
+			Namespace *string `json:"stream_namespace"`
+		}
+		var names []legacyStream
+		for _, raw := range m.Streams {
+			var s legacyStream
+			if err := json.Unmarshal(raw, &s); err != nil || s.Name == "" {
+				return fmt.Errorf("a legacy state's stream without a stream_name")
+			}
+			names = append(names, s)
+		}
+		if m.CDC == nil || !*m.CDC || len(m.CDCState) == 0 {
+			// Without CDC, each stream's entry is its cursor.
+			for i, s := range names {
+				st.addStream(streamKey(namespaceOr(s.Namespace), s.Name), m.Streams[i])
+			}
+			if len(names) > 0 {
+				st.migrated = fmt.Sprintf("Airbyte source-postgres legacy state, %d streams", len(names))
+			}
 			return nil
 		}
 		lsn, err := debeziumLSN(m.CDCState)
@@ -122,14 +151,10 @@ func (st *inputState) add(raw json.RawMessage) error {
 			return err
 		}
 		st.pos = &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
-		for _, s := range m.Streams {
-			ns := "public"
-			if s.Namespace != nil {
-				ns = *s.Namespace
-			}
-			st.pos.Tables[streamKey(ns, s.Name)] = &merge.TableProgress{Done: true}
+		for _, s := range names {
+			st.pos.Tables[streamKey(namespaceOr(s.Namespace), s.Name)] = &merge.TableProgress{Done: true}
 		}
-		st.migrated = fmt.Sprintf("Airbyte source-postgres legacy state at LSN %s, %d streams", lsn, len(m.Streams))
+		st.migrated = fmt.Sprintf("Airbyte source-postgres legacy state at LSN %s, %d streams", lsn, len(names))
 		return nil
 	case m.Type == "":
 		return fmt.Errorf("a state message without a type")
@@ -196,6 +221,22 @@ func (st *inputState) addGlobal(g *globalState) error {
 	}
 }
 
+// addStream keeps a per-stream state: a full refresh stream's progress, or an incremental
+// stream's state, read when the method is known (parseMethodState).
+func (st *inputState) addStream(name string, raw json.RawMessage) {
+	var probe struct {
+		SyncMode string `json:"sync_mode"`
+	}
+	if json.Unmarshal(raw, &probe) == nil && probe.SyncMode == "full_refresh" {
+		var ts tableState
+		if json.Unmarshal(raw, &ts) == nil {
+			st.fullRefresh[name] = &ts
+			return
+		}
+	}
+	st.streams[name] = raw
+}
+
 // debeziumLSN reads the resume LSN of a Debezium offset as Airbyte's source-postgres stores it:
 // {"state":{"<key>":"<offset JSON text>"}}, where the offset's "lsn" is where it resumes.
 func debeziumLSN(raw json.RawMessage) (pglogrepl.LSN, error) {
@@ -223,10 +264,15 @@ func debeziumLSN(raw json.RawMessage) (pglogrepl.LSN, error) {
 
 // airbyteStreamDone reports whether an Airbyte source-postgres stream state says the stream's
 // initial load finished: a ctid state with a ctid is a load in progress, and a null state an
-// empty table.
+// empty table. A state that carries nothing ({}) shows no finished load: the stream is loaded
+// again, which can only repeat rows, where taking it as finished could leave the table out.
 func airbyteStreamDone(raw json.RawMessage) bool {
 	if len(raw) == 0 || string(raw) == "null" {
 		return true
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil || len(fields) == 0 {
+		return false
 	}
 	var s struct {
 		StateType string          `json:"state_type"`
