@@ -1,0 +1,270 @@
+package jsonl
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/sink"
+)
+
+var _ sink.Output = (*Writer)(nil)
+
+// Writer writes events as JSON lines (Line) to a file and keeps a checkpoint file beside it. A
+// checkpoint holds the engine's position and the output's length at that position; on resume
+// the output is cut back to that length, so the file holds every change exactly once up to its
+// checkpoint, whatever point a crash came at.
+type Writer struct {
+	lock       *os.File // the output's lock file, held (flock) for the whole run; nil for none
+	out        *os.File // nil when writing to a stream (stdout)
+	w          *bufio.Writer
+	checkpoint string // path of the checkpoint file; "" for none
+	offset     int64  // bytes written to out
+	buf        []byte
+	enc        *Encoder
+}
+
+// CheckpointFile is the checkpoint file's content.
+type CheckpointFile struct {
+	Version  int             `json:"version"`
+	Position *merge.Position `json:"position"` // nil: no position yet (a first run)
+	Offset   int64           `json:"offset"`   // output length at Position
+	Output   string          `json:"output"`   // the output file's name
+	Time     time.Time       `json:"time"`
+}
+
+// Open opens (or resumes) output path with its checkpoint file, and returns the position
+// to resume from (nil for a first run). One writer per output: it first takes an exclusive lock
+// on PATH.lock (CHECKPOINT.lock for standard output), held until the sink is closed or the
+// process ends, then calls ready (which checks that the slot is not in use), and only then cuts
+// the output back to its checkpoint. A second sync on the same output fails before touching it.
+func Open(path, checkpoint string, types *pgjson.Registry, ready func() error) (*Writer, *merge.Position, error) {
+	if path == "-" {
+		lock, err := lockOutput(checkpoint)
+		if err != nil {
+			return nil, nil, err
+		}
+		s := &Writer{lock: lock, w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint, enc: NewEncoder(types)}
+		pos, _, _, err := readCheckpoint(checkpoint)
+		if err == nil {
+			err = ready()
+		}
+		if err != nil {
+			s.unlock()
+			return nil, nil, err
+		}
+		return s, pos, nil
+	}
+	if checkpoint == "" {
+		checkpoint = path + ".checkpoint"
+	}
+	lock, err := lockOutput(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	s := &Writer{lock: lock, checkpoint: checkpoint, enc: NewEncoder(types)}
+	pos, err := s.open(path, ready)
+	if err != nil {
+		s.unlock()
+		return nil, nil, err
+	}
+	return s, pos, nil
+}
+
+// lockOutput takes the exclusive lock of an output (its file NAME.lock), or says that another
+// sync holds it. "" needs no lock.
+func lockOutput(name string) (*os.File, error) {
+	if name == "" {
+		return nil, nil
+	}
+	f, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open the output's lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another tidemark sync is writing %s (it holds %s.lock): two writers would cut and overwrite each other's output; stop the other one first", name, name)
+		}
+		return nil, fmt.Errorf("lock %s.lock: %w", name, err)
+	}
+	return f, nil
+}
+
+func (s *Writer) unlock() {
+	if s.lock != nil {
+		s.lock.Close() // releases the flock
+		s.lock = nil
+	}
+}
+
+// open resumes the output at path, locked, from its checkpoint.
+func (s *Writer) open(path string, ready func() error) (*merge.Position, error) {
+	checkpoint := s.checkpoint
+	pos, offset, output, err := readCheckpoint(checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	if output != "" && output != filepath.Base(path) {
+		return nil, fmt.Errorf("checkpoint %s belongs to output %s, not %s: it would mark tables done that %s never got; give this output its own checkpoint (--checkpoint), or write to %s",
+			checkpoint, output, filepath.Base(path), filepath.Base(path), output)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open output: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open output: %w", err)
+	}
+	exists := true
+	if _, err := os.Stat(checkpoint); errors.Is(err, os.ErrNotExist) {
+		exists = false
+	}
+	if !exists && fi.Size() > 0 {
+		f.Close()
+		return nil, fmt.Errorf("output %s is not empty and has no checkpoint file %s: it is not a Tidemark output to resume; remove it or choose another file", path, checkpoint)
+	}
+	if fi.Size() < offset {
+		f.Close()
+		return nil, fmt.Errorf("output %s has %d bytes but its checkpoint says %d: the file was cut; start over with a new output file", path, fi.Size(), offset)
+	}
+	if err := ready(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	// Whatever was written after the checkpoint is replayed by the engine: cut it.
+	if err := f.Truncate(offset); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cut output back to its checkpoint: %w", err)
+	}
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seek output: %w", err)
+	}
+	s.out, s.w, s.offset = f, bufio.NewWriterSize(f, 1<<16), offset
+	if !exists {
+		// A first checkpoint before any output: from now on the output always has one.
+		if err := s.writeCheckpoint(nil); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return pos, nil
+}
+
+// readCheckpoint reads a checkpoint file: the position, the output's length at it, and the
+// output's name it was written for.
+func readCheckpoint(path string) (*merge.Position, int64, string, error) {
+	if path == "" {
+		return nil, 0, "", nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, 0, "", nil
+	}
+	if err != nil {
+		return nil, 0, "", fmt.Errorf("read checkpoint: %w", err)
+	}
+	var cp CheckpointFile
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return nil, 0, "", fmt.Errorf("checkpoint %s is damaged (%w); start over with a new output file", path, err)
+	}
+	return cp.Position, cp.Offset, cp.Output, nil
+}
+
+// Emit writes one JSON line per event.
+func (s *Writer) Emit(ctx context.Context, evs []merge.Event) error {
+	for i := range evs {
+		var err error
+		if s.buf, err = s.enc.Append(ctx, s.buf[:0], &evs[i]); err != nil {
+			return err
+		}
+		n, err := s.w.Write(s.buf)
+		s.offset += int64(n)
+		if err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+	}
+	return nil
+}
+
+// Checkpoint makes the output durable, then the checkpoint file (written to a temporary file,
+// synced, and renamed over the old one).
+func (s *Writer) Checkpoint(_ context.Context, pos *merge.Position) error {
+	if err := s.w.Flush(); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	if s.out != nil {
+		if err := s.out.Sync(); err != nil {
+			return fmt.Errorf("sync output: %w", err)
+		}
+	}
+	return s.writeCheckpoint(pos)
+}
+
+func (s *Writer) writeCheckpoint(pos *merge.Position) error {
+	if s.checkpoint == "" {
+		return nil
+	}
+	name := ""
+	if s.out != nil {
+		name = filepath.Base(s.out.Name())
+	}
+	b, err := json.MarshalIndent(CheckpointFile{Version: 1, Position: pos, Offset: s.offset, Output: name, Time: time.Now().UTC()}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeAtomic(s.checkpoint, b)
+}
+
+// writeAtomic replaces path with b: a crash leaves either the old or the new content.
+func writeAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("replace %s: %w", path, err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// Close flushes and closes the output, and releases its lock. What no checkpoint covers is cut on
+// the next Open.
+func (s *Writer) Close(context.Context) error {
+	err := s.w.Flush()
+	if s.out != nil {
+		if cerr := s.out.Close(); err == nil {
+			err = cerr
+		}
+	}
+	s.unlock()
+	return err
+}

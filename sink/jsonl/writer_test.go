@@ -1,0 +1,142 @@
+package jsonl_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink/jsonl"
+)
+
+var server *e2e.Server
+
+func TestMain(m *testing.M) { os.Exit(e2e.Main(m, &server)) }
+
+func position(lsn pglogrepl.LSN) *merge.Position {
+	return &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
+}
+
+// TestWriterLinesDecode: every line the writer writes for a capture with every kind of event
+// (backfilled rows, insert, update leaving a TOASTed value out, delete, truncate) and every
+// optional field (unchanged, original, xid, time) decodes strictly into a Line, and that Line
+// encodes back to the same JSON: the reader knows every field the writer writes, with the same
+// names and values.
+func TestWriterLinesDecode(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY, v int, n numeric, arr int[], doc text)`)
+	db.Exec(`ALTER TABLE a ALTER COLUMN doc SET STORAGE EXTERNAL`)
+	db.Exec(`CREATE TABLE b (id int PRIMARY KEY)`)
+	db.Exec(`INSERT INTO a SELECT g, g, g, ARRAY[g], repeat('x', 10000) FROM generate_series(1, 5) g`)
+	db.Exec(`INSERT INTO b VALUES (1)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a, b`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	db.Exec(`INSERT INTO a VALUES (6, 6, 'NaN', '[0:1]={1,2}', 'small')`)
+	db.Exec(`UPDATE a SET v = v + 10 WHERE id = 1`)
+	db.Exec(`DELETE FROM a WHERE id = 2`)
+	db.Exec(`TRUNCATE b`)
+
+	ctx := context.Background()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	types := db.Connect()
+	defer types.Close(ctx)
+	w, from, err := jsonl.Open(out, "", pgjson.NewRegistry(types), func() error { return nil })
+	require.NoError(t, err)
+	require.Nil(t, from)
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	eng, err := merge.New(merge.Config{
+		Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+		Tables:           []merge.TableConfig{{Schema: "public", Name: "a"}, {Schema: "public", Name: "b"}},
+		AckCheckpoints:   true,
+		StopWhenCaughtUp: true,
+	}, w, log)
+	require.NoError(t, err)
+	require.NoError(t, eng.Run(ctx, nil))
+	require.NoError(t, w.Close(ctx))
+
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	ls, err := jsonl.ReadAll(bytes.NewReader(raw))
+	require.NoError(t, err)
+	asJSON := func(b []byte) any {
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.UseNumber()
+		var v any
+		require.NoError(t, d.Decode(&v))
+		return v
+	}
+	ops := map[string]int{}
+	var unchanged, original, xid, timed bool
+	for i, line := range bytes.Split(bytes.TrimSuffix(raw, []byte("\n")), []byte("\n")) {
+		l := ls[i]
+		again, err := json.Marshal(l)
+		require.NoError(t, err)
+		require.Equal(t, asJSON(line), asJSON(again), "line %d: %s", i+1, line)
+		require.NotZero(t, l.LSN, "line %d", i+1)
+		ops[l.Op]++
+		switch {
+		case l.Op == "update" && l.Table == "public.a":
+			require.Equal(t, []string{"doc"}, l.Unchanged, "the update left the TOASTed doc out")
+			require.NotContains(t, l.After, "doc")
+			unchanged = true
+		case l.Op == "insert":
+			require.Equal(t, map[string]string{"n": "NaN", "arr": "[0:1]={1,2}"}, l.Original)
+			original = true
+		case l.Op == "delete":
+			require.Equal(t, map[string]json.RawMessage{"id": json.RawMessage(`2`)}, l.Key)
+			require.Nil(t, l.After)
+		case l.Op == "truncate":
+			require.Equal(t, "public.b", l.Table)
+			require.Nil(t, l.Key)
+		}
+		if l.Op != "snapshot" {
+			require.NotZero(t, l.XID, "line %d", i+1)
+			xid = true
+		} else {
+			require.Zero(t, l.XID, "line %d", i+1)
+		}
+		if !l.Time.IsZero() {
+			timed = true
+		}
+	}
+	require.Equal(t, map[string]int{"insert": 1, "update": 1, "delete": 1, "truncate": 1, "snapshot": 5}, ops)
+	require.True(t, unchanged && original && xid && timed)
+
+	cp, err := os.ReadFile(out + ".checkpoint")
+	require.NoError(t, err)
+	var c jsonl.CheckpointFile
+	require.NoError(t, json.Unmarshal(cp, &c))
+	require.Equal(t, int64(len(raw)), c.Offset)
+	require.Equal(t, "out.jsonl", c.Output)
+	require.NotNil(t, c.Position)
+}
+
+// TestCheckpointOfAnotherOutput: a checkpoint names the output it was written for; one given
+// for another file is refused instead of marking tables done that the file never got, and the
+// file is not touched.
+func TestCheckpointOfAnotherOutput(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
+	idle := func() error { return nil }
+	s, _, err := jsonl.Open(a, "", pgjson.NewRegistry(db.Conn), idle)
+	require.NoError(t, err)
+	require.NoError(t, s.Checkpoint(ctx, position(0x1000)))
+	require.NoError(t, s.Close(ctx))
+	_, _, err = jsonl.Open(b, a+".checkpoint", pgjson.NewRegistry(db.Conn), idle)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "belongs to output a.jsonl")
+	st, err := os.Stat(b)
+	require.True(t, os.IsNotExist(err) || st.Size() == 0)
+}

@@ -1,0 +1,93 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// TestSinkCheckpointFence: the checkpoint row moves only from the position the sink read or
+// wrote. A writer whose row another writer moved (it was frozen while another ran, say) fails,
+// and its transaction is rolled back, instead of moving the checkpoint back over the other's.
+func TestSinkCheckpointFence(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	tgtDSN, other := targetDatabase(t, db)
+	tgt, err := connectPinned(ctx, tgtDSN)
+	require.NoError(t, err)
+	defer tgt.Close(ctx)
+	sink, from, err := Open(ctx, tgt, db.Conn, Options{ID: "fence", Log: zerolog.Nop()})
+	require.NoError(t, err)
+	defer sink.Close(ctx)
+	require.Nil(t, from)
+	require.NoError(t, sink.Checkpoint(ctx, position(0x1000)))
+	require.NoError(t, sink.Checkpoint(ctx, position(0x2000)))
+	// Another writer moves the checkpoint (as one that ran while this one was frozen would).
+	_, err = other.Exec(ctx, `UPDATE tidemark_checkpoint SET position = jsonb_set(position, '{lsn}', '"0/9000"') WHERE id = 'fence'`)
+	require.NoError(t, err)
+	err = sink.Checkpoint(ctx, position(0x3000))
+	require.Error(t, err)
+	require.ErrorContains(t, err, "changed under this sync")
+	var lsn string
+	require.NoError(t, other.QueryRow(ctx, `SELECT position->>'lsn' FROM tidemark_checkpoint WHERE id = 'fence'`).Scan(&lsn))
+	require.Equal(t, "0/9000", lsn, "the other writer's checkpoint stands")
+}
+
+// TestSinkCheckpointDurable: the transaction that carries a checkpoint commits with
+// synchronous_commit on, whatever the target's setting: the slot is confirmed to it right after,
+// and a commit that a crash of the target could take back would lose those changes for good.
+func TestSinkCheckpointDurable(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	tgtDSN, other := targetDatabase(t, db)
+	_, err := other.Exec(ctx, `ALTER DATABASE `+db.Name+`_tgt SET synchronous_commit = off`)
+	require.NoError(t, err)
+	// A pre-created checkpoint table whose trigger records the setting of each checkpoint.
+	_, err = other.Exec(ctx, `CREATE TABLE seen (setting text);
+		CREATE TABLE tidemark_checkpoint (id text PRIMARY KEY, position jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
+		CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO seen VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$;
+		CREATE TRIGGER note BEFORE INSERT OR UPDATE ON tidemark_checkpoint FOR EACH ROW EXECUTE FUNCTION note()`)
+	require.NoError(t, err)
+	tgt, err := connectPinned(ctx, tgtDSN)
+	require.NoError(t, err)
+	defer tgt.Close(ctx)
+	sink, _, err := Open(ctx, tgt, db.Conn, Options{ID: "durable", Log: zerolog.Nop()})
+	require.NoError(t, err)
+	defer sink.Close(ctx)
+	require.NoError(t, sink.Checkpoint(ctx, position(0x1000)))
+	require.NoError(t, sink.Checkpoint(ctx, position(0x2000)))
+	var settings []string
+	rows, err := other.Query(ctx, `SELECT setting FROM seen`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		settings = append(settings, s)
+	}
+	require.Equal(t, []string{"on", "on"}, settings)
+}
+
+// TestCheckpointOfAnotherSchema: a checkpoint names the target schema it was written for; one
+// read for another schema is refused instead of marking tables done that the schema never got.
+func TestCheckpointOfAnotherSchema(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	tgtDSN, _ := targetDatabase(t, db)
+	tgt, err := connectPinned(ctx, tgtDSN)
+	require.NoError(t, err)
+	sink, _, err := Open(ctx, tgt, db.Conn, Options{ID: "schemas", Schema: "copy1", Log: zerolog.Nop()})
+	require.NoError(t, err)
+	require.NoError(t, sink.Checkpoint(ctx, position(0x1000)))
+	sink.Close(ctx)
+	tgt.Close(ctx) // the run ends: its locks go with its connection
+	tgt2, err := connectPinned(ctx, tgtDSN)
+	require.NoError(t, err)
+	defer tgt2.Close(ctx)
+	_, _, err = Open(ctx, tgt2, db.Conn, Options{ID: "schemas", Schema: "copy2", Log: zerolog.Nop()})
+	require.Error(t, err)
+	require.ErrorContains(t, err, `--target-schema "copy1"`)
+}

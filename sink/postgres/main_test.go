@@ -1,0 +1,49 @@
+package postgres
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/merge"
+)
+
+var server *e2e.Server
+
+func TestMain(m *testing.M) { os.Exit(e2e.Main(m, &server)) }
+
+// connectPinned opens a connection with the pinned session settings, as the CLI does.
+func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	dsn, rule, err := pgconf.DefaultSSLMode(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconf.Open(ctx, dsn, "tidemark")
+	if err != nil {
+		return nil, rule.Explain(err)
+	}
+	return conn, nil
+}
+
+// targetDatabase creates a target database beside the test's, and returns its connection string
+// and a connection to it for the test's own queries.
+func targetDatabase(t *testing.T, db *e2e.TestDB) (string, *pgx.Conn) {
+	ctx := context.Background()
+	name := db.Name + "_tgt"
+	require.NoError(t, server.CreateDatabase(ctx, name))
+	t.Cleanup(func() { _ = server.DropDatabase(context.Background(), name) })
+	conn, err := pgx.Connect(ctx, server.DSN(name))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return server.DSN(name), conn
+}
+
+func position(lsn pglogrepl.LSN) *merge.Position {
+	return &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
+}

@@ -1,0 +1,881 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink"
+)
+
+var _ sink.Output = (*Sink)(nil)
+
+// The sink's memory bound: once the changes pending in the open target transaction pass either
+// figure, they are applied in it as one piece and dropped from memory. Pieces are applied in
+// order and each holds every pending key's last state, so the transaction's final state is the
+// same as if it had been applied whole; the checkpoint still commits with all of them. Whatever
+// the size of a source transaction (ten million rows in one UPDATE), the sink holds at most about
+// this much; the target keeps the rest in its own open transaction, on its disk.
+const (
+	defaultPieceRows  = 50_000
+	defaultPieceBytes = 32 << 20
+)
+
+// pendingRowOverhead approximates what a pending key costs beyond its values: the map entry,
+// the pendingRow, its place in the batch's order.
+const pendingRowOverhead = 160
+
+// Sink applies events to another PostgreSQL, exactly once: the changes between two checkpoints
+// and the checkpoint itself commit in one target transaction, so a crash at any point leaves the
+// target at a checkpoint, and the capture resumes from it. Inside that transaction the pending
+// changes are applied in pieces of bounded size (defaultPieceRows, defaultPieceBytes).
+type Sink struct {
+	target *pgx.Conn // the target; used only from the merge loop's goroutine
+	source *pgx.Conn // the source, for the definitions of tables and columns to create
+	id     string    // the checkpoint row's id
+	schema string    // target schema; "" keeps the source's
+	cpName string    // quoted checkpoint table
+	ledger string    // quoted audit ledger; "" for none
+	log    zerolog.Logger
+	// lastPos is the checkpoint row's position as this sink last read or wrote it (nil: no row
+	// yet). A checkpoint replaces it only while the row still holds it: a writer that lost the
+	// target to another (or was frozen while another ran) fails instead of moving the checkpoint
+	// back over the other's rows.
+	lastPos []byte
+
+	tx        pgx.Tx
+	tables    map[string]*targetTable // by source schema.table
+	batches   []*tableBatch           // pending, in first-seen order
+	lastAudit pglogrepl.LSN
+	copyBuf   bytes.Buffer
+	applied   int64 // events applied (for the summary)
+	// The pending rows are applied, inside the open transaction, once they reach either bound.
+	maxPendingRows, maxPendingBytes int
+	pendingRows, pendingBytes       int   // held in batches: distinct keys, and their estimated size
+	pieces                          int64 // pieces applied before their checkpoint (for the summary)
+	// Backfilled rows copied straight into their table, and those upserted after a direct copy
+	// met a key the target had.
+	directRows, fallbackRows int64
+}
+
+// targetTable is a target table as the sink knows it.
+type targetTable struct {
+	ident string            // quoted target name
+	cols  map[string]bool   // columns the target has
+	types map[string]string // their types (format_type, with modifiers)
+	bases map[string]string // their types without modifiers
+	key   []string          // key columns
+	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
+	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
+	overriding bool
+	stage      string // quoted temporary staging table
+	batch      *tableBatch
+	columns    *merge.Columns // the Columns the batch's rows have
+	// skipDirect counts the batches that go through the staging table before a direct copy is
+	// tried again, after directFails failed in a row on a key the target already had.
+	skipDirect, directFails int
+}
+
+// tableBatch is a table's pending changes, one final state per key.
+type tableBatch struct {
+	t     *targetTable
+	order []string
+	rows  map[string]*pendingRow
+	bytes int // estimated size of rows (see pendingRow.size)
+}
+
+type pendingRow struct {
+	deleted  bool
+	snapshot bool // its state comes from a backfill chunk
+	keyVals  []replicator.Value
+	vals     []replicator.Value // nil for a delete; Unchanged: leave the column as it is
+}
+
+// size estimates the memory a pending row holds: its values (which keep the event's buffer
+// alive) and their headers.
+func (r *pendingRow) size() int {
+	n := 24 * (len(r.keyVals) + len(r.vals))
+	for _, v := range r.keyVals {
+		n += len(v.Data)
+	}
+	for _, v := range r.vals {
+		n += len(v.Data)
+	}
+	return n
+}
+
+// Options are a Sink's settings.
+type Options struct {
+	// ID is the capture's checkpoint row (one per capture; the CLI defaults it to the slot name).
+	ID string
+	// Schema puts the target tables in this schema; "" keeps the source's.
+	Schema string
+	// Audit records every applied source transaction in the audit ledger (LedgerTable), so that
+	// one applied twice fails.
+	Audit bool
+	Log   zerolog.Logger
+}
+
+// Open opens the sink on target (a connection it uses alone, from the engine's merge loop),
+// with source for the definitions of the tables and columns to create, and returns the position
+// to resume from (nil for a first run). It first takes the checkpoint's lock, then creates the
+// checkpoint table (and the ledger) when missing and reads the checkpoint row.
+func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *merge.Position, error) {
+	id, schema, log := o.ID, o.Schema, o.Log
+	s := &Sink{target: target, source: source, id: id, schema: schema, tables: map[string]*targetTable{}, log: log,
+		cpName:         CheckpointTable,
+		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
+	// One writer per checkpoint, before anything is read or written: a session lock, held until
+	// this connection ends (a crash releases it).
+	if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
+		return nil, nil, err
+	}
+	if _, err := target.Exec(ctx, CheckpointTableSQL(s.cpName)); err != nil {
+		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
+	}
+	if _, err := target.Exec(ctx, CheckpointColumnsSQL(s.cpName)); err != nil {
+		return nil, nil, fmt.Errorf("update the target's checkpoint table %s: %w", s.cpName, err)
+	}
+	if o.Audit {
+		s.ledger = LedgerTable
+		if _, err := target.Exec(ctx, LedgerTableSQL(s.ledger)); err != nil {
+			return nil, nil, fmt.Errorf("create the target's audit ledger %s: %w", s.ledger, err)
+		}
+	}
+	var raw []byte
+	var recordedSchema string
+	err := target.QueryRow(ctx, ReadCheckpointSQL(s.cpName), id).Scan(&raw, &recordedSchema)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the target's checkpoint: %w", err)
+	}
+	if recordedSchema != schema {
+		// The checkpoint says which tables are done where it was written: read into another
+		// schema, they would be skipped there.
+		return nil, nil, fmt.Errorf("the target's checkpoint %q was written for --target-schema %q, not %q: its tables are done in that schema only; run with --target-schema %q, or give this capture another --checkpoint-id (and a slot of its own) to start over in %q",
+			id, recordedSchema, schema, recordedSchema, schema)
+	}
+	var pos merge.Position
+	if err := json.Unmarshal(raw, &pos); err != nil {
+		return nil, nil, fmt.Errorf("the target's checkpoint %q is damaged (%w); delete its row from %s to start over", id, err, s.cpName)
+	}
+	s.lastPos = raw
+	return s, &pos, nil
+}
+
+// lock takes the target's session advisory lock named key for this connection, or says who
+// holds it. what names it in the message.
+func (s *Sink) lock(ctx context.Context, key, what string) error {
+	var got bool
+	var holder *int32
+	err := s.target.QueryRow(ctx, LockSQL, key).Scan(&got, &holder)
+	if err != nil {
+		return fmt.Errorf("lock %s on the target: %w", what, err)
+	}
+	if !got {
+		pid := "another session"
+		if holder != nil {
+			pid = fmt.Sprintf("server process %d", *holder)
+		}
+		return fmt.Errorf("another tidemark sync is writing %s on the target (%s holds its lock): two writers would overwrite each other's rows and checkpoints; stop the other one first", what, pid)
+	}
+	return nil
+}
+
+// begin opens the target transaction. Its commit must be durable before the slot is confirmed
+// to the checkpoint it carries, whatever the target's synchronous_commit says.
+func (s *Sink) begin(ctx context.Context) error {
+	if s.tx != nil {
+		return nil
+	}
+	tx, err := s.target.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin target transaction: %w", err)
+	}
+	if _, err := tx.Exec(ctx, SynchronousCommitSQL); err != nil {
+		_ = tx.Rollback(ctx)
+		return fmt.Errorf("begin target transaction: %w", err)
+	}
+	s.tx = tx
+	return nil
+}
+
+// Emit adds the events to the open target transaction's pending changes.
+func (s *Sink) Emit(ctx context.Context, evs []merge.Event) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	for i := range evs {
+		ev := &evs[i]
+		t, err := s.table(ctx, ev.Columns)
+		if err != nil {
+			return err
+		}
+		if ev.Op == merge.Truncate || ev.Op == merge.Refresh {
+			if err := s.flush(ctx); err != nil {
+				return err
+			}
+			if _, err := s.tx.Exec(ctx, TruncateSQL(t.ident)); err != nil {
+				return fmt.Errorf("truncate %s: %w", t.ident, err)
+			}
+			continue
+		}
+		if t.columns != ev.Columns {
+			// Another definition of the table: apply what was pending under the old one.
+			if err := s.flushTable(ctx, t); err != nil {
+				return err
+			}
+			if err := s.reconcile(ctx, t, t.columns, ev.Columns); err != nil {
+				return err
+			}
+			t.columns = ev.Columns
+		}
+		s.pend(t, ev)
+		if s.ledger != "" && ev.Op != merge.Snapshot && ev.LSN != s.lastAudit {
+			if _, err := s.tx.Exec(ctx, LedgerInsertSQL(s.ledger), ev.LSN.String(), int64(ev.XID)); err != nil {
+				return fmt.Errorf("record transaction %d (commit %s) in the audit ledger: %w", ev.XID, ev.LSN, err)
+			}
+			s.lastAudit = ev.LSN
+		}
+		if s.pendingRows >= s.maxPendingRows || s.pendingBytes >= s.maxPendingBytes {
+			// A large source transaction (or many before a checkpoint): apply what is pending
+			// now, in the open transaction, rather than hold all of it until the checkpoint.
+			if err := s.flush(ctx); err != nil {
+				return err
+			}
+			s.pieces++
+		}
+	}
+	s.applied += int64(len(evs))
+	return nil
+}
+
+// pend folds an event into its key's pending state.
+func (s *Sink) pend(t *targetTable, ev *merge.Event) {
+	b := t.batch
+	if b == nil {
+		b = &tableBatch{t: t, rows: map[string]*pendingRow{}}
+		t.batch = b
+		s.batches = append(s.batches, b)
+	}
+	key := string(ev.Key)
+	r := b.rows[key]
+	if r == nil {
+		r = &pendingRow{}
+		b.rows[key] = r
+		b.order = append(b.order, key)
+		s.pendingRows++
+		b.bytes += len(key) + pendingRowOverhead
+		s.pendingBytes += len(key) + pendingRowOverhead
+	} else {
+		b.bytes -= r.size()
+		s.pendingBytes -= r.size()
+	}
+	r.keyVals = r.keyVals[:0]
+	for _, k := range ev.Columns.Key {
+		r.keyVals = append(r.keyVals, ev.Col(k))
+	}
+	r.snapshot = ev.Op == merge.Snapshot
+	switch ev.Op {
+	case merge.Delete:
+		r.deleted, r.vals = true, nil
+	case merge.Insert, merge.Snapshot:
+		r.deleted, r.vals = false, colsOf(ev)
+	case merge.Update:
+		vals := colsOf(ev)
+		if r.vals != nil && !r.deleted {
+			for i, v := range vals {
+				if v.Kind == replicator.Unchanged {
+					vals[i] = r.vals[i] // the value it had in this batch
+				}
+			}
+		}
+		r.deleted, r.vals = false, vals
+	}
+	b.bytes += r.size()
+	s.pendingBytes += r.size()
+}
+
+func colsOf(ev *merge.Event) []replicator.Value {
+	vals := make([]replicator.Value, ev.NumCols())
+	for i := range vals {
+		vals[i] = ev.Col(i)
+	}
+	return vals
+}
+
+// Checkpoint applies the pending changes and the position in the open transaction, and
+// commits them together.
+func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if err := s.flush(ctx); err != nil {
+		return err
+	}
+	b, err := json.Marshal(pos)
+	if err != nil {
+		return err
+	}
+	// The row moves only from the position this sink knows: had another writer moved it, this
+	// one's changes of the transaction are rolled back, not committed over the other's.
+	var tag pgconn.CommandTag
+	if s.lastPos == nil {
+		tag, err = s.tx.Exec(ctx, InsertCheckpointSQL(s.cpName), s.id, b, s.schema)
+	} else {
+		tag, err = s.tx.Exec(ctx, MoveCheckpointSQL(s.cpName), s.id, b, s.lastPos)
+	}
+	if err != nil {
+		return fmt.Errorf("write the target's checkpoint: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		_ = s.tx.Rollback(ctx)
+		s.tx = nil
+		return fmt.Errorf("the target's checkpoint %q changed under this sync (another tidemark sync wrote it): this one's changes since its last checkpoint are rolled back; run one sync per checkpoint", s.id)
+	}
+	err = s.tx.Commit(ctx)
+	s.tx = nil
+	if err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	s.lastPos = b
+	return nil
+}
+
+// Close rolls back what was not checkpointed. It leaves the target connection open: its owner
+// closes it, which releases the locks.
+func (s *Sink) Close(ctx context.Context) error {
+	s.log.Debug().Int64("direct_rows", s.directRows).Int64("fallback_rows", s.fallbackRows).Int64("pieces", s.pieces).Msg("backfilled rows written to the target")
+	if s.tx != nil {
+		_ = s.tx.Rollback(ctx)
+		s.tx = nil
+	}
+	return nil
+}
+
+func (s *Sink) flush(ctx context.Context) error {
+	for _, b := range s.batches {
+		if err := s.apply(ctx, b); err != nil {
+			return err
+		}
+		b.t.batch = nil
+	}
+	clear(s.batches)
+	s.batches = s.batches[:0]
+	s.pendingRows, s.pendingBytes = 0, 0
+	return nil
+}
+
+func (s *Sink) flushTable(ctx context.Context, t *targetTable) error {
+	if t.batch == nil {
+		return nil
+	}
+	if err := s.apply(ctx, t.batch); err != nil {
+		return err
+	}
+	s.pendingRows -= len(t.batch.rows)
+	s.pendingBytes -= t.batch.bytes
+	s.batches = slices.DeleteFunc(s.batches, func(b *tableBatch) bool { return b == t.batch })
+	t.batch = nil
+	return nil
+}
+
+// apply writes a batch: the deleted keys, then the rows, grouped by the columns they set, each
+// group copied into the staging table and upserted from it. A group of backfilled rows is first
+// copied straight into the table (see direct).
+func (s *Sink) apply(ctx context.Context, b *tableBatch) error {
+	t, cols := b.t, b.t.columns
+	// A group: rows from a chunk or not, and which columns they set ('v') or leave ('u').
+	type group struct {
+		snapshot bool
+		sig      string
+	}
+	var deletes [][]replicator.Value
+	groups := map[group][]*pendingRow{}
+	var groupOrder []group
+	for _, k := range b.order {
+		r := b.rows[k]
+		if r.deleted {
+			deletes = append(deletes, r.keyVals)
+			continue
+		}
+		sig := make([]byte, len(r.vals))
+		for i, v := range r.vals {
+			sig[i] = 'v'
+			if v.Kind == replicator.Unchanged {
+				sig[i] = 'u'
+			}
+		}
+		g := group{r.snapshot, string(sig)}
+		if _, ok := groups[g]; !ok {
+			groupOrder = append(groupOrder, g)
+		}
+		groups[g] = append(groups[g], r)
+	}
+	keyNames := make([]string, len(cols.Key))
+	for i, k := range cols.Key {
+		keyNames[i] = cols.Names[k]
+	}
+	if len(deletes) > 0 {
+		if err := s.copyRows(ctx, t, t.stage, keyNames, deletes); err != nil {
+			return err
+		}
+		if _, err := s.tx.Exec(ctx, DeleteSQL(t.ident, t.stage, keyNames)); err != nil {
+			return fmt.Errorf("delete %d rows from %s: %w", len(deletes), t.ident, err)
+		}
+		if _, err := s.tx.Exec(ctx, TruncateSQL(t.stage)); err != nil {
+			return err
+		}
+	}
+	for _, g := range groupOrder {
+		rows := groups[g]
+		var names []string
+		var idx []int
+		for i, c := range g.sig {
+			if c == 'v' {
+				names = append(names, cols.Names[i])
+				idx = append(idx, i)
+			}
+		}
+		vals := make([][]replicator.Value, len(rows))
+		for j, r := range rows {
+			row := make([]replicator.Value, len(idx))
+			for n, i := range idx {
+				row[n] = r.vals[i]
+			}
+			vals[j] = row
+		}
+		if g.snapshot { // a chunk's rows are whole
+			done, err := s.direct(ctx, t, names, vals)
+			if err != nil {
+				return err
+			}
+			if done {
+				continue
+			}
+		}
+		if err := s.copyRows(ctx, t, t.stage, names, vals); err != nil {
+			return err
+		}
+		if _, err := s.tx.Exec(ctx, UpsertSQL(t.ident, t.stage, names, keyNames, t.overriding)); err != nil {
+			return fmt.Errorf("upsert %d rows into %s: %w", len(rows), t.ident, err)
+		}
+		if _, err := s.tx.Exec(ctx, TruncateSQL(t.stage)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// direct copies whole backfilled rows straight into the table, which costs the target about
+// 60% of staging and upserting them: a chunk's keys are usually not on the target yet. When one
+// is (the stream applied a change to it before the chunk was read, or the table was not empty),
+// the table's unique key fails the copy, which is undone to a savepoint, and the caller upserts
+// the rows instead; after n failures in a row, the next 2^(n-1) batches of the table (at most 64)
+// skip the attempt. It reports whether the rows were written.
+func (s *Sink) direct(ctx context.Context, t *targetTable, names []string, rows [][]replicator.Value) (bool, error) {
+	if t.skipDirect > 0 {
+		t.skipDirect--
+		return false, nil
+	}
+	if _, err := s.tx.Exec(ctx, SavepointSQL); err != nil {
+		return false, err
+	}
+	err := s.copyRows(ctx, t, t.ident, names, rows)
+	if err == nil {
+		if _, err := s.tx.Exec(ctx, ReleaseSavepointSQL); err != nil {
+			return false, err
+		}
+		s.directRows += int64(len(rows))
+		t.directFails = 0
+		return true, nil
+	}
+	if !pgerr.UniqueViolation(err) {
+		return false, err
+	}
+	if _, rerr := s.tx.Exec(ctx, RollbackSavepointSQL); rerr != nil {
+		return false, rerr
+	}
+	t.directFails++
+	t.skipDirect = 1 << min(t.directFails-1, 6)
+	s.fallbackRows += int64(len(rows))
+	s.log.Debug().Str("table", t.ident).Int("rows", len(rows)).Msg("a backfilled key is already on the target: the batch is upserted")
+	return false, nil
+}
+
+// copyRows copies rows of text values into dst (the table's staging table, or the table), in
+// COPY's text format: PostgreSQL's text output of each value is valid input for its type. The
+// text is produced as COPY reads it, a row at a time: a piece's text built whole would hold as
+// much again as its rows (doubled by the buffer's growth).
+func (s *Sink) copyRows(ctx context.Context, t *targetTable, dst string, names []string, rows [][]replicator.Value) error {
+	s.copyBuf.Reset()
+	_, err := s.tx.Conn().PgConn().CopyFrom(ctx, &copyText{rows: rows, buf: &s.copyBuf}, CopySQL(dst, names))
+	if err != nil {
+		return fmt.Errorf("copy %d rows for %s: %w", len(rows), t.ident, err)
+	}
+	return nil
+}
+
+// copyText reads rows as COPY text, encoding the next row into buf when buf is empty. CopyFrom
+// reads it from a goroutine of its own, and returns only once that goroutine has stopped.
+type copyText struct {
+	rows [][]replicator.Value
+	buf  *bytes.Buffer
+}
+
+func (c *copyText) Read(p []byte) (int, error) {
+	for c.buf.Len() == 0 {
+		if len(c.rows) == 0 {
+			return 0, io.EOF
+		}
+		appendCopyRow(c.buf, c.rows[0])
+		c.rows = c.rows[1:]
+	}
+	return c.buf.Read(p)
+}
+
+// appendCopyRow appends one row in COPY's text format.
+func appendCopyRow(buf *bytes.Buffer, row []replicator.Value) {
+	for i, v := range row {
+		if i > 0 {
+			buf.WriteByte('\t')
+		}
+		if v.Kind != replicator.Text {
+			buf.WriteString(`\N`)
+			continue
+		}
+		for _, c := range v.Data {
+			switch c {
+			case '\\':
+				buf.WriteString(`\\`)
+			case '\n':
+				buf.WriteString(`\n`)
+			case '\r':
+				buf.WriteString(`\r`)
+			case '\t':
+				buf.WriteString(`\t`)
+			default:
+				buf.WriteByte(c)
+			}
+		}
+	}
+	buf.WriteByte('\n')
+}
+
+// table returns the target table of a source table, creating it (with the source's column types
+// and key) when it does not exist, and its staging table.
+func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error) {
+	name := c.Schema + "." + c.Table
+	if t := s.tables[name]; t != nil {
+		return t, nil
+	}
+	schema := c.Schema
+	if s.schema != "" {
+		schema = s.schema
+	}
+	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}}
+	// One capture per target table, whatever its checkpoint: two would overwrite each other.
+	if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
+		return nil, err
+	}
+	for _, k := range c.Key {
+		t.key = append(t.key, c.Names[k])
+	}
+	exists, err := s.readTarget(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	if !exists {
+		if err := s.create(ctx, t, schema, c); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := s.checkKey(ctx, t); err != nil {
+			return nil, err
+		}
+		if err := s.checkConstraints(ctx, t); err != nil {
+			return nil, err
+		}
+		if err := s.reconcile(ctx, t, nil, c); err != nil {
+			return nil, err
+		}
+	}
+	t.columns = c
+	t.stage = StageTable(len(s.tables))
+	if _, err := s.tx.Exec(ctx, CreateStageSQL(t.stage, t.ident)); err != nil {
+		return nil, fmt.Errorf("create staging table for %s: %w", t.ident, err)
+	}
+	s.tables[name] = t
+	return t, nil
+}
+
+// checkKey requires an existing target table to have a unique index on exactly the key's
+// columns (no expression, no predicate): the upsert's ON CONFLICT needs it, and a direct copy
+// relies on it to refuse a key the table already has.
+func (s *Sink) checkKey(ctx context.Context, t *targetTable) error {
+	key := slices.Sorted(slices.Values(t.key))
+	var ok bool
+	err := s.tx.QueryRow(ctx, KeyIndexSQL, t.ident, key).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("read the indexes of target table %s: %w", t.ident, err)
+	}
+	if !ok {
+		return fmt.Errorf("target table %s has no unique index on its key (%s), so changes cannot be applied to it exactly once: "+
+			"add one (%s), or sync into a schema of its own with --target-schema",
+			t.ident, strings.Join(t.key, ", "), AddPrimaryKeyFix(t.ident, t.key))
+	}
+	return nil
+}
+
+// typeNames returns the SQL names of the columns' types, as the source spells them.
+func (s *Sink) typeNames(ctx context.Context, c *merge.Columns) ([]string, error) {
+	names := make([]string, len(c.Names))
+	for i := range c.Names {
+		if err := s.source.QueryRow(ctx, FormatTypeSQL, c.Types[i], c.TypeMods[i]).Scan(&names[i]); err != nil {
+			return nil, fmt.Errorf("read the type of column %s of %s.%s on the source: %w", c.Names[i], c.Schema, c.Table, err)
+		}
+	}
+	return names, nil
+}
+
+func (s *Sink) create(ctx context.Context, t *targetTable, schema string, c *merge.Columns) error {
+	types, err := s.typeNames(ctx, c)
+	if err != nil {
+		return err
+	}
+	for i, n := range c.Names {
+		t.cols[n], t.types[n] = true, types[i]
+	}
+	ddl := CreateTableSQL(t.ident, c.Names, types, t.key)
+	if _, err := s.tx.Exec(ctx, CreateSchemaSQL(schema)); err != nil {
+		return fmt.Errorf("create schema %s on the target: %w", schema, err)
+	}
+	if _, err := s.tx.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create %s on the target (%s): %w; create the table, or the types it uses, on the target first", t.ident, ddl, err)
+	}
+	s.log.Info().Str("table", t.ident).Msg("target table created")
+	_, err = s.readTarget(ctx, t) // the types as the target names them
+	return err
+}
+
+// readTarget reads an existing target table's columns and their types; it reports false when
+// there is no such table.
+func (s *Sink) readTarget(ctx context.Context, t *targetTable) (bool, error) {
+	rows, err := s.tx.Query(ctx, TargetColumnsSQL, t.ident)
+	if err != nil {
+		return false, fmt.Errorf("read target table %s: %w", t.ident, err)
+	}
+	defer rows.Close()
+	n := 0
+	var always []string // non-key columns GENERATED ALWAYS AS IDENTITY
+	for rows.Next() {
+		var name, typ, base, identity string
+		if err := rows.Scan(&name, &typ, &base, &identity); err != nil {
+			return false, fmt.Errorf("read target table %s: %w", t.ident, err)
+		}
+		n++
+		t.cols[name], t.types[name], t.bases[name] = true, typ, base
+		if identity == "a" {
+			if slices.Contains(t.key, name) {
+				t.overriding = true
+			} else {
+				always = append(always, name)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("read target table %s: %w", t.ident, err)
+	}
+	if len(always) > 0 {
+		var fixes []string
+		for _, c := range always {
+			fixes = append(fixes, GeneratedByDefaultFix(t.ident, c))
+		}
+		return false, fmt.Errorf("target table %s has columns GENERATED ALWAYS AS IDENTITY that are not its key (%s): an update cannot set them to the source's values; run %s",
+			t.ident, strings.Join(always, ", "), strings.Join(fixes, " "))
+	}
+	return n > 0, nil
+}
+
+// checkConstraints refuses a target table with foreign keys, from it or to it: the sink applies
+// each table's changes in its own order (deletes, then upserts) and backfills the tables one
+// after the other, committing at checkpoints in between, so a valid source state can violate
+// them on the target, and the capture would stop at an arbitrary point.
+func (s *Sink) checkConstraints(ctx context.Context, t *targetTable) error {
+	rows, err := s.tx.Query(ctx, ForeignKeysSQL, t.ident)
+	if err != nil {
+		return fmt.Errorf("read the constraints of target table %s: %w", t.ident, err)
+	}
+	type fk struct{ name, table string }
+	var fks []fk
+	for rows.Next() {
+		var f fk
+		if err := rows.Scan(&f.name, &f.table); err != nil {
+			rows.Close()
+			return err
+		}
+		fks = append(fks, f)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(fks) == 0 {
+		return nil
+	}
+	var drops []string
+	for _, f := range fks {
+		drops = append(drops, DropConstraintFix(f.table, f.name))
+	}
+	return fmt.Errorf("target table %s has a foreign key (%s): Tidemark applies each table's changes in its own order and backfills tables one after the other, so a valid source state could violate it on the target; drop it (%s), or sync into a schema of its own with --target-schema",
+		t.ident, fks[0].name, strings.Join(drops, " "))
+}
+
+// reconcile brings the target table to the source's columns c (before: the columns the rows had
+// until now, nil when the table is first met in this run), where that is safe, or stops with
+// the statements to run:
+//
+//   - a column of another type: the same type with other modifiers (numeric(12,2) to
+//     numeric(12,4), varchar(10) to varchar(20)) is altered on the target too; another type is
+//     not (the source's USING is unknown): the statement is printed;
+//   - a column the target lacks: added, with the value the source gives the rows it had (its
+//     non-volatile default, which PostgreSQL keeps without rewriting them); one whose existing
+//     rows got values no row event carries (a volatile default) stops the sync;
+//   - a column the target lacks while another the source no longer has is still there: a rename
+//     or a drop and an add cannot be told apart; both statements are printed;
+//   - a column the source dropped stays on the target, no longer maintained.
+func (s *Sink) reconcile(ctx context.Context, t *targetTable, before, c *merge.Columns) error {
+	types, err := s.typeNames(ctx, c)
+	if err != nil {
+		return err
+	}
+	in := map[string]bool{}
+	var missing []int
+	for i, n := range c.Names {
+		in[n] = true
+		switch {
+		case !t.cols[n]:
+			missing = append(missing, i)
+		case t.types[n] != types[i]:
+			if err := s.alterType(ctx, t, c, i, types[i]); err != nil {
+				return err
+			}
+		}
+	}
+	var gone []string // target columns the source does not have (any more)
+	for n := range t.cols {
+		if !in[n] {
+			gone = append(gone, n)
+		}
+	}
+	slices.Sort(gone)
+	if len(missing) > 0 && len(gone) > 0 {
+		var renames, adds []string
+		for _, g := range gone {
+			for _, i := range missing {
+				renames = append(renames, RenameColumnFix(t.ident, g, c.Names[i]))
+			}
+		}
+		for _, i := range missing {
+			adds = append(adds, AddColumnFix(t.ident, c.Names[i], types[i]))
+		}
+		var names []string
+		for _, i := range missing {
+			names = append(names, c.Names[i])
+		}
+		return fmt.Errorf("target table %s lacks the source's column(s) %s and has %s, which the source does not: a renamed column, or one dropped and another added? If renamed, run on the target: %s Otherwise: %s Then run the sync again",
+			t.ident, strings.Join(names, ", "), strings.Join(gone, ", "), strings.Join(renames, " "), strings.Join(adds, " "))
+	}
+	if len(gone) > 0 && before != nil {
+		for _, g := range gone {
+			if slices.Contains(before.Names, g) {
+				s.log.Warn().Str("table", t.ident).Str("column", g).Msg("the source dropped this column: the target keeps it, no longer maintained; drop it when it is not needed (a column added later on the source stops the sync until then, since it could be this one renamed)")
+			}
+		}
+	}
+	for _, i := range missing {
+		if err := s.addColumn(ctx, t, c, c.Names[i], types[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// alterType changes the type of column i on the target to the source's when only the modifiers
+// differ; otherwise it stops with the statement.
+func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, i int, typ string) error {
+	name := c.Names[i]
+	var base string
+	if err := s.source.QueryRow(ctx, BaseTypeSQL, c.Types[i]).Scan(&base); err != nil {
+		return fmt.Errorf("read the type of column %s of %s.%s on the source: %w", name, c.Schema, c.Table, err)
+	}
+	if base != t.bases[name] {
+		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again",
+			name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
+	}
+	for _, tbl := range []string{t.ident, t.stage} {
+		if tbl == "" {
+			continue
+		}
+		if _, err := s.tx.Exec(ctx, AlterTypeSQL(tbl, name, typ)); err != nil {
+			return fmt.Errorf("change column %s of %s on the target from %s to %s (as on the source): %w", name, tbl, t.types[name], typ, err)
+		}
+	}
+	s.log.Info().Str("table", t.ident).Str("column", name).Str("was", t.types[name]).Str("now", typ).Msg("target column type changed as on the source")
+	t.types[name] = typ
+	return nil
+}
+
+// addColumn adds a column of the source to the target, with the value the source's existing
+// rows have for it.
+func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, name, typ string) error {
+	var hasDefault, hasMissing bool
+	var missing *string
+	err := s.source.QueryRow(ctx, SourceColumnDefaultSQL, pgx.Identifier{c.Schema, c.Table}.Sanitize(), name).Scan(&hasDefault, &hasMissing, &missing)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read column %s of %s.%s on the source: %w", name, c.Schema, c.Table, err)
+	}
+	var def *string
+	switch {
+	case hasMissing && missing != nil:
+		// The value the source's rows had when the column was added, in its text form.
+		var val *string
+		if err := s.source.QueryRow(ctx, MissingValueSQL(typ), *missing).Scan(&val); err != nil {
+			return fmt.Errorf("read the value column %s of %s.%s gives existing rows on the source: %w", name, c.Schema, c.Table, err)
+		}
+		def = val
+	case hasDefault:
+		return fmt.Errorf("column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (%s) and re-backfill the table (--rebackfill %s.%s)",
+			name, c.Schema, c.Table, t.ident, AddColumnFix(t.ident, name, typ), c.Schema, c.Table)
+	}
+	if _, err := s.tx.Exec(ctx, AddColumnSQL(t.ident, name, typ, def)); err != nil {
+		return fmt.Errorf("add column %s to %s on the target: %w", name, t.ident, err)
+	}
+	if t.stage != "" {
+		if _, err := s.tx.Exec(ctx, AddColumnSQL(t.stage, name, typ, nil)); err != nil {
+			return fmt.Errorf("add column %s to the staging table of %s: %w", name, t.ident, err)
+		}
+	}
+	t.cols[name], t.types[name] = true, typ
+	var base string
+	if err := s.tx.QueryRow(ctx, TargetBaseTypeSQL, t.ident, name).Scan(&base); err != nil {
+		return fmt.Errorf("read column %s of %s on the target: %w", name, t.ident, err)
+	}
+	t.bases[name] = base
+	s.log.Info().Str("table", t.ident).Str("column", name).Msg("target column added")
+	return nil
+}

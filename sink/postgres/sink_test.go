@@ -1,0 +1,227 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
+)
+
+// pendingProbe wraps the PostgreSQL sink and records, after every Emit, how much it holds in
+// memory; at every checkpoint it records whether the target table is visible to another
+// session yet.
+type pendingProbe struct {
+	*Sink
+	other        func() bool // whether another session sees the target table
+	maxRows      int
+	maxBytes     int
+	maxCopyBuf   int  // the largest the buffer of COPY text grew
+	emitted      int  // events
+	total        int  // events in all
+	checkpointed bool // a checkpoint covered events
+	seenBefore   bool // another session saw the table before a checkpoint that covered events
+}
+
+func (p *pendingProbe) Emit(ctx context.Context, evs []merge.Event) error {
+	if err := p.Sink.Emit(ctx, evs); err != nil {
+		return err
+	}
+	p.emitted += len(evs)
+	p.total += len(evs)
+	rows, bytes := 0, 0
+	for _, b := range p.batches {
+		rows += len(b.rows)
+		for _, r := range b.rows {
+			for _, v := range r.vals {
+				bytes += len(v.Data)
+			}
+		}
+	}
+	p.maxRows, p.maxBytes = max(p.maxRows, rows), max(p.maxBytes, bytes)
+	p.maxCopyBuf = max(p.maxCopyBuf, p.copyBuf.Cap())
+	return nil
+}
+
+func (p *pendingProbe) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	// The table is created in the first target transaction: another session must not see it
+	// before that transaction's checkpoint commits, however many pieces were applied in it.
+	if !p.checkpointed && p.emitted > 0 && p.other() {
+		p.seenBefore = true
+	}
+	err := p.Sink.Checkpoint(ctx, pos)
+	p.maxCopyBuf = max(p.maxCopyBuf, p.copyBuf.Cap())
+	if err == nil && p.emitted > 0 {
+		p.checkpointed = true
+	}
+	return err
+}
+
+// TestSinkAppliesLargeTransactionsInPieces: one source transaction far larger than the sink's
+// bounds (inserts, updates of the same keys, key changes and deletes, then wide rows) is applied
+// to the target in pieces inside one target transaction: what the sink holds stays within its
+// bounds of rows and of bytes, a piece's COPY text is streamed rather than built whole, nothing
+// is visible on the target before the checkpoint commits, and the target ends equal to the
+// source.
+func TestSinkAppliesLargeTransactionsInPieces(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		maxRows    int
+		maxBytes   int
+		maxCopyBuf int // 0: not checked
+		statement  string
+	}{
+		{"rows", 1000, 1 << 40, 0, `BEGIN;
+			INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g;
+			UPDATE t SET v = v || '+' WHERE id % 3 = 0;
+			UPDATE t SET id = id + 100000 WHERE id % 11 = 0;
+			DELETE FROM t WHERE id % 7 = 0;
+			UPDATE t SET v = v || '!' WHERE id % 5 = 0;
+			COMMIT`},
+		// Values of about 100 kB: 30 MB in all, against a bound of 1 MB; COPY text of one row
+		// at a time.
+		{"bytes", 1 << 30, 1 << 20, 256 << 10, `BEGIN;
+			INSERT INTO t SELECT g, repeat(md5(g::text), 3200) FROM generate_series(1, 300) g;
+			UPDATE t SET v = v || '+' WHERE id % 3 = 0;
+			DELETE FROM t WHERE id % 7 = 0;
+			COMMIT`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := e2e.NewTestDB(t, server)
+			db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+			db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+			db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+			db.Exec(tc.statement)
+
+			ctx := context.Background()
+			tgtDSN, other := targetDatabase(t, db)
+			tgt, err := connectPinned(ctx, tgtDSN)
+			require.NoError(t, err)
+			defer tgt.Close(ctx)
+			src, err := connectPinned(ctx, db.DSN)
+			require.NoError(t, err)
+			defer src.Close(ctx)
+			log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+			sink, _, err := Open(ctx, tgt, src, Options{ID: "test", Log: log})
+			require.NoError(t, err)
+			defer sink.Close(ctx)
+			sink.maxPendingRows, sink.maxPendingBytes = tc.maxRows, tc.maxBytes
+			probe := &pendingProbe{Sink: sink, other: func() bool {
+				var visible bool
+				require.NoError(t, other.QueryRow(ctx, `SELECT to_regclass('public.t') IS NOT NULL`).Scan(&visible))
+				return visible
+			}}
+
+			eng, err := merge.New(merge.Config{
+				Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+				Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
+				AckCheckpoints:   true,
+				StopWhenCaughtUp: true,
+			}, probe, log)
+			require.NoError(t, err)
+			require.NoError(t, eng.Run(ctx, nil))
+
+			require.Positive(t, probe.total)
+			require.LessOrEqual(t, probe.maxRows, tc.maxRows, "rows held by the sink")
+			// A bound is checked after each row is added: one row over it at most.
+			require.LessOrEqual(t, probe.maxBytes, tc.maxBytes+128<<10, "bytes held by the sink")
+			if tc.maxCopyBuf > 0 {
+				require.LessOrEqual(t, probe.maxCopyBuf, tc.maxCopyBuf, "COPY text held at once")
+			}
+			require.False(t, probe.seenBefore, "a piece was visible on the target before its checkpoint committed")
+			want, err := e2e.SourceRows(ctx, db.DSN, "public", "t", []string{"id"})
+			require.NoError(t, err)
+			got, err := e2e.SourceRows(ctx, tgtDSN, "public", "t", []string{"id"})
+			require.NoError(t, err)
+			require.NotEmpty(t, want)
+			require.Empty(t, e2e.Diff(got, want))
+		})
+	}
+}
+
+// crashAfterPiece wraps the PostgreSQL sink and, once it has applied a piece of a transaction
+// (before its checkpoint), ends the target's session from the server as a crash would, and
+// fails.
+type crashAfterPiece struct {
+	*Sink
+	kill func()
+}
+
+var errCrashed = errors.New("crashed after a piece")
+
+func (c *crashAfterPiece) Emit(ctx context.Context, evs []merge.Event) error {
+	if err := c.Sink.Emit(ctx, evs); err != nil {
+		return err
+	}
+	if c.pieces > 0 {
+		c.kill()
+		return errCrashed
+	}
+	return nil
+}
+
+// TestSinkPiecesAcrossACrash: a target session that dies after pieces of a source transaction
+// were applied, before its checkpoint, leaves nothing of the transaction on the target, and the
+// next run applies it once: the target equals the source, and the audit ledger holds the
+// transaction once.
+func TestSinkPiecesAcrossACrash(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	db.Exec(`BEGIN;
+		INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g;
+		UPDATE t SET v = v || '+' WHERE id % 3 = 0;
+		DELETE FROM t WHERE id % 7 = 0;
+		COMMIT`)
+	ctx := context.Background()
+	tgtDSN, other := targetDatabase(t, db)
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	run := func(wrap func(*Sink, *pgx.Conn) merge.Sink) error {
+		tgt, err := connectPinned(ctx, tgtDSN)
+		require.NoError(t, err)
+		defer tgt.Close(ctx)
+		src, err := connectPinned(ctx, db.DSN)
+		require.NoError(t, err)
+		defer src.Close(ctx)
+		sink, pos, err := Open(ctx, tgt, src, Options{ID: "test", Audit: true, Log: log})
+		require.NoError(t, err)
+		defer sink.Close(ctx)
+		sink.maxPendingRows = 1000
+		eng, err := merge.New(merge.Config{
+			Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+			Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
+			AckCheckpoints:   true,
+			StopWhenCaughtUp: true,
+		}, wrap(sink, tgt), log)
+		require.NoError(t, err)
+		return eng.Run(ctx, pos)
+	}
+	err := run(func(s *Sink, tgt *pgx.Conn) merge.Sink {
+		return &crashAfterPiece{Sink: s, kill: func() {
+			_, err := other.Exec(ctx, `SELECT pg_terminate_backend($1)`, tgt.PgConn().PID())
+			require.NoError(t, err)
+		}}
+	})
+	require.ErrorIs(t, err, errCrashed)
+	var visible bool
+	require.NoError(t, other.QueryRow(ctx, `SELECT to_regclass('public.t') IS NOT NULL`).Scan(&visible))
+	require.False(t, visible, "nothing of the transaction is on the target before its checkpoint")
+
+	require.NoError(t, run(func(s *Sink, _ *pgx.Conn) merge.Sink { return s }))
+	want, err := e2e.SourceRows(ctx, db.DSN, "public", "t", []string{"id"})
+	require.NoError(t, err)
+	got, err := e2e.SourceRows(ctx, tgtDSN, "public", "t", []string{"id"})
+	require.NoError(t, err)
+	require.Len(t, want, 20000-20000/7)
+	require.Empty(t, e2e.Diff(got, want))
+	var applied int
+	require.NoError(t, other.QueryRow(ctx, `SELECT count(*) FROM tidemark_applied`).Scan(&applied))
+	require.Equal(t, 1, applied, "the source transaction applied once")
+}

@@ -1,0 +1,253 @@
+package postgres
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The SQL the sink runs, built by pure functions (no connection), golden-tested
+// (testdata/sql.golden). Table names given as table are already quoted (pgx.Identifier's
+// Sanitize); column names are given as they are and quoted here. Values are bound parameters,
+// except a default printed as a literal (AddColumnSQL).
+
+// Quote quotes an identifier.
+func Quote(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// QuoteAll quotes each identifier.
+func QuoteAll(names []string) []string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = Quote(n)
+	}
+	return q
+}
+
+// QuoteLiteral quotes s as an SQL string literal (standard_conforming_strings on, which every
+// connection pins).
+func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// The sink's own tables on the target.
+var (
+	// CheckpointTable is the checkpoint table: one row per capture (id), written in the same
+	// transaction as the changes it covers.
+	CheckpointTable = pgx.Identifier{"public", "tidemark_checkpoint"}.Sanitize()
+	// LedgerTable is the audit ledger (--audit): the commit LSN of every source transaction
+	// applied, so that applying one twice fails on its primary key.
+	LedgerTable = pgx.Identifier{"public", "tidemark_applied"}.Sanitize()
+)
+
+// CheckpointTableSQL creates the checkpoint table.
+func CheckpointTableSQL(table string) string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    id            text PRIMARY KEY,
+    position      jsonb NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    target_schema text NOT NULL DEFAULT ''
+)`, table)
+}
+
+// CheckpointColumnsSQL adds what later versions record to a checkpoint table an earlier one made.
+func CheckpointColumnsSQL(table string) string {
+	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS target_schema text NOT NULL DEFAULT ''`, table)
+}
+
+// LedgerTableSQL creates the audit ledger.
+func LedgerTableSQL(table string) string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    commit_lsn pg_lsn PRIMARY KEY,
+    xid        bigint NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`, table)
+}
+
+// ReadCheckpointSQL reads a capture's checkpoint row ($1: its id): its position and the target
+// schema it was written for.
+func ReadCheckpointSQL(table string) string {
+	return `SELECT position, target_schema FROM ` + table + ` WHERE id = $1`
+}
+
+// InsertCheckpointSQL writes a capture's first checkpoint row ($1 id, $2 position, $3 target
+// schema); a row another writer inserted first stays (no row affected).
+func InsertCheckpointSQL(table string) string {
+	return `INSERT INTO ` + table + ` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
+			ON CONFLICT (id) DO NOTHING`
+}
+
+// MoveCheckpointSQL moves a capture's checkpoint row ($1 id) to $2, only from the position $3
+// this writer last read or wrote (the fence): no row is affected when another writer moved it.
+func MoveCheckpointSQL(table string) string {
+	return `UPDATE ` + table + ` SET position = $2, updated_at = now() WHERE id = $1 AND position = $3::jsonb`
+}
+
+// LedgerInsertSQL records a source transaction ($1 commit LSN, $2 xid) in the audit ledger.
+func LedgerInsertSQL(table string) string {
+	return `INSERT INTO ` + table + ` (commit_lsn, xid) VALUES ($1, $2)`
+}
+
+// LockSQL takes the session advisory lock of key $1 ('tidemark ' || $1, hashed), and reads the
+// server process that holds it when it is taken.
+const LockSQL = `WITH k AS (SELECT hashtextextended('tidemark ' || $1, 0) AS k)
+		SELECT pg_try_advisory_lock(k.k), (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+			AND l.classid = ((k.k >> 32) & 4294967295)::bigint::oid AND l.objid = (k.k & 4294967295)::bigint::oid AND l.objsubid = 1 LIMIT 1)
+		FROM k`
+
+// SynchronousCommitSQL makes the open transaction's commit durable before it returns, whatever
+// the target's synchronous_commit says.
+const SynchronousCommitSQL = "SET LOCAL synchronous_commit = on"
+
+// The catalog queries of the target and the source.
+const (
+	// KeyIndexSQL: whether table $1 has a unique index on exactly the columns $2 (sorted), with
+	// no expression and no predicate.
+	KeyIndexSQL = `SELECT EXISTS (SELECT 1 FROM pg_index i
+		WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+		AND i.indnkeyatts = cardinality($2::text[])
+		AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text) FROM pg_attribute a
+			WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey[0:i.indnkeyatts - 1])) = $2::text[])`
+	// TargetColumnsSQL: the stored columns of table $1: name, type with and without modifiers,
+	// identity.
+	TargetColumnsSQL = `SELECT attname, format_type(atttypid, atttypmod), format_type(atttypid, NULL), attidentity::text
+		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''`
+	// ForeignKeysSQL: the foreign keys from or to table $1, and the table each is on.
+	ForeignKeysSQL = `SELECT conname::text, conrelid::regclass::text FROM pg_constraint
+		WHERE contype = 'f' AND (conrelid = to_regclass($1) OR confrelid = to_regclass($1)) ORDER BY conname`
+	// FormatTypeSQL: the SQL name of type $1 with modifiers $2 (NULL: without).
+	FormatTypeSQL = `SELECT format_type($1, $2)`
+	// BaseTypeSQL: the SQL name of type $1 without modifiers.
+	BaseTypeSQL = `SELECT format_type($1, NULL)`
+	// SourceColumnDefaultSQL: whether column $2 of table $1 has a default, and the value rows
+	// stored before it was added have (atthasmissing, the value as a one-element array's text).
+	SourceColumnDefaultSQL = `SELECT d.adbin IS NOT NULL, a.atthasmissing, a.attmissingval::text
+		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = to_regclass($1) AND a.attname = $2`
+	// TargetBaseTypeSQL: the type without modifiers of column $2 of table $1.
+	TargetBaseTypeSQL = `SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`
+)
+
+// MissingValueSQL reads the one element of an attmissingval array ($1, its text) of type typ as
+// text.
+func MissingValueSQL(typ string) string {
+	return fmt.Sprintf(`SELECT ($1::text::%s[])[1]::text`, typ)
+}
+
+// CreateSchemaSQL creates a target schema when missing.
+func CreateSchemaSQL(schema string) string {
+	return "CREATE SCHEMA IF NOT EXISTS " + Quote(schema)
+}
+
+// CreateTableSQL creates a target table with the columns names of types (SQL names, as
+// format_type gives them) and the primary key key.
+func CreateTableSQL(table string, names, types, key []string) string {
+	defs := make([]string, len(names))
+	for i, n := range names {
+		defs[i] = Quote(n) + " " + types[i]
+	}
+	return fmt.Sprintf("CREATE TABLE %s (%s, PRIMARY KEY (%s))", table, strings.Join(defs, ", "), strings.Join(QuoteAll(key), ", "))
+}
+
+// CreateStageSQL creates the session's staging table of a target table: its columns, no rows.
+func CreateStageSQL(stage, table string) string {
+	return fmt.Sprintf("CREATE TEMP TABLE IF NOT EXISTS %s AS SELECT * FROM %s WITH NO DATA", stage, table)
+}
+
+// TruncateSQL empties a table.
+func TruncateSQL(table string) string { return "TRUNCATE " + table }
+
+// CopySQL copies rows of the columns names into table, in COPY's text format.
+func CopySQL(table string, names []string) string {
+	return "COPY " + table + " (" + strings.Join(QuoteAll(names), ", ") + ") FROM STDIN"
+}
+
+// DeleteSQL deletes from table the rows whose key (the columns key) the staging table holds.
+func DeleteSQL(table, stage string, key []string) string {
+	conds := make([]string, len(key))
+	for i, q := range QuoteAll(key) {
+		conds[i] = "t." + q + " = s." + q
+	}
+	return "DELETE FROM " + table + " t USING " + stage + " s WHERE " + strings.Join(conds, " AND ")
+}
+
+// UpsertSQL inserts the staging table's rows (the columns names) into table, and on a key (the
+// columns key) the table has, sets the other columns named; the columns not named keep their
+// values (an unchanged TOASTed value). overriding inserts the given values into a key column
+// GENERATED ALWAYS AS IDENTITY.
+func UpsertSQL(table, stage string, names, key []string, overriding bool) string {
+	quoted := QuoteAll(names)
+	var sets []string
+	for i, n := range names {
+		if !slices.Contains(key, n) {
+			sets = append(sets, quoted[i]+" = EXCLUDED."+quoted[i])
+		}
+	}
+	action := "DO NOTHING"
+	if len(sets) > 0 {
+		action = "DO UPDATE SET " + strings.Join(sets, ", ")
+	}
+	over := ""
+	if overriding {
+		over = " OVERRIDING SYSTEM VALUE"
+	}
+	return fmt.Sprintf("INSERT INTO %s (%s)%s SELECT %s FROM %s ON CONFLICT (%s) %s", table, strings.Join(quoted, ", "), over,
+		strings.Join(quoted, ", "), stage, strings.Join(QuoteAll(key), ", "), action)
+}
+
+// AlterTypeSQL changes the type of a column (to the same type with other modifiers).
+func AlterTypeSQL(table, column, typ string) string {
+	return fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s", table, Quote(column), typ)
+}
+
+// AddColumnSQL adds a column of type typ; def, when not nil, is the text of the value the
+// table's existing rows get (a literal cast to typ).
+func AddColumnSQL(table, column, typ string, def *string) string {
+	d := ""
+	if def != nil {
+		d = " DEFAULT " + QuoteLiteral(*def) + "::" + typ
+	}
+	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s%s", table, Quote(column), typ, d)
+}
+
+// The statements the sink prints for an operator to run when it stops (each ends with a ';').
+
+// AddPrimaryKeyFix gives table a primary key on the columns key.
+func AddPrimaryKeyFix(table string, key []string) string {
+	return fmt.Sprintf("ALTER TABLE %s ADD PRIMARY KEY (%s)", table, strings.Join(QuoteAll(key), ", "))
+}
+
+// GeneratedByDefaultFix lets an update set a column GENERATED ALWAYS AS IDENTITY.
+func GeneratedByDefaultFix(table, column string) string {
+	return fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s SET GENERATED BY DEFAULT;", table, Quote(column))
+}
+
+// DropConstraintFix drops constraint name of table (given as regclass prints it).
+func DropConstraintFix(table, name string) string {
+	return fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s;", table, Quote(name))
+}
+
+// RenameColumnFix renames column from to to.
+func RenameColumnFix(table, from, to string) string {
+	return fmt.Sprintf("ALTER TABLE %s RENAME COLUMN %s TO %s;", table, Quote(from), Quote(to))
+}
+
+// AddColumnFix adds a column of type typ.
+func AddColumnFix(table, column, typ string) string {
+	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s;", table, Quote(column), typ)
+}
+
+// ConvertTypeFix converts a column to type typ by a USING expression the operator completes.
+func ConvertTypeFix(table, column, typ string) string {
+	return fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s USING ...;", table, Quote(column), typ)
+}
+
+// StageTable is the quoted name of the session's staging table number n (temporary: each
+// session has its own).
+func StageTable(n int) string { return Quote(fmt.Sprintf("tidemark_stage_%d", n)) }
+
+// The savepoint a direct copy of backfilled rows is undone to when a key is already there.
+const (
+	SavepointSQL         = "SAVEPOINT tidemark_direct"
+	ReleaseSavepointSQL  = "RELEASE SAVEPOINT tidemark_direct"
+	RollbackSavepointSQL = "ROLLBACK TO SAVEPOINT tidemark_direct"
+)

@@ -1,0 +1,77 @@
+package postgres
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+// TestSQLGolden: every statement the sink builds, for a table and columns whose names need
+// quoting (a space, a capital, a double quote), a composite key, columns left out of an upsert,
+// an identity key, and a default with a quote in it.
+func TestSQLGolden(t *testing.T) {
+	table := pgx.Identifier{"Sales", "order items"}.Sanitize()
+	stage := StageTable(3)
+	names := []string{"tenant", "id", `we"ird`, "Note"}
+	types := []string{"uuid", "bigint", "numeric(12,2)", "character varying(20)"}
+	key := []string{"tenant", "id"}
+	val := "it's"
+	var b strings.Builder
+	add := func(name, sql string) { fmt.Fprintf(&b, "-- %s\n%s\n\n", name, sql) }
+	add("checkpoint table", CheckpointTableSQL(CheckpointTable))
+	add("checkpoint table, columns added since", CheckpointColumnsSQL(CheckpointTable))
+	add("audit ledger", LedgerTableSQL(LedgerTable))
+	add("read the checkpoint", ReadCheckpointSQL(CheckpointTable))
+	add("first checkpoint", InsertCheckpointSQL(CheckpointTable))
+	add("move the checkpoint (the fence)", MoveCheckpointSQL(CheckpointTable))
+	add("record a transaction in the ledger", LedgerInsertSQL(LedgerTable))
+	add("advisory lock", LockSQL)
+	add("durable commit", SynchronousCommitSQL)
+	add("key index", KeyIndexSQL)
+	add("target columns", TargetColumnsSQL)
+	add("foreign keys", ForeignKeysSQL)
+	add("type name", FormatTypeSQL)
+	add("base type name", BaseTypeSQL)
+	add("source column default", SourceColumnDefaultSQL)
+	add("target column base type", TargetBaseTypeSQL)
+	add("missing value", MissingValueSQL("numeric(12,2)"))
+	add("create schema", CreateSchemaSQL("Sales"))
+	add("create table", CreateTableSQL(table, names, types, key))
+	add("create staging table", CreateStageSQL(stage, table))
+	add("truncate", TruncateSQL(table))
+	add("copy", CopySQL(stage, names))
+	add("delete", DeleteSQL(table, stage, key))
+	add("upsert", UpsertSQL(table, stage, names, key, false))
+	add("upsert, a column left unchanged", UpsertSQL(table, stage, []string{"tenant", "id", "Note"}, key, false))
+	add("upsert, key columns only", UpsertSQL(table, stage, key, key, false))
+	add("upsert, identity key", UpsertSQL(table, stage, names, key, true))
+	add("savepoint", SavepointSQL)
+	add("release savepoint", ReleaseSavepointSQL)
+	add("rollback to savepoint", RollbackSavepointSQL)
+	add("alter type", AlterTypeSQL(table, `we"ird`, "numeric(14,4)"))
+	add("add column", AddColumnSQL(table, "Note", "character varying(20)", nil))
+	add("add column with the existing rows' value", AddColumnSQL(table, "Note", "character varying(20)", &val))
+	add("fix: primary key", AddPrimaryKeyFix(table, key))
+	add("fix: identity by default", GeneratedByDefaultFix(table, "Note"))
+	add("fix: drop foreign key", DropConstraintFix(`"Sales"."other"`, "other_Fk"))
+	add("fix: rename", RenameColumnFix(table, "old name", "Note"))
+	add("fix: add column", AddColumnFix(table, "Note", "text"))
+	add("fix: convert type", ConvertTypeFix(table, `we"ird`, "integer"))
+
+	path := filepath.Join("testdata", "sql.golden")
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./sink/postgres -run TestSQLGolden -update")
+	require.Equal(t, string(want), b.String())
+}
