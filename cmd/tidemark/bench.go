@@ -24,6 +24,8 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/postgres"
 )
 
 // benchSettings are the conditions of every figure (docs/benchmarks.md): durable commits, a
@@ -187,7 +189,7 @@ func (b *bench) scans(ctx context.Context) error {
 	// Tidemark's backfill of the same table, output encoded as JSON lines and discarded.
 	var outMB float64
 	tmS, err := b.median(func() (time.Duration, error) {
-		s := &discardSink{enc: eventEncoder{types: b.types}}
+		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
 		d, err := b.backfill(ctx, s, nil)
 		outMB, b.peak = float64(s.bytes.Load())/1e6, s.peakHeap
 		return d, err
@@ -248,7 +250,7 @@ func (b *bench) memory(ctx context.Context) error {
 	}
 	var fifthPeak uint64
 	if _, err := b.median(func() (time.Duration, error) {
-		s := &discardSink{enc: eventEncoder{types: b.types}}
+		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
 		d, err := b.backfillTable(ctx, "bench_fifth", b.chunk, s)
 		fifthPeak = max(fifthPeak, s.peakHeap)
 		return d, err
@@ -289,7 +291,7 @@ func (b *bench) sweep(ctx context.Context) error {
 // latency measures live-change latency while a backfill runs: single-row inserts at 200/s,
 // commit to output.
 func (b *bench) latency(ctx context.Context) error {
-	lat := &latencySink{discardSink: discardSink{enc: eventEncoder{types: b.types}}}
+	lat := &latencySink{discardSink: discardSink{enc: jsonl.NewEncoder(b.types)}}
 	stop := b.writer(ctx, 200)
 	d, err := b.backfill(ctx, lat, lat)
 	stop()
@@ -444,7 +446,7 @@ func (b *bench) syncPostgres(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer src.Close(context.WithoutCancel(ctx))
-	sink, _, err := openPGSink(ctx, tgt, src, "bench", "", false, b.log)
+	sink, _, err := postgres.Open(ctx, tgt, src, postgres.Options{ID: "bench", Log: b.log})
 	if err != nil {
 		return 0, err
 	}
@@ -485,7 +487,7 @@ func (nullSink) Checkpoint(context.Context, *merge.Position) error { return nil 
 // discardSink encodes every event as the JSON lines sink does and discards it.
 type discardSink struct {
 	buf      []byte
-	enc      eventEncoder
+	enc      *jsonl.Encoder
 	bytes    atomic.Int64
 	peakHeap uint64
 }
@@ -493,7 +495,7 @@ type discardSink struct {
 func (s *discardSink) Emit(ctx context.Context, evs []merge.Event) error {
 	for i := range evs {
 		var err error
-		if s.buf, err = s.enc.append(ctx, s.buf[:0], &evs[i]); err != nil {
+		if s.buf, err = s.enc.Append(ctx, s.buf[:0], &evs[i]); err != nil {
 			return err
 		}
 		s.bytes.Add(int64(len(s.buf)))
@@ -708,7 +710,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 	tm, err = b.median(func() (time.Duration, error) {
 		slot := tmSlots[j]
 		j++
-		s := &discardSink{enc: eventEncoder{types: b.types}}
+		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
 		cfg := merge.Config{
 			Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench_stream"},
 			Tables:           []merge.TableConfig{{Schema: "public", Name: "bench_stream", NoBackfill: true}},

@@ -15,6 +15,7 @@ import (
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink/postgres"
 )
 
 // demoTables are the demo's source tables.
@@ -144,7 +145,7 @@ func syncDemo(ctx context.Context, e *env, src string, srcConn, tgtConn *pgx.Con
 	})
 	defer func() { stopWork(); wg.Wait() }()
 
-	sink, from, err := openPGSink(ctx, tgtConn, srcConn, "demo", "", false, e.log)
+	sink, from, err := postgres.Open(ctx, tgtConn, srcConn, postgres.Options{ID: "demo", Log: e.log})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/postgres"
 )
 
 func runStatus(ctx context.Context, args []string, e *env) error {
@@ -70,7 +72,7 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 		if err != nil {
 			return fmt.Errorf("read checkpoint: %w", err)
 		}
-		var cp checkpointFile
+		var cp jsonl.CheckpointFile
 		if err := json.Unmarshal(b, &cp); err != nil {
 			return fmt.Errorf("checkpoint %s: %w", *checkpoint, err)
 		}
@@ -86,7 +88,7 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 			id = *slot
 		}
 		var raw []byte
-		err = tc.QueryRow(ctx, `SELECT position, updated_at FROM public.tidemark_checkpoint WHERE id = $1`, id).Scan(&raw, &at)
+		err = tc.QueryRow(ctx, `SELECT position, updated_at FROM `+postgres.CheckpointTable+` WHERE id = $1`, id).Scan(&raw, &at)
 		if err != nil {
 			return fmt.Errorf("read the target's checkpoint %q: %w", id, err)
 		}

@@ -18,6 +18,9 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink"
+	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/postgres"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -107,7 +110,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
-	var sink merge.Sink
+	var out sink.Output
 	var from *merge.Position
 	if isDSN(*to) {
 		tgt, err := connectPinned(ctx, *to)
@@ -119,20 +122,19 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		if id == "" {
 			id = *slot
 		}
-		ps, pos, err := openPGSink(ctx, tgt, srcConn, id, *targetSchema, *audit, e.log)
+		ps, pos, err := postgres.Open(ctx, tgt, srcConn, postgres.Options{ID: id, Schema: *targetSchema, Audit: *audit, Log: e.log})
 		if err != nil {
 			return err
 		}
-		defer ps.Close(context.WithoutCancel(ctx))
-		sink, from = ps, pos
+		out, from = ps, pos
 	} else {
-		js, pos, err := openJSONL(*to, *checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *slot) })
+		js, pos, err := jsonl.Open(*to, *checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *slot) })
 		if err != nil {
 			return err
 		}
-		defer js.Close()
-		sink, from = js, pos
+		out, from = js, pos
 	}
+	defer out.Close(context.WithoutCancel(ctx))
 	if from != nil {
 		for _, name := range refresh {
 			from.Tables[name] = &merge.TableProgress{Refresh: true}
@@ -167,7 +169,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	}
 	stats := newSyncStats(tcs)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
-	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, srcDSN, *metricsAddr, *quiet))
+	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *metricsAddr, *quiet))
 }
 
 // runWithProgress runs the engine with the progress display (or log lines), the source poller
