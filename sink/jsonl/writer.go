@@ -164,23 +164,33 @@ func (s *Writer) open(path string, ready func() error) (*merge.Position, error) 
 }
 
 // readCheckpoint reads a checkpoint file: the position, the output's length at it, and the
-// output's name it was written for.
+// output's name it was written for. No file (or no path) is no checkpoint yet.
 func readCheckpoint(path string) (*merge.Position, int64, string, error) {
 	if path == "" {
 		return nil, 0, "", nil
 	}
-	b, err := os.ReadFile(path)
+	cp, err := ReadCheckpointFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, 0, "", nil
 	}
 	if err != nil {
-		return nil, 0, "", fmt.Errorf("read checkpoint: %w", err)
+		return nil, 0, "", err
+	}
+	return cp.Position, cp.Offset, cp.Output, nil
+}
+
+// ReadCheckpointFile reads a checkpoint file as Writer writes it. A missing file is an error
+// that errors.Is os.ErrNotExist.
+func ReadCheckpointFile(path string) (CheckpointFile, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return CheckpointFile{}, fmt.Errorf("read checkpoint: %w", err)
 	}
 	var cp CheckpointFile
 	if err := json.Unmarshal(b, &cp); err != nil {
-		return nil, 0, "", fmt.Errorf("checkpoint %s is damaged (%w); start over with a new output file", path, err)
+		return CheckpointFile{}, fmt.Errorf("checkpoint %s is damaged (%w); start over with a new output file", path, err)
 	}
-	return cp.Position, cp.Offset, cp.Output, nil
+	return cp, nil
 }
 
 // Emit writes one JSON line per event.

@@ -112,10 +112,8 @@ func TestWriterLinesDecode(t *testing.T) {
 	require.Equal(t, map[string]int{"insert": 1, "update": 1, "delete": 1, "truncate": 1, "snapshot": 5}, ops)
 	require.True(t, unchanged && original && xid && timed)
 
-	cp, err := os.ReadFile(out + ".checkpoint")
+	c, err := jsonl.ReadCheckpointFile(out + ".checkpoint")
 	require.NoError(t, err)
-	var c jsonl.CheckpointFile
-	require.NoError(t, json.Unmarshal(cp, &c))
 	require.Equal(t, int64(len(raw)), c.Offset)
 	require.Equal(t, "out.jsonl", c.Output)
 	require.NotNil(t, c.Position)
@@ -139,4 +137,11 @@ func TestCheckpointOfAnotherOutput(t *testing.T) {
 	require.ErrorContains(t, err, "belongs to output a.jsonl")
 	st, err := os.Stat(b)
 	require.True(t, os.IsNotExist(err) || st.Size() == 0)
+
+	// A damaged checkpoint stops the open, and says so.
+	require.NoError(t, os.WriteFile(a+".checkpoint", []byte("{"), 0o644))
+	_, _, err = jsonl.Open(a, "", pgjson.NewRegistry(db.Conn), idle)
+	require.ErrorContains(t, err, "is damaged")
+	_, err = jsonl.ReadCheckpointFile(filepath.Join(dir, "none.checkpoint"))
+	require.ErrorIs(t, err, os.ErrNotExist)
 }
