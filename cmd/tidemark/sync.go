@@ -80,6 +80,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		problems = append(problems, rerr.Error())
 	}
 	var faults merge.Faults
+	sinkBreak = sinkFaults{} // only what this run's flag says
 	switch *breakEngine {
 	case "":
 	case "no-guard":
