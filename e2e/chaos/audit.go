@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -177,55 +178,63 @@ func (h *targetHistory) drop(ctx context.Context, conn *pgx.Conn) {
 	_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+h.schema+` CASCADE`)
 }
 
+// histChange is one row change of the target's history.
+type histChange struct {
+	tbl, op, key string
+	ver          int64
+	at           int64 // the target transaction's time (now()), in microseconds
+}
+
+// ledgerEntry is one source transaction the target applied, at the target transaction's time.
+type ledgerEntry struct {
+	at  int64
+	xid uint32
+}
+
+// written is a version a source transaction wrote of a key of a table.
+type written struct {
+	tbl, key string
+	ver      int64
+}
+
 // check replays the target's history in an oracle (I2, I3: per key, the versions the target
 // took never go back, and a key the target deleted comes back only newer than the version the
-// source deleted in the transactions applied with that delete) and returns its violations.
+// source deleted in the transactions applied with that delete), checks each row the target took
+// against the source transactions applied up to it (staleAgainstApplied), and returns the
+// violations and the number of changes.
 func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error) {
 	conn, err := pgx.Connect(ctx, r.target)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	o := e2e.NewOracle("ver")
-	rows, err := conn.Query(ctx, `SELECT tbl, op, coalesce(key, ''), coalesce(ver, 0), at::text FROM `+h.schema+`.rows ORDER BY id`)
+	const micros = `(extract(epoch FROM %s) * 1000000)::bigint`
+	var changes []histChange
+	rows, err := conn.Query(ctx, `SELECT tbl, op, coalesce(key, ''), coalesce(ver, 0), `+fmt.Sprintf(micros, "at")+` FROM `+h.schema+`.rows ORDER BY id`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the target's history: %w", err)
 	}
 	for rows.Next() {
-		var tbl, op, key, at string
-		var ver int64
-		if err := rows.Scan(&tbl, &op, &key, &ver, &at); err != nil {
+		var c histChange
+		if err := rows.Scan(&c.tbl, &c.op, &c.key, &c.ver, &c.at); err != nil {
 			return nil, 0, err
 		}
-		rec := e2e.Record{Table: r.sch + "." + tbl, Key: key}
-		switch op {
-		case "TRUNCATE":
-			rec.Op = "refresh" // a truncate on the source, or a re-backfill
-		case "DELETE":
-			rec.Op, rec.Txn = "delete", at
-		default:
-			v := strconv.FormatInt(ver, 10)
-			rec.Op, rec.Values = "upsert", map[string]*string{"ver": &v}
-		}
-		o.Apply(rec)
+		changes = append(changes, c)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, err
 	}
-	// The source transactions each target transaction applied, by the target transaction's
-	// time (the ledger's applied_at is the same now()).
-	applied := map[string][]uint32{}
-	lrows, err := conn.Query(ctx, `SELECT applied_at::text, xid FROM public.tidemark_applied`)
+	var ledger []ledgerEntry
+	lrows, err := conn.Query(ctx, `SELECT `+fmt.Sprintf(micros, "applied_at")+`, xid FROM public.tidemark_applied`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the audit ledger: %w", err)
 	}
 	for lrows.Next() {
-		var at string
-		var xid int64
+		var at, xid int64
 		if err := lrows.Scan(&at, &xid); err != nil {
 			return nil, 0, err
 		}
-		applied[at] = append(applied[at], uint32(xid))
+		ledger = append(ledger, ledgerEntry{at, uint32(xid)})
 	}
 	if err := lrows.Err(); err != nil {
 		return nil, 0, err
@@ -233,6 +242,38 @@ func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error
 	d, err := r.readDeaths(ctx)
 	if err != nil {
 		return nil, 0, err
+	}
+	w, err := r.readVersions(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := historyViolations(r.sch, changes, ledger, d)
+	out = append(out, staleAgainstApplied(changes, ledger, w)...)
+	return out, len(changes), nil
+}
+
+// historyViolations replays the target's history in an oracle: I2 and I3 on what the target's
+// rows went through.
+func historyViolations(schema string, changes []histChange, ledger []ledgerEntry, d deaths) []string {
+	o := e2e.NewOracle("ver")
+	for _, c := range changes {
+		rec := e2e.Record{Table: schema + "." + c.tbl, Key: c.key}
+		switch c.op {
+		case "TRUNCATE":
+			rec.Op = "refresh" // a truncate on the source, or a re-backfill
+		case "DELETE":
+			rec.Op, rec.Txn = "delete", strconv.FormatInt(c.at, 10)
+		default:
+			v := strconv.FormatInt(c.ver, 10)
+			rec.Op, rec.Values = "upsert", map[string]*string{"ver": &v}
+		}
+		o.Apply(rec)
+	}
+	// The source transactions each target transaction applied, by its time.
+	applied := map[string][]uint32{}
+	for _, l := range ledger {
+		at := strconv.FormatInt(l.at, 10)
+		applied[at] = append(applied[at], l.xid)
 	}
 	o.CheckDeaths(func(table, key, at string) (int64, bool) {
 		var min int64
@@ -248,7 +289,92 @@ func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error
 	for _, v := range o.Violations() {
 		out = append(out, "target history: "+v)
 	}
-	return out, o.Records(), nil
+	return out
+}
+
+// staleAgainstApplied checks each row the target took against the source transactions applied
+// up to it: its version is at least the newest one of its key that a source transaction applied
+// in the same target transaction or before wrote (a backfilled row is read after every
+// transaction before its low watermark was applied, so it is as new). A stale row the target
+// wrote in place of a newer change folded into the same target transaction (a key's changes
+// between two checkpoints are applied as one) is found here, where the history alone shows no
+// version going back. ledger gives the target transaction's time of each applied source
+// transaction; versions the versions each wrote.
+func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions map[uint32][]written) []string {
+	ledger = slices.Clone(ledger)
+	slices.SortStableFunc(ledger, func(a, b ledgerEntry) int { return cmp.Compare(a.at, b.at) })
+	newest := map[string]int64{} // by table and key: the newest version applied
+	by := map[string]uint32{}    // the transaction that wrote it
+	next := 0
+	var out []string
+	n := 0
+	for i := 0; i < len(changes); {
+		// One target transaction: its changes share its time. A key written more than once in
+		// it (pieces of a large source transaction) is judged by its last row, the one the
+		// transaction committed.
+		at := changes[i].at
+		end := i
+		last := map[string]histChange{}
+		var order []string
+		for ; end < len(changes) && changes[end].at == at; end++ {
+			c := changes[end]
+			id := c.tbl + "\x00" + c.key
+			if _, ok := last[id]; !ok {
+				order = append(order, id)
+			}
+			last[id] = c
+		}
+		i = end
+		for ; next < len(ledger) && ledger[next].at <= at; next++ {
+			for _, w := range versions[ledger[next].xid] {
+				id := w.tbl + "\x00" + w.key
+				if w.ver > newest[id] {
+					newest[id], by[id] = w.ver, ledger[next].xid
+				}
+			}
+		}
+		for _, id := range order {
+			c := last[id]
+			if c.op != "INSERT" && c.op != "UPDATE" {
+				continue
+			}
+			if v, ok := newest[id]; ok && c.ver < v {
+				n++
+				if len(out) < 10 {
+					out = append(out, fmt.Sprintf("target history: I2: %s key %q took version %d, older than version %d that source transaction %d, applied with it or before, wrote",
+						c.tbl, c.key, c.ver, v, by[id]))
+				}
+			}
+		}
+	}
+	if n > len(out) {
+		out = append(out, fmt.Sprintf("target history: I2: ... and %d more rows older than what was applied", n-len(out)))
+	}
+	return out
+}
+
+// readVersions reads the versions each source transaction wrote (PostgreSQL mode), by the low
+// 32 bits of its id.
+func (r *run) readVersions(ctx context.Context) (map[uint32][]written, error) {
+	conn, err := pgx.Connect(ctx, r.dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, `SELECT tbl, key, ver, xid::text::bigint % 4294967296 FROM `+r.sch+`.versions`)
+	if err != nil {
+		return nil, fmt.Errorf("read the versions: %w", err)
+	}
+	out := map[uint32][]written{}
+	for rows.Next() {
+		var w written
+		var xid int64
+		if err := rows.Scan(&w.tbl, &w.key, &w.ver, &xid); err != nil {
+			return nil, err
+		}
+		out[uint32(xid)] = append(out[uint32(xid)], w)
+	}
+	return out, rows.Err()
 }
 
 // auditLedger compares the source's transaction log (txlog, one row per workload transaction)

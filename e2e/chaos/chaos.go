@@ -412,7 +412,7 @@ func (r *run) prepare(ctx context.Context) error {
 	r.report.Transport, r.report.Command = r.transport, r.command()
 	r.note("%s", r.report.Command)
 	r.note("schema, slot and publication %s; watermarks as %s", r.sch, r.transport)
-	collation, err := setup(ctx, conn, r.sch, r.schema.moved, r.cfg.Rows, r.ddl())
+	collation, err := setup(ctx, conn, r.sch, r.schema.moved, r.cfg.Rows, r.ddl(), r.cfg.Mode == Postgres)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -272,4 +273,26 @@ func TestReportEffective(t *testing.T) {
 	cmd := r.command()
 	require.Equal(t, "tidemark chaos --mode postgres --seed 9 --duration 3m0s --fault-every 2s --rows 500 --chunk-size 70 --max-chunk-bytes 4096 --faults default,fence --watermarks table --in-turn --break no-fence --source SOURCE", cmd)
 	require.NotContains(t, cmd, "secret")
+}
+
+// TestStaleAgainstApplied: a row the target took is at least as new as what the source
+// transactions applied with it or before wrote of its key; a stale chunk row folded with the
+// change it hides (one row in the target's history, no version going back) is caught.
+func TestStaleAgainstApplied(t *testing.T) {
+	versions := map[uint32][]written{1: {{"accounts", "5", 7}}, 2: {{"accounts", "5", 8}}, 3: {{"accounts", "5", 9}}, 4: {{"accounts", "5", 12}}}
+	ledger := []ledgerEntry{{20, 3}, {10, 1}, {20, 2}, {30, 4}}
+	good := []histChange{
+		{"accounts", "INSERT", "5", 7, 10},
+		// Pieces of one target transaction: the last row counts.
+		{"accounts", "UPDATE", "5", 8, 20},
+		{"accounts", "UPDATE", "5", 9, 20},
+		// A backfilled row newer than anything applied.
+		{"accounts", "UPDATE", "6", 11, 20},
+	}
+	require.Empty(t, staleAgainstApplied(good, ledger, versions))
+	// Transaction 4 (version 12) applied at 30, but the target took a stale chunk row instead.
+	bad := append(slices.Clone(good), histChange{"accounts", "UPDATE", "5", 10, 30})
+	v := staleAgainstApplied(bad, ledger, versions)
+	require.Len(t, v, 1)
+	require.Contains(t, v[0], `target history: I2: accounts key "5" took version 10, older than version 12 that source transaction 4`)
 }

@@ -52,7 +52,7 @@ var tenants = []string{"apple", "Apple", "Äpfel", "zoë", "Zoe", "zoe", "ß", "
 // makes what the schema faults need: the schema a table is moved to, and on each table a second
 // unique index (on ver, which is unique: every insert and update draws a new one) for a replica
 // identity on another index than the key.
-func setup(ctx context.Context, conn *pgx.Conn, s, moved string, rows int, ddl bool) (collation string, err error) {
+func setup(ctx context.Context, conn *pgx.Conn, s, moved string, rows int, ddl, versions bool) (collation string, err error) {
 	collation = "C"
 	var icu bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = 'und-x-icu')`).Scan(&icu); err == nil && icu {
@@ -91,6 +91,21 @@ func setup(ctx context.Context, conn *pgx.Conn, s, moved string, rows int, ddl b
 			fmt.Sprintf(`CREATE FUNCTION %[1]s.%[2]s_truncated() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN
 				INSERT INTO %[1]s.deaths (tbl, key, ver) SELECT '%[2]s', '', last_value FROM %[1]s.ver; RETURN NULL; END $f$`, s, d.table),
 			fmt.Sprintf(`CREATE TRIGGER death_truncate AFTER TRUNCATE ON %s.%s FOR EACH STATEMENT EXECUTE FUNCTION %[1]s.%[2]s_truncated()`, s, d.table))
+	}
+	if versions {
+		// Not captured: every version each transaction wrote, by key (the PostgreSQL mode's check
+		// of the target's history against the transactions applied with it).
+		stmts = append(stmts, `CREATE TABLE `+s+`.versions (tbl text NOT NULL, key text NOT NULL, ver bigint NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id())`)
+		for _, d := range []struct{ table, key string }{
+			{"accounts", "NEW.id::text"},
+			{"items", "NEW.tenant || chr(31) || NEW.sku::text"},
+			{"notes", "NEW.code"},
+		} {
+			stmts = append(stmts,
+				fmt.Sprintf(`CREATE FUNCTION %[1]s.%[2]s_version() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN
+				INSERT INTO %[1]s.versions (tbl, key, ver) VALUES ('%[2]s', %[3]s, NEW.ver); RETURN NULL; END $f$`, s, d.table, d.key),
+				fmt.Sprintf(`CREATE TRIGGER version_write AFTER INSERT OR UPDATE ON %s.%s FOR EACH ROW EXECUTE FUNCTION %[1]s.%[2]s_version()`, s, d.table))
+		}
 	}
 	if ddl {
 		stmts = append(stmts, `DROP SCHEMA IF EXISTS `+moved+` CASCADE`, `CREATE SCHEMA `+moved)
