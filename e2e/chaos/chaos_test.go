@@ -158,7 +158,12 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 	for _, name := range chaos.Breaks() {
 		for _, mode := range chaos.BreakModes(name) {
 			t.Run(string(mode)+"/"+name, func(t *testing.T) {
-				t.Parallel()
+				if mode != chaos.Postgres || name != "no-eviction" {
+					// That one runs first, alone (see below): a capture slowed by the runs
+					// beside it applies more source time per target transaction, which
+					// folds more stale rows away.
+					t.Parallel()
+				}
 				cfg := config(t, mode, 5)
 				if name == "no-guard" && cfg.Source != "" {
 					t.Skip("no-guard needs a server the harness starts (it sets synchronous_standby_names): not run against " + e2e.EnvDSN)
@@ -171,9 +176,11 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 					cfg.Rows = 100000
 					cfg.FaultEvery = time.Second
 					if mode == chaos.Postgres && name == "no-eviction" {
-						// A stale chunk row is rarer here (the target applies a key's changes
-						// between two checkpoints as one; the harness checks each row the target
-						// took against the source transactions applied with it): more windows.
+						// A stale chunk row is rarer here: the target applies a key's changes
+						// between two checkpoints as one, and a later change of the key in the
+						// same target transaction hides the stale row (it never reaches the
+						// target); the harness checks each row a target transaction leaves
+						// against the source transactions applied with it. More windows.
 						cfg.Duration, cfg.FaultEvery = time.Minute, 700*time.Millisecond
 					}
 				default:
