@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -17,50 +18,80 @@ type jsonLine struct {
 	Key       map[string]json.RawMessage `json:"key"`
 	After     map[string]json.RawMessage `json:"after"`
 	Unchanged []string                   `json:"unchanged"`
+	Original  map[string]string          `json:"original"`
 	LSN       string                     `json:"lsn"`
 	Seq       int                        `json:"seq"`
+	XID       uint64                     `json:"xid"`
 }
 
 // ParseJSONL reads `tidemark sync` JSON lines output into records whose values (and key parts)
 // are the raw JSON of each value, to compare with SourceRowsJSON. keys gives the key columns of
-// each table (schema.table), in key order.
+// each table (schema.table), in key order. A line that cannot be read fails it.
 func ParseJSONL(r io.Reader, keys map[string][]string) ([]Record, error) {
 	var out []Record
+	err := ReadJSONL(r, keys, func(rec Record) { out = append(out, rec) }, nil)
+	return out, err
+}
+
+// ReadJSONL reads JSON lines output as ParseJSONL does, handing each record to apply. A line
+// that cannot be read goes to damaged, with its number, and the reading goes on; with damaged
+// nil it ends the reading with its error. A value the line lists in "original" (one whose JSON
+// form does not carry it) becomes Lossy and its text; the "unchanged" columns are kept; the
+// transaction id becomes Txn.
+func ReadJSONL(r io.Reader, keys map[string][]string, apply func(Record), damaged func(line int, err error)) error {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	sc.Buffer(make([]byte, 1<<20), 256<<20)
 	for n := 1; sc.Scan(); n++ {
-		var l jsonLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n, err)
-		}
-		lsn, err := pglogrepl.ParseLSN(l.LSN)
+		rec, err := parseLine(sc.Bytes(), keys)
 		if err != nil {
-			return nil, fmt.Errorf("line %d: lsn: %w", n, err)
-		}
-		rec := Record{Table: l.Table, Op: l.Op, LSN: uint64(lsn), Seq: l.Seq}
-		if l.Op != "truncate" && l.Op != "refresh" {
-			kc, ok := keys[l.Table]
-			if !ok {
-				return nil, fmt.Errorf("line %d: no key columns given for table %s", n, l.Table)
+			if damaged == nil {
+				return fmt.Errorf("line %d: %w", n, err)
 			}
-			var kv []string
-			for _, k := range kc {
-				raw, ok := l.Key[k]
-				if !ok {
-					return nil, fmt.Errorf("line %d: no key column %s", n, k)
-				}
-				kv = append(kv, string(raw))
-			}
-			rec.Key = strings.Join(kv, KeySep)
+			damaged(n, err)
+			continue
 		}
-		if l.After != nil {
-			rec.Values = map[string]*string{}
-			for c, raw := range l.After {
-				v := string(raw)
-				rec.Values[c] = &v
-			}
-		}
-		out = append(out, rec)
+		apply(rec)
 	}
-	return out, sc.Err()
+	return sc.Err()
+}
+
+func parseLine(line []byte, keys map[string][]string) (Record, error) {
+	var l jsonLine
+	if err := json.Unmarshal(line, &l); err != nil {
+		return Record{}, err
+	}
+	lsn, err := pglogrepl.ParseLSN(l.LSN)
+	if err != nil {
+		return Record{}, fmt.Errorf("lsn: %w", err)
+	}
+	rec := Record{Table: l.Table, Op: l.Op, LSN: uint64(lsn), Seq: l.Seq, Unchanged: l.Unchanged}
+	if l.XID != 0 {
+		rec.Txn = strconv.FormatUint(l.XID, 10)
+	}
+	if l.Op != "truncate" && l.Op != "refresh" {
+		kc, ok := keys[l.Table]
+		if !ok {
+			return Record{}, fmt.Errorf("no key columns given for table %s", l.Table)
+		}
+		var kv []string
+		for _, k := range kc {
+			raw, ok := l.Key[k]
+			if !ok {
+				return Record{}, fmt.Errorf("no key column %s", k)
+			}
+			kv = append(kv, string(raw))
+		}
+		rec.Key = strings.Join(kv, KeySep)
+	}
+	if l.After != nil {
+		rec.Values = map[string]*string{}
+		for c, raw := range l.After {
+			v := string(raw)
+			if text, ok := l.Original[c]; ok {
+				v = Lossy + text
+			}
+			rec.Values[c] = &v
+		}
+	}
+	return rec, nil
 }

@@ -72,6 +72,9 @@ type pgSink struct {
 	// target to another (or was frozen while another ran) fails instead of moving the checkpoint
 	// back over the other's rows.
 	lastPos []byte
+	// apart is the connection of the checkpoint when it is broken on purpose
+	// (sinkFaults.checkpointApart); nil otherwise.
+	apart *pgx.Conn
 
 	tx        pgx.Tx
 	tables    map[string]*targetTable // by source schema.table
@@ -140,8 +143,17 @@ func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string
 		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
 	// One writer per checkpoint, before anything is read or written: a session lock, held until
 	// this connection ends (a crash releases it).
-	if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
-		return nil, nil, err
+	if !sinkBreak.noFence {
+		if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if sinkBreak.checkpointApart {
+		c, err := pgx.ConnectConfig(ctx, target.Config().Copy())
+		if err != nil {
+			return nil, nil, fmt.Errorf("target: %w", err)
+		}
+		s.apart = c
 	}
 	if _, err := target.Exec(ctx, fmt.Sprintf(checkpointDDL, s.cpName)); err != nil {
 		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
@@ -325,6 +337,9 @@ func colsOf(ev *merge.Event) []replicator.Value {
 // Checkpoint applies the pending changes and the position in the open transaction, and
 // commits them together.
 func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	if s.apart != nil {
+		return s.checkpointApart(ctx, pos)
+	}
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -338,10 +353,15 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	// The row moves only from the position this sink knows: had another writer moved it, this
 	// one's changes of the transaction are rolled back, not committed over the other's.
 	var tag pgconn.CommandTag
-	if s.lastPos == nil {
+	switch {
+	case sinkBreak.noFence:
+		// Broken on purpose: whatever the row holds.
+		tag, err = s.tx.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
+			ON CONFLICT (id) DO UPDATE SET position = excluded.position, updated_at = now()`, s.id, b, s.schema)
+	case s.lastPos == nil:
 		tag, err = s.tx.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
 			ON CONFLICT (id) DO NOTHING`, s.id, b, s.schema)
-	} else {
+	default:
 		tag, err = s.tx.Exec(ctx, `UPDATE `+s.cpName+` SET position = $2, updated_at = now() WHERE id = $1 AND position = $3::jsonb`, s.id, b, s.lastPos)
 	}
 	if err != nil {
@@ -361,12 +381,43 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	return nil
 }
 
+// checkpointApart is Checkpoint broken on purpose (sinkFaults.checkpointApart): the position is
+// committed on a connection of its own first, then the changes it covers are applied and
+// committed; a crash in between loses them, and the checkpoint says they were written.
+func (s *pgSink) checkpointApart(ctx context.Context, pos *merge.Position) error {
+	b, err := json.Marshal(pos)
+	if err != nil {
+		return err
+	}
+	if _, err := s.apart.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
+		ON CONFLICT (id) DO UPDATE SET position = excluded.position, updated_at = now()`, s.id, b, s.schema); err != nil {
+		return fmt.Errorf("write the target's checkpoint: %w", err)
+	}
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if err := s.flush(ctx); err != nil {
+		return err
+	}
+	err = s.tx.Commit(ctx)
+	s.tx = nil
+	if err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	s.lastPos = b
+	return nil
+}
+
 // Close rolls back what was not checkpointed.
 func (s *pgSink) Close(ctx context.Context) {
 	s.log.Debug().Int64("direct_rows", s.directRows).Int64("fallback_rows", s.fallbackRows).Int64("pieces", s.pieces).Msg("backfilled rows written to the target")
 	if s.tx != nil {
 		_ = s.tx.Rollback(ctx)
 		s.tx = nil
+	}
+	if s.apart != nil {
+		_ = s.apart.Close(ctx)
+		s.apart = nil
 	}
 }
 

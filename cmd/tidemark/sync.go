@@ -43,14 +43,16 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	signalTable := signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
 	wmTimeout := fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
 	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
-	breakEngine := fs.String("testing-break", "", "testing: break the engine on purpose, for the chaos harness to catch: no-guard, no-eviction, ack-ahead")
+	breakEngine := fs.String("testing-break", "", "testing: break the engine or the sink on purpose, for the chaos harness to catch: no-guard, no-eviction, ack-ahead (the engine); checkpoint-apart (PostgreSQL target), no-truncate (JSON lines), no-fence (both)")
+	maxChunkBytes := fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	problems := outOfRange(
 		intRange("chunk-size", *chunkSize, 1, 1_000_000),
 		durationRange("checkpoint-interval", *interval, 10*time.Millisecond, time.Hour),
-		durationRange("watermark-timeout", *wmTimeout, 100*time.Millisecond, time.Hour))
+		durationRange("watermark-timeout", *wmTimeout, 100*time.Millisecond, time.Hour),
+		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30))
 	if *source == "" {
 		problems = append(problems, "--source is required")
 	}
@@ -77,6 +79,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		problems = append(problems, rerr.Error())
 	}
 	var faults merge.Faults
+	sinkBreak = sinkFaults{} // only what this run's flag says
 	switch *breakEngine {
 	case "":
 	case "no-guard":
@@ -85,8 +88,14 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		faults.NoEviction = true
 	case "ack-ahead":
 		faults.AckAhead = true
+	case "checkpoint-apart":
+		sinkBreak.checkpointApart = true
+	case "no-truncate":
+		sinkBreak.noTruncate = true
+	case "no-fence":
+		sinkBreak.noFence = true
 	default:
-		problems = append(problems, "--testing-break must be no-guard, no-eviction or ack-ahead")
+		problems = append(problems, "--testing-break must be no-guard, no-eviction, ack-ahead, checkpoint-apart, no-truncate or no-fence")
 	}
 	if len(problems) > 0 {
 		fs.Usage()
@@ -148,6 +157,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
 		Tables:             tcs,
 		ChunkSize:          *chunkSize,
+		MaxChunkBytes:      *maxChunkBytes,
 		CheckpointInterval: *interval,
 		AckCheckpoints:     true,
 		StopWhenCaughtUp:   *stopCaughtUp,

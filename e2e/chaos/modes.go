@@ -54,19 +54,23 @@ func (c *syncCapture) args(final bool, remedy []string) []string {
 	r := c.r
 	var tabs []string
 	for _, t := range tables {
-		tabs = append(tabs, Schema+"."+t.name)
+		tabs = append(tabs, r.sch+"."+t.name)
 	}
 	to := c.out
 	if c.toPG {
-		to = r.target
+		to = r.tvia
 	}
 	source := r.via
 	if final {
-		source = r.dsn
+		source, to = r.dsn, r.target
+		if !c.toPG {
+			to = c.out
+		}
 	}
 	args := []string{"sync", "--source", source, "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
 		"--to", to, "--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
-		"--signal-table", Schema + ".signal", "--watermark-timeout", "500ms"}
+		"--watermarks", r.transport, "--signal-table", r.sch + ".signal", "--watermark-timeout", "500ms",
+		"--max-chunk-bytes", strconv.Itoa(r.cfg.MaxChunkBytes)}
 	if c.toPG {
 		args = append(args, "--audit")
 	}
@@ -111,6 +115,9 @@ func (c *syncCapture) launch(ctx context.Context, final bool) (*process, error) 
 		if cp != nil {
 			before = cp.raw
 		}
+	}
+	if c.toPG && c.r.hist != nil {
+		c.r.hist.attachSeen(ctx, c.r.target)
 	}
 	p, err := spawn(exec.Command(c.r.cfg.Tidemark, c.args(final, remedy)...), nil)
 	if err != nil {
@@ -202,17 +209,17 @@ func (c *syncCapture) slow(ctx context.Context, d time.Duration) string {
 		if err != nil {
 			return "no transaction"
 		}
-		_, err = tx.Exec(ctx, `LOCK TABLE `+Schema+`.accounts IN ACCESS EXCLUSIVE MODE`)
+		_, err = tx.Exec(ctx, `LOCK TABLE `+c.r.sch+`.accounts IN ACCESS EXCLUSIVE MODE`)
 		sleep(ctx, d)
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return "target table not there yet"
+			return noEffect + "target table not there yet"
 		}
 		return "target locked for " + d.String()
 	}
 	p := c.r.sup.current()
 	if p == nil {
-		return "no capture running"
+		return noEffect + "no capture running"
 	}
 	p.freeze(ctx, d)
 	return "capture frozen for " + d.String()
@@ -268,16 +275,29 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 		return err
 	}
 	defer f.Close()
-	recs, err := e2e.ParseJSONL(io.LimitReader(f, cp.Offset), keys())
-	if err != nil {
-		rep.Violations = append(rep.Violations, "the output cannot be replayed by the tables' keys: "+err.Error())
-		return nil
-	}
+	// The output up to its checkpoint is what a consumer takes: each change once, positions
+	// growing (starting over at a restore's refresh).
 	o := e2e.NewOracle("ver")
-	for _, rec := range recs {
-		o.Apply(rec)
+	o.ExactlyOnce, o.Order = true, e2e.ByLSNSeq
+	c.r.mu.Lock()
+	o.Resets = c.r.restores
+	c.r.mu.Unlock()
+	var damaged []string
+	err = e2e.ReadJSONL(io.LimitReader(f, cp.Offset), c.r.keys(), o.Apply, func(line int, err error) {
+		if len(damaged) < 5 {
+			damaged = append(damaged, fmt.Sprintf("line %d: %v", line, err))
+		}
+	})
+	if err != nil {
+		return err
 	}
-	if err := c.r.checkOracle(ctx, o, rep); err != nil {
+	if len(damaged) > 0 {
+		rep.Violations = append(rep.Violations, "output: lines that cannot be read before the checkpoint: "+strings.Join(damaged, "; "))
+	}
+	if err := c.r.checkOracle(ctx, o, rep, func(txn string) (uint32, bool) {
+		x, err := strconv.ParseUint(txn, 10, 64)
+		return uint32(x), err == nil
+	}); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -298,8 +318,8 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	for name, key := range keys() {
-		dst, err := e2e.SourceRowsJSON(ctx, c.r.target, Schema, strings.TrimPrefix(name, Schema+"."), key)
+	for name, key := range c.r.keys() {
+		dst, err := e2e.SourceRowsJSON(ctx, c.r.target, c.r.sch, strings.TrimPrefix(name, c.r.sch+"."), key)
 		if err != nil {
 			return err
 		}
@@ -320,17 +340,20 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 	c.r.mu.Lock()
 	from := c.r.auditFrom
 	c.r.mu.Unlock()
-	var logged, applied int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+Schema+`.txlog WHERE id > $1`, from).Scan(&logged); err != nil {
+	// The source's transaction log against the target's ledger, and the target's history of its
+	// rows (I2, I3 on what the target went through).
+	audit, err := c.r.auditLedger(ctx, from)
+	if err != nil {
 		return err
 	}
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296 WHERE t.id > $1`, from).Scan(&applied); err != nil {
+	rep.Violations = append(rep.Violations, audit...)
+	hist, n, err := c.r.hist.check(ctx, c.r)
+	if err != nil {
 		return err
 	}
-	if applied != logged {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("audit: %d source transactions, %d applied (txlog id > %d)", logged, applied, from))
-	}
-	rows, err := conn.Query(ctx, `SELECT extract(epoch FROM l.applied_at - t.at) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`)
+	rep.Violations = append(rep.Violations, hist...)
+	c.r.log.Info().Int("changes", n).Msg("the target's history of its rows checked")
+	rows, err := conn.Query(ctx, `SELECT extract(epoch FROM l.applied_at - t.at) FROM public.tidemark_applied l JOIN `+c.r.sch+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`)
 	if err != nil {
 		return err
 	}
@@ -378,7 +401,7 @@ func (c *syncCapture) tailFile(ctx context.Context) {
 }
 
 func (c *syncCapture) noteLine(line []byte, now time.Time) {
-	if !bytes.Contains(line, []byte(`"table":"`+Schema+`.txlog"`)) {
+	if !bytes.Contains(line, []byte(`"table":"`+c.r.sch+`.txlog"`)) {
 		return
 	}
 	var ev struct {
@@ -429,7 +452,11 @@ type airbyteCapture struct {
 }
 
 func newAirbyteCapture(r *run) *airbyteCapture {
-	return &airbyteCapture{r: r, oracle: e2e.NewOracle("ver"), seen: map[string]time.Time{}, at: map[string]time.Time{}}
+	o := e2e.NewOracle("ver")
+	// What a destination keeps: the records a state committed, each change once (a backfilled
+	// row repeats its key's version only at a later position), positions never going back.
+	o.ExactlyOnce, o.Order = true, e2e.ByLSN
+	return &airbyteCapture{r: r, oracle: o, seen: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
 func (c *airbyteCapture) prepare(ctx context.Context) error {
@@ -439,9 +466,12 @@ func (c *airbyteCapture) prepare(ctx context.Context) error {
 	}
 	cfg := map[string]any{
 		"host": pc.Host, "port": pc.Port, "database": pc.Database, "username": pc.User, "password": pc.Password,
-		"ssl_mode":           map[string]any{"mode": "disable"},
-		"replication_method": map[string]any{"method": "CDC", "replication_slot": c.r.slot, "publication": c.r.slot},
-		"signal_table":       Schema + ".signal", "backfill_chunk_size": c.r.cfg.ChunkSize, "state_interval_seconds": 1,
+		"ssl_mode":            map[string]any{"mode": "disable"},
+		"replication_method":  map[string]any{"method": "CDC", "replication_slot": c.r.slot, "publication": c.r.slot},
+		"backfill_chunk_size": c.r.cfg.ChunkSize, "state_interval_seconds": 1,
+	}
+	if c.r.transport == "table" {
+		cfg["signal_table"] = c.r.sch + ".signal"
 	}
 	var streams []any
 	for _, t := range tables {
@@ -450,7 +480,7 @@ func (c *airbyteCapture) prepare(ctx context.Context) error {
 			pk = append(pk, []string{k})
 		}
 		streams = append(streams, map[string]any{
-			"stream": map[string]any{"name": t.name, "namespace": Schema, "json_schema": map[string]any{"type": "object"},
+			"stream": map[string]any{"name": t.name, "namespace": c.r.sch, "json_schema": map[string]any{"type": "object"},
 				"supported_sync_modes": []string{"full_refresh", "incremental"}, "source_defined_cursor": true,
 				"default_cursor_field": []string{"_ab_cdc_lsn"}, "source_defined_primary_key": pk},
 			"sync_mode": "incremental", "destination_sync_mode": "append_dedup", "primary_key": pk,
@@ -486,7 +516,7 @@ func (c *airbyteCapture) round(ctx context.Context, cfgPath string) (*process, e
 	c.rounds++
 	c.mu.Unlock()
 	cmd := exec.Command(c.r.cfg.Connector, args...)
-	cmd.Env = append(os.Environ(), "LOG_LEVEL=info")
+	cmd.Env = append(os.Environ(), "LOG_LEVEL=info", "TIDEMARK_TESTING_BREAK="+c.r.cfg.Break)
 	// A pipe of our own, read to its end: the one of cmd.StdoutPipe is closed by Wait as soon as
 	// the process exits, which loses what it printed last (its final STATE, its TRACE ERROR).
 	out, w, err := os.Pipe()
@@ -545,6 +575,12 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 				Namespace string                     `json:"namespace"`
 				Stream    string                     `json:"stream"`
 				Data      map[string]json.RawMessage `json:"data"`
+				Meta      struct {
+					Changes []struct {
+						Field  string `json:"field"`
+						Change string `json:"change"`
+					} `json:"changes"`
+				} `json:"meta"`
 			} `json:"record"`
 			Trace struct {
 				Type  string `json:"type"`
@@ -560,7 +596,13 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 		}
 		switch m.Type {
 		case "RECORD":
-			rec := toRecord(m.Record.Namespace+"."+m.Record.Stream, m.Record.Data)
+			rec := toRecord(c.r.keys(), m.Record.Namespace+"."+m.Record.Stream, m.Record.Data)
+			for _, ch := range m.Record.Meta.Changes {
+				if ch.Change == "NULLED" && rec.Values != nil {
+					lossy := e2e.Lossy // a value without a JSON form (NaN), not NULL
+					rec.Values[ch.Field] = &lossy
+				}
+			}
 			pending = append(pending, rec)
 			if m.Record.Stream == "txlog" {
 				id := string(m.Record.Data["id"])
@@ -592,11 +634,11 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 }
 
 // toRecord makes an Airbyte record an oracle record: a delete when _ab_cdc_deleted_at is set,
-// the whole row otherwise.
-func toRecord(table string, data map[string]json.RawMessage) e2e.Record {
-	rec := e2e.Record{Table: table, Op: "insert", Values: map[string]*string{}}
+// the whole row otherwise (an upsert: the record does not say whether it was backfilled).
+func toRecord(keys map[string][]string, table string, data map[string]json.RawMessage) e2e.Record {
+	rec := e2e.Record{Table: table, Op: "upsert", Values: map[string]*string{}}
 	var kv []string
-	for _, k := range keys()[table] {
+	for _, k := range keys[table] {
 		kv = append(kv, string(data[k]))
 	}
 	rec.Key = strings.Join(kv, e2e.KeySep)
@@ -631,7 +673,7 @@ func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
 	var cleared []string
 	if table == "" {
 		c.state = nil
-		for name := range keys() {
+		for name := range c.r.keys() {
 			cleared = append(cleared, name)
 		}
 	} else {
@@ -639,8 +681,13 @@ func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
 		cleared = []string{table}
 	}
 	c.mu.Unlock()
-	for _, name := range cleared {
-		c.oracle.Apply(e2e.Record{Table: name, Op: "refresh"})
+	if table == "" {
+		// Every stream starts over (after a restore of the source: in a history whose
+		// positions start anew).
+		c.oracle.AllowReset()
+	}
+	for i, name := range cleared {
+		c.oracle.Apply(e2e.Record{Table: name, Op: "refresh", Reset: table == "" && i == 0})
 	}
 	return "reset"
 }
@@ -726,7 +773,7 @@ func (c *airbyteCapture) finish(ctx context.Context) error {
 }
 
 func (c *airbyteCapture) verify(ctx context.Context, rep *Report) error {
-	if err := c.r.checkOracle(ctx, c.oracle, rep); err != nil {
+	if err := c.r.checkOracle(ctx, c.oracle, rep, func(string) (uint32, bool) { return 0, false }); err != nil {
 		return err
 	}
 	c.mu.Lock()
