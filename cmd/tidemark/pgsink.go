@@ -195,10 +195,14 @@ func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string
 func (s *pgSink) lock(ctx context.Context, key, what string) error {
 	var got bool
 	var holder *int32
-	err := s.target.QueryRow(ctx, `WITH k AS (SELECT hashtextextended('tidemark ' || $1, 0) AS k)
+	err := untilFree(ctx, func() (bool, error) {
+		holder = nil
+		err := s.target.QueryRow(ctx, `WITH k AS (SELECT hashtextextended('tidemark ' || $1, 0) AS k)
 		SELECT pg_try_advisory_lock(k.k), (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
 			AND l.classid = ((k.k >> 32) & 4294967295)::bigint::oid AND l.objid = (k.k & 4294967295)::bigint::oid AND l.objsubid = 1 LIMIT 1)
 		FROM k`, key).Scan(&got, &holder)
+		return got, err
+	})
 	if err != nil {
 		return fmt.Errorf("lock %s on the target: %w", what, err)
 	}

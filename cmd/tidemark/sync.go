@@ -322,8 +322,16 @@ func withRebackfillHint(err error) error {
 // found before its output is touched.
 func slotIdle(ctx context.Context, conn *pgx.Conn, slot string) error {
 	var pid *int32
-	err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).Scan(&pid)
-	if errors.Is(err, pgx.ErrNoRows) {
+	idle := false
+	err := untilFree(ctx, func() (bool, error) {
+		err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).Scan(&pid)
+		idle = errors.Is(err, pgx.ErrNoRows)
+		if idle {
+			return true, nil
+		}
+		return false, err
+	})
+	if idle {
 		return nil
 	}
 	if err != nil {
@@ -334,4 +342,24 @@ func slotIdle(ctx context.Context, conn *pgx.Conn, slot string) error {
 		p = *pid
 	}
 	return fmt.Errorf("replication slot %q is in use by server process %d: another tidemark sync (or another consumer) reads it; the output was not touched; stop the other one first", slot, p)
+}
+
+// untilFree calls try until it reports the resource free, for up to replicator.DefaultInUseWait:
+// a sync killed a moment ago holds its slot and its target lock through server processes that
+// end only when the server notices the closed connection, and a restart right after (a
+// supervisor's, or an operator's) must not fail on them. A live holder is still refused, after
+// the wait.
+func untilFree(ctx context.Context, try func() (free bool, err error)) error {
+	deadline := time.Now().Add(replicator.DefaultInUseWait)
+	for {
+		free, err := try()
+		if free || err != nil || !time.Now().Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
