@@ -248,8 +248,7 @@ func TestSpecMatchesConfig(t *testing.T) {
 		spec[strings.TrimPrefix(regexp.MustCompile(`\[oneOf\]\d`).ReplaceAllString(path, ""), ".")] = true
 	})
 	read := map[string]bool{}
-	var fields func(prefix string, v any)
-	fields = func(prefix string, v any) {
+	fields := func(prefix string, v any) {
 		b, _ := json.Marshal(v)
 		var m map[string]any
 		_ = json.Unmarshal(b, &m)
