@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -35,7 +34,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	tidemarkBin, connectorBin = filepath.Join(dir, "tidemark"), filepath.Join(dir, "source-postgres")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "the chaos tests build the binaries with the go command:", err)
+		os.Exit(1)
+	}
 	for bin, pkg := range map[string]string{tidemarkBin: "../../cmd/tidemark", connectorBin: "../../cmd/source-postgres"} {
 		if out, err := exec.Command(gobin, "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)

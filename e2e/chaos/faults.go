@@ -632,12 +632,6 @@ func (s *supervisor) counts() (starts, failures int, last string) {
 	return s.starts, s.failures, s.last
 }
 
-func (s *supervisor) expectedStops() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.expected
-}
-
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.
 func (s *supervisor) stuck() bool {
 	s.mu.Lock()

@@ -739,7 +739,6 @@ func (c *airbyteCapture) checkpoint(context.Context) (*checkpointInfo, error) {
 
 // finish runs rounds without faults, straight to the server, until one ends well.
 func (c *airbyteCapture) finish(ctx context.Context) error {
-	direct := c.config
 	pc, err := pgx.ParseConfig(c.r.dsn)
 	if err != nil {
 		return err
@@ -751,7 +750,7 @@ func (c *airbyteCapture) finish(ctx context.Context) error {
 	}
 	cfg["host"], cfg["port"] = pc.Host, pc.Port
 	b, _ = json.Marshal(cfg)
-	direct = filepath.Join(c.r.cfg.Dir, "config-direct.json")
+	direct := filepath.Join(c.r.cfg.Dir, "config-direct.json")
 	if err := os.WriteFile(direct, b, 0o600); err != nil {
 		return err
 	}
