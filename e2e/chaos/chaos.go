@@ -18,8 +18,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // Mode is what captures.
@@ -181,10 +182,10 @@ func formatCounts(m map[string]int) string {
 type run struct {
 	cfg    Config
 	log    zerolog.Logger
-	srv    *e2e.Server // nil for a staging database
-	dsn    string      // the source, direct
-	via    string      // the source, through the proxy
-	target string      // the PostgreSQL target
+	srv    *pgserver.Server // nil for a staging database
+	dsn    string           // the source, direct
+	via    string           // the source, through the proxy
+	target string           // the PostgreSQL target
 	proxy  *proxy
 	slot   string
 	report *Report
@@ -194,7 +195,7 @@ type run struct {
 	work   *workload
 	// targetSrv is the PostgreSQL mode's target server when the restore fault is on: the
 	// source's server is restored, and the target must not be restored with it.
-	targetSrv *e2e.Server
+	targetSrv *pgserver.Server
 	restores  int // restore faults so far (names their backups)
 
 	mu            sync.Mutex
@@ -305,7 +306,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // the proxy.
 func (r *run) prepare(ctx context.Context) error {
 	if r.cfg.Source == "" {
-		srv, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+		srv, err := pgserver.Start(ctx, pgserver.Options{Log: r.log})
 		if err != nil {
 			return fmt.Errorf("start PostgreSQL: %w", err)
 		}
@@ -321,7 +322,7 @@ func (r *run) prepare(ctx context.Context) error {
 		}
 		if r.cfg.Mode == Postgres && r.cfg.Target == "" && slices.Contains(r.cfg.Faults, "restore") {
 			// The restore fault takes the whole server back: the target needs a server of its own.
-			ts, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+			ts, err := pgserver.Start(ctx, pgserver.Options{Log: r.log})
 			if err != nil {
 				return fmt.Errorf("start the target's PostgreSQL: %w", err)
 			}
@@ -375,7 +376,7 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	via := pc.Copy()
 	via.Host, via.Port = "127.0.0.1", uint16(r.proxy.port())
-	r.via = e2e.DSN(via.Host, int(via.Port), via.User, via.Password, via.Database)
+	r.via = pgserver.DSN(via.Host, int(via.Port), via.User, via.Password, via.Database)
 	return nil
 }
 
@@ -610,7 +611,7 @@ func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[strin
 		profile = pgjson.Airbyte
 	}
 	for name, key := range keys() {
-		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key, profile)
+		rows, err := oracle.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key, profile)
 		if err != nil {
 			return nil, err
 		}
@@ -620,7 +621,7 @@ func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[strin
 }
 
 // checkOracle adds the oracle's findings against the source to the report.
-func (r *run) checkOracle(ctx context.Context, o *e2e.Oracle, rep *Report) error {
+func (r *run) checkOracle(ctx context.Context, o *oracle.Oracle, rep *Report) error {
 	src, err := r.sourceTables(ctx)
 	if err != nil {
 		return err
@@ -630,7 +631,7 @@ func (r *run) checkOracle(ctx context.Context, o *e2e.Oracle, rep *Report) error
 	for _, name := range slices.Sorted(maps.Keys(src)) {
 		replay := o.Rows(name)
 		r.schema.fillAdded(name, replay, src[name])
-		if d := e2e.Diff(replay, src[name]); d != "" {
+		if d := oracle.Diff(replay, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: %s differs from the source: %s", name, d))
 		}
 	}

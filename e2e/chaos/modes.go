@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
 )
 
 // syncCapture runs `tidemark sync` to a JSON lines file or to PostgreSQL.
@@ -268,12 +268,12 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 		return err
 	}
 	defer f.Close()
-	recs, err := e2e.ParseJSONL(io.LimitReader(f, cp.Offset), keys())
+	recs, err := oracle.ParseJSONL(io.LimitReader(f, cp.Offset), keys())
 	if err != nil {
 		rep.Violations = append(rep.Violations, "the output cannot be replayed by the tables' keys: "+err.Error())
 		return nil
 	}
-	o := e2e.NewOracle("ver")
+	o := oracle.NewOracle("ver")
 	for _, rec := range recs {
 		o.Apply(rec)
 	}
@@ -299,13 +299,13 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 		return err
 	}
 	for name, key := range keys() {
-		dst, err := e2e.SourceRowsJSON(ctx, c.r.target, Schema, strings.TrimPrefix(name, Schema+"."), key)
+		dst, err := oracle.SourceRowsJSON(ctx, c.r.target, Schema, strings.TrimPrefix(name, Schema+"."), key)
 		if err != nil {
 			return err
 		}
 		rep.Records += len(dst)
 		c.r.schema.fillAdded(name, dst, src[name])
-		if d := e2e.Diff(dst, src[name]); d != "" {
+		if d := oracle.Diff(dst, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: target %s differs from the source: %s", name, d))
 		}
 	}
@@ -420,7 +420,7 @@ type airbyteCapture struct {
 
 	mu       sync.Mutex
 	state    []byte // the last state, as the platform keeps it
-	oracle   *e2e.Oracle
+	oracle   *oracle.Oracle
 	pause    time.Time // the consumer reads nothing until then
 	seen     map[string]time.Time
 	at       map[string]time.Time
@@ -429,7 +429,7 @@ type airbyteCapture struct {
 }
 
 func newAirbyteCapture(r *run) *airbyteCapture {
-	return &airbyteCapture{r: r, oracle: e2e.NewOracle("ver"), seen: map[string]time.Time{}, at: map[string]time.Time{}}
+	return &airbyteCapture{r: r, oracle: oracle.NewOracle("ver"), seen: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
 func (c *airbyteCapture) prepare(ctx context.Context) error {
@@ -525,7 +525,7 @@ func (c *airbyteCapture) start(ctx context.Context) (*process, error) { return c
 func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrace) {
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	var pending []e2e.Record
+	var pending []oracle.Record
 	for {
 		c.mu.Lock()
 		until := c.pause
@@ -593,13 +593,13 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 
 // toRecord makes an Airbyte record an oracle record: a delete when _ab_cdc_deleted_at is set,
 // the whole row otherwise.
-func toRecord(table string, data map[string]json.RawMessage) e2e.Record {
-	rec := e2e.Record{Table: table, Op: "insert", Values: map[string]*string{}}
+func toRecord(table string, data map[string]json.RawMessage) oracle.Record {
+	rec := oracle.Record{Table: table, Op: "insert", Values: map[string]*string{}}
 	var kv []string
 	for _, k := range keys()[table] {
 		kv = append(kv, string(data[k]))
 	}
-	rec.Key = strings.Join(kv, e2e.KeySep)
+	rec.Key = strings.Join(kv, oracle.KeySep)
 	if d, ok := data["_ab_cdc_deleted_at"]; ok && string(d) != "null" {
 		rec.Op = "delete"
 	}
@@ -640,7 +640,7 @@ func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
 	}
 	c.mu.Unlock()
 	for _, name := range cleared {
-		c.oracle.Apply(e2e.Record{Table: name, Op: "refresh"})
+		c.oracle.Apply(oracle.Record{Table: name, Op: "refresh"})
 	}
 	return "reset"
 }
