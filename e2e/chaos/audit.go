@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
 )
 
 // What the oracle reads beside the output: the versions the source's deletes removed (its
@@ -68,23 +68,23 @@ func keyText(key string) string {
 	if key == "" {
 		return ""
 	}
-	parts := strings.Split(key, e2e.KeySep)
+	parts := strings.Split(key, oracle.KeySep)
 	for i, p := range parts {
 		var s string
 		if json.Unmarshal([]byte(p), &s) == nil {
 			parts[i] = s
 		}
 	}
-	return strings.Join(parts, e2e.KeySep)
+	return strings.Join(parts, oracle.KeySep)
 }
 
 // airbyteForm gives source rows the form an Airbyte record has: a value without a JSON form
 // (NaN) is nulled, and marked so, without its text.
 func airbyteForm(rows map[string]map[string]*string) {
-	lossy := e2e.Lossy
+	lossy := oracle.Lossy
 	for _, row := range rows {
 		for c, v := range row {
-			if v != nil && strings.HasPrefix(*v, e2e.Lossy) {
+			if v != nil && strings.HasPrefix(*v, oracle.Lossy) {
 				row[c] = &lossy
 			}
 		}
@@ -255,9 +255,9 @@ func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error
 // historyViolations replays the target's history in an oracle: I2 and I3 on what the target's
 // rows went through.
 func historyViolations(schema string, changes []histChange, ledger []ledgerEntry, d deaths) []string {
-	o := e2e.NewOracle("ver")
+	o := oracle.NewOracle("ver")
 	for _, c := range changes {
-		rec := e2e.Record{Table: schema + "." + c.tbl, Key: c.key}
+		rec := oracle.Record{Table: schema + "." + c.tbl, Key: c.key}
 		switch c.op {
 		case "TRUNCATE":
 			rec.Op = "refresh" // a truncate on the source, or a re-backfill

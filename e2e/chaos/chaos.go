@@ -18,8 +18,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // Mode is what captures.
@@ -201,11 +202,11 @@ func formatCounts(m map[string]int) string {
 type run struct {
 	cfg    Config
 	log    zerolog.Logger
-	srv    *e2e.Server // nil for a staging database
-	dsn    string      // the source, direct
-	via    string      // the source, through the proxy
-	target string      // the PostgreSQL target, direct
-	tvia   string      // the PostgreSQL target, through its proxy
+	srv    *pgserver.Server // nil for a staging database
+	dsn    string           // the source, direct
+	via    string           // the source, through the proxy
+	target string           // the PostgreSQL target, direct
+	tvia   string           // the PostgreSQL target, through its proxy
 	proxy  *proxy
 	tproxy *proxy // between the capture and the PostgreSQL target
 	sch    string // the run's schema; also its slot's and publication's name
@@ -219,7 +220,7 @@ type run struct {
 	work                 *workload
 	// targetSrv is the PostgreSQL mode's target server when the faults restart or restore the
 	// source's server, or restart the target's: the target must not go with the source.
-	targetSrv *e2e.Server
+	targetSrv *pgserver.Server
 	hist      *targetHistory // the PostgreSQL target's history of its rows
 	restores  int            // restore faults so far (names their backups)
 
@@ -357,7 +358,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // the proxy.
 func (r *run) prepare(ctx context.Context) error {
 	if r.cfg.Source == "" {
-		srv, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+		srv, err := pgserver.Start(ctx, pgserver.Options{Log: r.log})
 		if err != nil {
 			return fmt.Errorf("start PostgreSQL: %w", err)
 		}
@@ -374,7 +375,7 @@ func (r *run) prepare(ctx context.Context) error {
 		if r.cfg.Mode == Postgres && r.cfg.Target == "" && (slices.Contains(r.cfg.Faults, "restore") || slices.Contains(r.cfg.Faults, "target-restart")) {
 			// The restore fault takes the whole server back, the target's restart must leave the
 			// source alone: the target needs a server of its own.
-			ts, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+			ts, err := pgserver.Start(ctx, pgserver.Options{Log: r.log})
 			if err != nil {
 				return fmt.Errorf("start the target's PostgreSQL: %w", err)
 			}
@@ -436,7 +437,7 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	via := pc.Copy()
 	via.Host, via.Port = "127.0.0.1", uint16(r.proxy.port())
-	r.via = e2e.DSN(via.Host, int(via.Port), via.User, via.Password, via.Database)
+	r.via = pgserver.DSN(via.Host, int(via.Port), via.User, via.Password, via.Database)
 	if r.cfg.Mode == Postgres {
 		tc, err := pgx.ParseConfig(r.target)
 		if err != nil {
@@ -445,7 +446,7 @@ func (r *run) prepare(ctx context.Context) error {
 		if r.tproxy, err = newProxy(fmt.Sprintf("%s:%d", tc.Host, tc.Port)); err != nil {
 			return err
 		}
-		r.tvia = e2e.DSN("127.0.0.1", r.tproxy.port(), tc.User, tc.Password, tc.Database)
+		r.tvia = pgserver.DSN("127.0.0.1", r.tproxy.port(), tc.User, tc.Password, tc.Database)
 		if r.hist, err = newTargetHistory(ctx, r.target, r.sch, r.log); err != nil {
 			return err
 		}
@@ -717,7 +718,7 @@ func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[strin
 		profile = pgjson.Airbyte
 	}
 	for name, key := range r.keys() {
-		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, r.sch, strings.TrimPrefix(name, r.sch+"."), key, profile)
+		rows, err := oracle.SourceRowsJSON(ctx, r.dsn, r.sch, strings.TrimPrefix(name, r.sch+"."), key, profile)
 		if err != nil {
 			return nil, err
 		}
@@ -729,7 +730,7 @@ func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[strin
 // checkOracle adds the oracle's findings against the source to the report: the versions that
 // came back after their delete (txnXID gives the source transaction of a record's Txn), and the
 // replay compared with the source's tables.
-func (r *run) checkOracle(ctx context.Context, o *e2e.Oracle, rep *Report, txnXID func(txn string) (uint32, bool)) error {
+func (r *run) checkOracle(ctx context.Context, o *oracle.Oracle, rep *Report, txnXID func(txn string) (uint32, bool)) error {
 	src, err := r.sourceTables(ctx)
 	if err != nil {
 		return err
@@ -754,7 +755,7 @@ func (r *run) checkOracle(ctx context.Context, o *e2e.Oracle, rep *Report, txnXI
 		if r.cfg.Mode == Airbyte {
 			airbyteForm(src[name])
 		}
-		if d := e2e.Diff(replay, src[name]); d != "" {
+		if d := oracle.Diff(replay, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: %s differs from the source: %s", name, d))
 		}
 	}

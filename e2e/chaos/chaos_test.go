@@ -19,6 +19,7 @@ import (
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/e2e/chaos"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // Each run starts its own PostgreSQL (the faults restart and reconfigure it), so the runs go in
@@ -53,7 +54,7 @@ func TestMain(m *testing.M) {
 // config is a short run of mode.
 func config(t *testing.T, mode chaos.Mode, seed uint64) chaos.Config {
 	if os.Getenv(e2e.EnvDSN) == "" {
-		if _, err := e2e.FindBinDir(); err != nil && !e2e.InCI() {
+		if _, err := pgserver.FindBinDir(); err != nil && !e2e.InCI() {
 			t.Skipf("no PostgreSQL server binaries (%v) and no %s", err, e2e.EnvDSN)
 		}
 	}

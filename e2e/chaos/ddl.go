@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // The ddl family: what a DBA does to a captured database on an ordinary day (rename a table, add
@@ -434,7 +434,7 @@ func serverUser(dataDir string) (*syscall.Credential, error) {
 
 // baseBackup takes a base backup of the source's server into dir, with the WAL it needs.
 func (r *run) baseBackup(ctx context.Context, dir string) error {
-	bin, err := e2e.FindBinDir()
+	bin, err := pgserver.FindBinDir()
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
 )
 
 // syncCapture runs `tidemark sync` to a JSON lines file or to PostgreSQL.
@@ -277,13 +277,13 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 	defer f.Close()
 	// The output up to its checkpoint is what a consumer takes: each change once, positions
 	// growing (starting over at a restore's refresh).
-	o := e2e.NewOracle("ver")
-	o.ExactlyOnce, o.Order = true, e2e.ByLSNSeq
+	o := oracle.NewOracle("ver")
+	o.ExactlyOnce, o.Order = true, oracle.ByLSNSeq
 	c.r.mu.Lock()
 	o.Resets = c.r.restores
 	c.r.mu.Unlock()
 	var damaged []string
-	err = e2e.ReadJSONL(io.LimitReader(f, cp.Offset), c.r.keys(), o.Apply, func(line int, err error) {
+	err = oracle.ReadJSONL(io.LimitReader(f, cp.Offset), c.r.keys(), o.Apply, func(line int, err error) {
 		if len(damaged) < 5 {
 			damaged = append(damaged, fmt.Sprintf("line %d: %v", line, err))
 		}
@@ -319,13 +319,13 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 		return err
 	}
 	for name, key := range c.r.keys() {
-		dst, err := e2e.SourceRowsJSON(ctx, c.r.target, c.r.sch, strings.TrimPrefix(name, c.r.sch+"."), key)
+		dst, err := oracle.SourceRowsJSON(ctx, c.r.target, c.r.sch, strings.TrimPrefix(name, c.r.sch+"."), key)
 		if err != nil {
 			return err
 		}
 		rep.Records += len(dst)
 		c.r.schema.fillAdded(name, dst, src[name])
-		if d := e2e.Diff(dst, src[name]); d != "" {
+		if d := oracle.Diff(dst, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: target %s differs from the source: %s", name, d))
 		}
 	}
@@ -443,7 +443,7 @@ type airbyteCapture struct {
 
 	mu       sync.Mutex
 	state    []byte // the last state, as the platform keeps it
-	oracle   *e2e.Oracle
+	oracle   *oracle.Oracle
 	pause    time.Time // the consumer reads nothing until then
 	seen     map[string]time.Time
 	at       map[string]time.Time
@@ -452,10 +452,10 @@ type airbyteCapture struct {
 }
 
 func newAirbyteCapture(r *run) *airbyteCapture {
-	o := e2e.NewOracle("ver")
+	o := oracle.NewOracle("ver")
 	// What a destination keeps: the records a state committed, each change once (a backfilled
 	// row repeats its key's version only at a later position), positions never going back.
-	o.ExactlyOnce, o.Order = true, e2e.ByLSN
+	o.ExactlyOnce, o.Order = true, oracle.ByLSN
 	return &airbyteCapture{r: r, oracle: o, seen: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
@@ -555,7 +555,7 @@ func (c *airbyteCapture) start(ctx context.Context) (*process, error) { return c
 func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrace) {
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	var pending []e2e.Record
+	var pending []oracle.Record
 	for {
 		c.mu.Lock()
 		until := c.pause
@@ -599,7 +599,7 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 			rec := toRecord(c.r.keys(), m.Record.Namespace+"."+m.Record.Stream, m.Record.Data)
 			for _, ch := range m.Record.Meta.Changes {
 				if ch.Change == "NULLED" && rec.Values != nil {
-					lossy := e2e.Lossy // a value without a JSON form (NaN), not NULL
+					lossy := oracle.Lossy // a value without a JSON form (NaN), not NULL
 					rec.Values[ch.Field] = &lossy
 				}
 			}
@@ -635,13 +635,13 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 
 // toRecord makes an Airbyte record an oracle record: a delete when _ab_cdc_deleted_at is set,
 // the whole row otherwise (an upsert: the record does not say whether it was backfilled).
-func toRecord(keys map[string][]string, table string, data map[string]json.RawMessage) e2e.Record {
-	rec := e2e.Record{Table: table, Op: "upsert", Values: map[string]*string{}}
+func toRecord(keys map[string][]string, table string, data map[string]json.RawMessage) oracle.Record {
+	rec := oracle.Record{Table: table, Op: "upsert", Values: map[string]*string{}}
 	var kv []string
 	for _, k := range keys[table] {
 		kv = append(kv, string(data[k]))
 	}
-	rec.Key = strings.Join(kv, e2e.KeySep)
+	rec.Key = strings.Join(kv, oracle.KeySep)
 	if d, ok := data["_ab_cdc_deleted_at"]; ok && string(d) != "null" {
 		rec.Op = "delete"
 	}
@@ -687,7 +687,7 @@ func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
 		c.oracle.AllowReset()
 	}
 	for i, name := range cleared {
-		c.oracle.Apply(e2e.Record{Table: name, Op: "refresh", Reset: table == "" && i == 0})
+		c.oracle.Apply(oracle.Record{Table: name, Op: "refresh", Reset: table == "" && i == 0})
 	}
 	return "reset"
 }
