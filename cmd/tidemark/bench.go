@@ -616,7 +616,7 @@ func (b *bench) airbyteRead(ctx context.Context, mb *float64, rss *int64) (time.
 	}
 	defer os.RemoveAll(dir)
 	config := fmt.Sprintf(`{"host":%q,"port":%d,"database":%q,"username":%q,"password":%q,"ssl_mode":{"mode":"disable"},
-		"replication_method":{"method":"CDC","replication_slot":%q,"publication":"bench"},"backfill_chunk_size":%d}`,
+		"replication_method":{"method":"CDC","replication_slot":%q,"publication":"bench"},"create_replication_slot":true,"backfill_chunk_size":%d}`,
 		c.Host, c.Port, c.Database, c.User, c.Password, slot, b.chunk)
 	catalog := `{"streams":[{"stream":{"name":"bench_rows","namespace":"public","json_schema":{"type":"object"},"supported_sync_modes":["full_refresh","incremental"]},
 		"sync_mode":"incremental","destination_sync_mode":"append_dedup"}]}`
