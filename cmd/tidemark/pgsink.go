@@ -675,8 +675,10 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 	}
 	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}}
 	// One capture per target table, whatever its checkpoint: two would overwrite each other.
-	if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
-		return nil, err
+	if !sinkBreak.noFence {
+		if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
+			return nil, err
+		}
 	}
 	for _, k := range c.Key {
 		t.key = append(t.key, c.Names[k])
