@@ -135,7 +135,9 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 		return
 	}
 	mean := float64(r.cfg.FaultEvery)
-	for turn := 0; ctx.Err() == nil; turn++ {
+	// InTurn: a kind whose fault had no effect (a lock it could not take under load, say) keeps
+	// its turn, so that every kind takes effect once before the next is tried.
+	for turn := 0; ctx.Err() == nil; {
 		wait := time.Duration(math.Min(math.Max(r.rng.ExpFloat64()*mean, mean/10), 3*mean))
 		if time.Now().Add(wait).After(end) {
 			sleep(ctx, time.Until(end))
@@ -158,6 +160,8 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 				r.faults[k.name]++
 				if strings.HasPrefix(what, noEffect) {
 					r.void[k.name]++
+				} else {
+					turn++
 				}
 				r.mu.Unlock()
 				r.log.Info().Str("fault", k.name).Str("what", what).Msg("fault")
