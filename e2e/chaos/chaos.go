@@ -44,7 +44,8 @@ type Config struct {
 	// "ddl"). Empty: the default family.
 	Faults []string
 	// InTurn takes the faults in turn, in the order of Faults, instead of drawing each kind by
-	// its weight: a short run meets every one (the tests). The times between them stay drawn.
+	// its weight: a short run meets every one (the tests). The times between them stay drawn. The
+	// run goes on past Duration (up to three times it more) until each kind has taken effect once.
 	InTurn bool
 	// Source is a staging database to run against (its role must create schemas, slots and
 	// publications); empty: a throwaway PostgreSQL started for the run, which also allows the

@@ -106,7 +106,10 @@ func FaultKinds() []string {
 	return out
 }
 
-// faultLoop injects faults at random times (drawn from the seed) until end.
+// inTurnGrace bounds how far past its duration an InTurn run goes to meet every kind.
+const inTurnGrace = 3
+
+// faultLoop injects faults at random times (drawn from the seed) until end (InTurn: see below).
 func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 	enabled := func(k string, embedded bool) bool {
 		i := slices.IndexFunc(faultKinds, func(f faultKind) bool { return f.name == k })
@@ -136,11 +139,22 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 	}
 	mean := float64(r.cfg.FaultEvery)
 	// InTurn: a kind whose fault had no effect (a lock it could not take under load, say) keeps
-	// its turn, so that every kind takes effect once before the next is tried.
+	// its turn, so that every kind takes effect once before the next is tried; and the run goes
+	// past end until each kind has taken effect once (a fault that stops the capture takes the
+	// time of its remedy and restart, so on a slow machine the duration alone can end a run
+	// before the last kinds had their turn), up to inTurnGrace times the duration more.
+	last := end
+	if r.cfg.InTurn {
+		last = end.Add(inTurnGrace * r.cfg.Duration)
+	}
 	for turn := 0; ctx.Err() == nil; {
 		wait := time.Duration(math.Min(math.Max(r.rng.ExpFloat64()*mean, mean/10), 3*mean))
-		if time.Now().Add(wait).After(end) {
-			sleep(ctx, time.Until(end))
+		if met := !r.cfg.InTurn || turn >= len(turns); (met && time.Now().Add(wait).After(end)) || time.Now().Add(wait).After(last) {
+			if met {
+				sleep(ctx, time.Until(end))
+			} else {
+				r.note("in turn: the duration ran out with %d of %d kinds taken effect", turn, len(turns))
+			}
 			return
 		}
 		sleep(ctx, wait)
