@@ -285,6 +285,10 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 	s := r.s
 	rm := s.cfg.ReplicationMethod
 	sig, _ := s.cfg.signalTable()
+	faults, err := testingBreak()
+	if err != nil {
+		return err
+	}
 	cfg := merge.Config{
 		Source: replicator.Config{
 			DSN: s.dsn, Slot: rm.ReplicationSlot, Publication: rm.Publication,
@@ -297,7 +301,7 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 		AckCheckpoints:     rm.LSNCommitBehaviour == commitWhileReading,
 		StopWhenCaughtUp:   !s.cfg.Continuous,
 		RereadPartial:      true,
-		Faults:             testingBreak(),
+		Faults:             faults,
 	}
 	for _, t := range tables {
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: t.schema, Name: t.name})
@@ -664,19 +668,4 @@ func columnsOf(st *readStream, fds []pgconn.FieldDescription) *rowColumns {
 		cols.types = append(cols.types, fd.DataTypeOID)
 	}
 	return cols
-}
-
-// testingBreak breaks the engine on purpose when TIDEMARK_TESTING_BREAK names a break (no-guard,
-// no-eviction, ack-ahead), for the chaos harness to prove that it notices; never set otherwise.
-func testingBreak() merge.Faults {
-	var f merge.Faults
-	switch os.Getenv("TIDEMARK_TESTING_BREAK") {
-	case "no-guard":
-		f.NoVisibilityGuard = true
-	case "no-eviction":
-		f.NoEviction = true
-	case "ack-ahead":
-		f.AckAhead = true
-	}
-	return f
 }

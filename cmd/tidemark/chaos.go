@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark/tidemark/e2e/chaos"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/merge"
 )
 
 // runChaos runs the chaos harness (e2e/chaos) in one mode or all, and prints a report per mode;
@@ -33,7 +34,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	connector := fs.String("connector", "", "airbyte mode: the source-postgres binary; default beside this one, on the PATH, or built with go")
 	dir := fs.String("dir", "", "where the run's files go; default a temporary directory, kept when a run fails")
 	keep := fs.Bool("keep", false, "keep the scratch schema, slot and publication of a staging database")
-	breakEngine := fs.String("break", "", "testing: break the capture on purpose ("+strings.Join(chaos.Breaks(), ", ")+") to see the harness catch it; without --faults, with the faults that provoke it")
+	breakEngine := fs.String("break", "", "test build only (-tags tidemark_faults): break the capture on purpose ("+strings.Join(chaos.Breaks(), ", ")+") to see the harness catch it; without --faults, with the faults that provoke it")
 	maxChunkBytes := fs.Int("max-chunk-bytes", 256<<10, "the capture's bound on the bytes of a chunk (the workload writes values above it now and then)")
 	watermarks := fs.String("watermarks", "", "the capture's watermark transport: message or table; default drawn from the seed")
 	if err := parse(fs, args); err != nil {
@@ -44,6 +45,9 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000),
 		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30))); err != nil {
 		return err
+	}
+	if *breakEngine != "" && !merge.FaultsBuilt {
+		return fmt.Errorf("%w: --break needs a test build of tidemark, whose sync has the switches that break the capture: go build -tags tidemark_faults ./cmd/tidemark (the product has none)", errUsage)
 	}
 	modes := []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte}
 	switch *mode {
@@ -131,6 +135,9 @@ func findConnector(ctx context.Context, flag, self string) (string, error) {
 		}
 		out := filepath.Join(os.TempDir(), "tidemark-source-postgres")
 		build := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/source-postgres")
+		if merge.FaultsBuilt { // a test build of tidemark: the connector's must match (--break)
+			build.Args = []string{"go", "build", "-tags", "tidemark_faults", "-o", out, "./cmd/source-postgres"}
+		}
 		build.Dir = dir
 		if b, err := build.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("build the connector: %v: %s", err, strings.TrimSpace(string(b)))

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/faults"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -32,17 +33,6 @@ type jsonlSink struct {
 	enc        eventEncoder
 	onCheck    func(*merge.Position) // called after each durable checkpoint
 }
-
-// sinkFaults break the sinks on purpose (sync --testing-break), for the chaos harness to prove
-// it notices. Never set otherwise.
-type sinkFaults struct {
-	checkpointApart bool // PostgreSQL target: the checkpoint committed in a transaction of its own, before the data it covers
-	noTruncate      bool // JSON lines: a resume appends after what the output has, without cutting it to its checkpoint
-	noFence         bool // no lock of the output or the checkpoint; JSON lines: cut to the checkpoint before the slot is checked
-}
-
-// sinkBreak is what --testing-break set of sinkFaults.
-var sinkBreak sinkFaults
 
 // checkpointFile is the checkpoint file's content.
 type checkpointFile struct {
@@ -94,7 +84,7 @@ func openJSONL(path, checkpoint string, types *pgjson.Registry, ready func() err
 // lockOutput takes the exclusive lock of an output (its file NAME.lock), or says that another
 // sync holds it. "" needs no lock.
 func lockOutput(name string) (*os.File, error) {
-	if name == "" || sinkBreak.noFence {
+	if name == "" || faults.NoFence {
 		return nil, nil
 	}
 	f, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o644)
@@ -150,13 +140,13 @@ func (s *jsonlSink) open(path string, ready func() error) (*merge.Position, erro
 		f.Close()
 		return nil, fmt.Errorf("output %s has %d bytes but its checkpoint says %d: the file was cut; start over with a new output file", path, fi.Size(), offset)
 	}
-	if !sinkBreak.noFence {
+	if !faults.NoFence {
 		if err := ready(); err != nil {
 			f.Close()
 			return nil, err
 		}
 	}
-	if sinkBreak.noTruncate {
+	if faults.NoTruncate {
 		offset = fi.Size() // broken on purpose: what follows the checkpoint stays, and is written again
 	}
 	// Whatever was written after the checkpoint is replayed by the engine: cut it.
@@ -164,7 +154,7 @@ func (s *jsonlSink) open(path string, ready func() error) (*merge.Position, erro
 		f.Close()
 		return nil, fmt.Errorf("cut output back to its checkpoint: %w", err)
 	}
-	if sinkBreak.noFence {
+	if faults.NoFence {
 		if err := ready(); err != nil { // broken on purpose: after the output was cut
 			f.Close()
 			return nil, err

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/faults"
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -73,7 +74,7 @@ type pgSink struct {
 	// back over the other's rows.
 	lastPos []byte
 	// apart is the connection of the checkpoint when it is broken on purpose
-	// (sinkFaults.checkpointApart); nil otherwise.
+	// (faults.CheckpointApart); nil otherwise.
 	apart *pgx.Conn
 
 	tx        pgx.Tx
@@ -143,12 +144,12 @@ func openPGSink(ctx context.Context, target, source *pgx.Conn, id, schema string
 		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
 	// One writer per checkpoint, before anything is read or written: a session lock, held until
 	// this connection ends (a crash releases it).
-	if !sinkBreak.noFence {
+	if !faults.NoFence {
 		if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
 			return nil, nil, err
 		}
 	}
-	if sinkBreak.checkpointApart {
+	if faults.CheckpointApart {
 		c, err := pgx.ConnectConfig(ctx, target.Config().Copy())
 		if err != nil {
 			return nil, nil, fmt.Errorf("target: %w", err)
@@ -358,7 +359,7 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	// one's changes of the transaction are rolled back, not committed over the other's.
 	var tag pgconn.CommandTag
 	switch {
-	case sinkBreak.noFence:
+	case faults.NoFence:
 		// Broken on purpose: whatever the row holds.
 		tag, err = s.tx.Exec(ctx, `INSERT INTO `+s.cpName+` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
 			ON CONFLICT (id) DO UPDATE SET position = excluded.position, updated_at = now()`, s.id, b, s.schema)
@@ -385,7 +386,7 @@ func (s *pgSink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	return nil
 }
 
-// checkpointApart is Checkpoint broken on purpose (sinkFaults.checkpointApart): the position is
+// checkpointApart is Checkpoint broken on purpose (faults.CheckpointApart): the position is
 // committed on a connection of its own first, then the changes it covers are applied and
 // committed; a crash in between loses them, and the checkpoint says they were written.
 func (s *pgSink) checkpointApart(ctx context.Context, pos *merge.Position) error {
@@ -675,7 +676,7 @@ func (s *pgSink) table(ctx context.Context, c *merge.Columns) (*targetTable, err
 	}
 	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}}
 	// One capture per target table, whatever its checkpoint: two would overwrite each other.
-	if !sinkBreak.noFence {
+	if !faults.NoFence {
 		if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
 			return nil, err
 		}

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,8 +39,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	watermarks := fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
 	signalTable := signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
 	wmTimeout := fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
-	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
-	breakEngine := fs.String("testing-break", "", "testing: break the engine or the sink on purpose, for the chaos harness to catch: no-guard, no-eviction, ack-ahead (the engine); checkpoint-apart (PostgreSQL target), no-truncate (JSON lines), no-fence (both)")
+	testFlags := newTestingFlags(fs)
 	maxChunkBytes := fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -78,25 +74,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	if rerr != nil {
 		problems = append(problems, rerr.Error())
 	}
-	var faults merge.Faults
-	sinkBreak = sinkFaults{} // only what this run's flag says
-	switch *breakEngine {
-	case "":
-	case "no-guard":
-		faults.NoVisibilityGuard = true
-	case "no-eviction":
-		faults.NoEviction = true
-	case "ack-ahead":
-		faults.AckAhead = true
-	case "checkpoint-apart":
-		sinkBreak.checkpointApart = true
-	case "no-truncate":
-		sinkBreak.noTruncate = true
-	case "no-fence":
-		sinkBreak.noFence = true
-	default:
-		problems = append(problems, "--testing-break must be no-guard, no-eviction, ack-ahead, checkpoint-apart, no-truncate or no-fence")
-	}
+	var hooks merge.Hooks
+	var engineFaults merge.Faults
+	problems = append(problems, testFlags.apply(&engineFaults, &hooks)...)
 	if len(problems) > 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
@@ -156,6 +136,8 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		Source: replicator.Config{DSN: srcDSN, Slot: *slot, Publication: *pub, CreateSlot: true,
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
 		Tables:             tcs,
+		Hooks:              hooks,
+		Faults:             engineFaults,
 		ChunkSize:          *chunkSize,
 		MaxChunkBytes:      *maxChunkBytes,
 		CheckpointInterval: *interval,
@@ -165,15 +147,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		Watermarks:         transport,
 		SignalTable:        pgx.Identifier{sigSchema, sigTable},
 		WatermarkTimeout:   *wmTimeout,
-		Faults:             faults,
 		// --rebackfill all: a checkpoint that cannot be resumed is replaced by a refresh of
 		// every table.
 		ResyncInvalidPosition: refreshAll,
-	}
-	if *crashAt != "" {
-		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
-		}
 	}
 	stats := newSyncStats(tcs)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
@@ -238,41 +214,6 @@ func parseTables(s string) ([]merge.TableConfig, error) {
 		out = append(out, merge.TableConfig{Schema: schema, Name: name})
 	}
 	return out, nil
-}
-
-// crashHooks kills the process with SIGKILL the Nth time the engine reaches point: a real crash,
-// for the tests of recovery. It is not for production use.
-func crashHooks(h *merge.Hooks, spec string) error {
-	point, nStr, ok := strings.Cut(spec, ":")
-	n, err := strconv.Atoi(nStr)
-	if !ok || err != nil || n < 1 {
-		return fmt.Errorf("--crash-at %q: write POINT:N", spec)
-	}
-	var count atomic.Int64
-	crash := func() {
-		if count.Add(1) == int64(n) {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-	}
-	chunk := func(context.Context, int64) { crash() }
-	switch point {
-	case "before-low":
-		h.BeforeLow = chunk
-	case "after-low":
-		h.AfterLow = chunk
-	case "after-select":
-		h.AfterSelect = chunk
-	case "after-high":
-		h.AfterHigh = chunk
-	case "after-emit":
-		h.AfterEmit = func(context.Context, int) { crash() }
-	case "after-checkpoint":
-		h.AfterCheckpoint = func(context.Context, *merge.Position) { crash() }
-	default:
-		return fmt.Errorf("--crash-at: unknown point %q", point)
-	}
-	return nil
 }
 
 // parseRebackfill parses --rebackfill: captured tables (schema.table,...) or all.

@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	for bin, pkg := range map[string]string{tidemarkBin: "../../cmd/tidemark", connectorBin: "../../cmd/source-postgres"} {
-		if out, err := exec.Command(gobin, "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		if out, err := exec.Command(gobin, "build", "-tags", "tidemark_faults", "-o", bin, pkg).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
 			os.Exit(1)
 		}
