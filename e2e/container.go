@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -13,9 +15,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
-// ContainerImage is the image StartContainer runs unless Options.Image names another.
+// ContainerImage is the image StartContainer runs unless its image argument names another.
 const ContainerImage = "postgres:15"
 
 // DebianImage is the image the container-debian server kind builds here (Engine.PostgresImage).
@@ -34,13 +38,18 @@ func DockerAvailable(ctx context.Context) bool {
 }
 
 // StartContainer starts PostgreSQL with wal_level=logical in a Docker engine through
-// testcontainers-go: Options.Image (zero: ContainerImage), which takes the official postgres
+// testcontainers-go, with opts.Settings and opts.Log: image (zero: ContainerImage), which takes the official postgres
 // image's POSTGRES_USER, POSTGRES_PASSWORD and POSTGRES_DB and runs `postgres -c ...`. The engine
 // is the one testcontainers-go finds (DOCKER_HOST first). On an engine without a bridge network
 // (one StartEngine started) the container runs on the host's network, listening on 127.0.0.1 on a
 // free port, and the engine's default network is not touched. Restart is not supported for it.
-func StartContainer(ctx context.Context, opts Options) (*Server, error) {
-	image := opts.Image
+func StartContainer(ctx context.Context, opts Options, image string) (*Server, error) {
+	return startContainerThen(ctx, opts, image, nil)
+}
+
+// startContainerThen is StartContainer with then run after the container's removal when the
+// server stops.
+func startContainerThen(ctx context.Context, opts Options, image string, then func(context.Context) error) (*Server, error) {
 	if image == "" {
 		image = ContainerImage
 	}
@@ -49,25 +58,25 @@ func StartContainer(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("start postgres container: %w", err)
 	}
 	if bridge {
-		return startContainer(ctx, opts, image, 5432, false)
+		return startContainer(ctx, opts, image, 5432, false, then)
 	}
 	// A port found free can be taken before the server binds it: try a few.
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		port, err := pgserver.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		s, err := startContainer(ctx, opts, image, port, true)
+		s, err := startContainer(ctx, opts, image, port, true, then)
 		if err == nil || attempt == 2 || ctx.Err() != nil {
 			return s, err
 		}
 	}
 }
 
-func startContainer(ctx context.Context, opts Options, image string, port int, hostNetwork bool) (*Server, error) {
+func startContainer(ctx context.Context, opts Options, image string, port int, hostNetwork bool, then func(context.Context) error) (*Server, error) {
 	password := randomHex(16)
 	args := []string{"postgres"}
-	for k, v := range defaultSettings {
+	for k, v := range pgserver.DefaultSettings() {
 		if k == "listen_addresses" || k == "unix_socket_permissions" {
 			continue
 		}
@@ -113,22 +122,29 @@ func startContainer(ctx context.Context, opts Options, image string, port int, h
 		_ = p.Close()
 		return nil, fmt.Errorf("start postgres container (%s): %w", image, err)
 	}
-	stop := func(context.Context) error {
+	terminate := func() error {
 		err := testcontainers.TerminateContainer(c)
 		_ = p.Close()
+		return err
+	}
+	stop := func(ctx context.Context) error {
+		err := terminate()
+		if then != nil {
+			err = errors.Join(err, then(ctx))
+		}
 		return err
 	}
 	host, err := c.Host(ctx)
 	if err == nil {
 		mp, perr := c.MappedPort(ctx, tcp)
 		if err = perr; err == nil {
-			s := &Server{kind: Container, host: host, port: int(mp.Num()), user: "postgres", password: password, adminDB: "postgres", log: opts.Log}
-			s.stop = stop
-			opts.Log.Info().Str("image", image).Str("network", network).Int("port", s.port).Msg("postgres container started")
+			s := pgserver.New(pgserver.Spec{Kind: Container, Host: host, Port: int(mp.Num()), User: "postgres", Password: password,
+				AdminDB: "postgres", Log: opts.Log, Stop: stop})
+			opts.Log.Info().Str("image", image).Str("network", network).Int("port", s.Port()).Msg("postgres container started")
 			return s, nil
 		}
 	}
-	_ = stop(ctx)
+	_ = terminate()
 	return nil, fmt.Errorf("find postgres container's address: %w", err)
 }
 
@@ -192,7 +208,7 @@ func StartFromEnv(ctx context.Context, log zerolog.Logger) (*Server, error) {
 		return s, nil
 	}
 	if DockerAvailable(ctx) {
-		s, err := StartContainer(ctx, Options{Log: log, Image: os.Getenv(EnvImage)})
+		s, err := StartContainer(ctx, Options{Log: log}, os.Getenv(EnvImage))
 		if err == nil {
 			return s, nil
 		}
@@ -230,13 +246,9 @@ func startContainerFromEnv(ctx context.Context, kind string, log zerolog.Logger)
 			return fail(err)
 		}
 	}
-	s, err := StartContainer(ctx, Options{Log: log, Image: image})
+	s, err := startContainerThen(ctx, Options{Log: log}, image, eng.Stop)
 	if err != nil {
 		return fail(err)
-	}
-	stop := s.stop
-	s.stop = func(ctx context.Context) error {
-		return errors.Join(stop(ctx), eng.Stop(ctx))
 	}
 	return s, nil
 }
@@ -246,4 +258,10 @@ func startContainerFromEnv(ctx context.Context, kind string, log zerolog.Logger)
 func InCI() bool {
 	ci, _ := strconv.ParseBool(os.Getenv("CI"))
 	return ci
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

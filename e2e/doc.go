@@ -1,5 +1,8 @@
-// Package e2e implements the real-PostgreSQL machinery of Tidemark's tests, demo and chaos
-// harness, and holds the end-to-end scenarios as its tests.
+// Package e2e implements the real-PostgreSQL machinery of Tidemark's tests and holds the
+// end-to-end scenarios as its tests. It imports `testing`, testcontainers-go and a Docker client,
+// so nothing the products link imports it: the server launcher is internal/pgserver (which this
+// package re-exports as Server, Start, Options and so on, for the tests) and the oracle with the
+// JSON lines reader is e2e/oracle (re-exported as Record, Oracle, Diff and so on).
 //
 // # Servers
 //
@@ -12,18 +15,17 @@
 //     $TIDEMARK_TEST_PG_IMAGE, postgres:15 by default) or "container-debian" (an image built here
 //     first, PostgreSQL 15 from Debian's packages on a debootstrapped Debian, for an engine that
 //     reaches no registry), the containers in StartEngine's engine;
-//  3. otherwise a throwaway local cluster (Start) made with initdb from the installed server
-//     binaries and run on a free loopback port, as the `postgres` OS user when the process is
-//     root (PostgreSQL refuses to run as root), with scram-sha-256 password authentication on TCP;
+//  3. otherwise a throwaway local cluster (Start, internal/pgserver's) made with initdb from the
+//     installed server binaries and run on a free loopback port, as the `postgres` OS user when
+//     the process is root (PostgreSQL refuses to run as root), with scram-sha-256 password
+//     authentication on TCP;
 //  4. otherwise a testcontainers-go container (StartContainer) when a Docker engine answers.
 //
 // In CI (CI=true), or when $TIDEMARK_TEST_SERVER names a kind, a suite with no server fails;
 // elsewhere its tests are skipped with the reason.
 //
-// A local cluster's postmaster is started with a parent-death signal from a goroutine that holds
-// its OS thread until the postmaster exits, so a test binary that crashes or is killed takes its
-// server with it; Stop removes the cluster's files, and the next Start removes directories that
-// dead processes left behind.
+// A local cluster's postmaster dies with the process that started it, and the next Start removes
+// directories that dead processes left behind (internal/pgserver).
 //
 // # Isolation
 //

@@ -298,3 +298,18 @@ func removeEngineDir(dir string) error {
 	}
 	return os.RemoveAll(dir)
 }
+
+// tailFile returns the last n lines of the file at path (a log), or "" when it cannot be read.
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	return lastLines(b, n)
+}
+
+// lastLines returns the last n lines of b.
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -91,7 +91,9 @@ func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejec
 	cfg := engineConfig(db, "public.t")
 	cfg.ChunkSize = 100
 	cfg.WatermarkTimeout = 300 * time.Millisecond
-	cfg.Faults.NoVisibilityGuard = noGuard
+	if noGuard {
+		breakGuard(t, &cfg)
+	}
 	var chunks atomic.Int64
 	cfg.Hooks.BeforeLow = func(ctx context.Context, id int64) {
 		switch chunks.Add(1) {

@@ -48,6 +48,8 @@ func toRecord(ev merge.Event) e2e.Record {
 		case replicator.Text:
 			s := string(v.Data)
 			r.Values[name] = &s
+		case replicator.Unchanged:
+			r.Unchanged = append(r.Unchanged, name)
 		}
 	}
 	return r

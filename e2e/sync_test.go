@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -35,12 +36,14 @@ func auditedWorkload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func(
 // startSync starts `tidemark sync` in the background and returns a function that kills it.
 func startSync(t *testing.T, db *e2e.TestDB, to string, args ...string) (kill func()) {
 	cmd := exec.Command(tidemarkBinary(t), append([]string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--to", to}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	return func() {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		err := cmd.Wait()
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
-			t.Errorf("sync was not running when killed: %v", err)
+			t.Errorf("sync was not running when killed: %v: %s", err, lastLines(stderr.String(), 15))
 		}
 	}
 }

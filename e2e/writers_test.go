@@ -74,3 +74,27 @@ func TestSecondPostgresWriterRefused(t *testing.T) {
 	require.ErrorContains(t, err, "another tidemark sync")
 	kill()
 }
+
+// TestTargetLockFreedWithinTheWait: a sync killed a moment ago holds its target lock through a
+// server process that ends only when the target notices; a restart right after waits for it
+// instead of failing (CI met this between two kills of TestSyncPostgresKill9).
+func TestTargetLockFreedWithinTheWait(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 100, 1)
+	tgt := targetDB(t, db)
+	ctx := context.Background()
+	holder, err := pgxConnect(ctx, tgt)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('tidemark checkpoint ' || $1, 0))`, db.Slot)
+	require.NoError(t, err)
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(3 * time.Second)
+		_, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+		released <- err
+	}()
+	_, err = runSyncTo(t, db, tgt, "--tables", "public.t", "--stop-when-caught-up", "--quiet")
+	require.NoError(t, <-released)
+	require.NoError(t, err)
+}

@@ -51,17 +51,6 @@ type Hooks struct {
 	ChunkAbandoned func(ctx context.Context, table string, reason error)
 }
 
-// Faults break the engine on purpose, for the chaos harness to prove it notices. Never set them
-// otherwise.
-type Faults struct {
-	// AckAhead acknowledges every emitted event's LSN to the slot at once, ahead of the sink's
-	// durable checkpoint, with frequent status updates, and resumes from a position the slot has
-	// passed without complaint: the classic bug of confirming what was received.
-	AckAhead          bool
-	NoVisibilityGuard bool // emit chunks the visibility guard would reject
-	NoEviction        bool // never drop chunk rows changed inside their window
-}
-
 // DefaultChunkSize is the most rows a chunk reads unless Config.ChunkSize says otherwise.
 const DefaultChunkSize = 10000
 
@@ -116,7 +105,7 @@ type Config struct {
 	// (TableProgress.Refresh) instead of failing. Zero: Run fails with the reason.
 	ResyncInvalidPosition bool
 	Hooks                 Hooks
-	Faults                Faults
+	Faults                Faults // empty unless built with the tidemark_faults tag (faults.go)
 }
 
 // Errors callers branch on.
@@ -212,7 +201,7 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) ensureDefaults() {
-	if c.Faults.AckAhead {
+	if c.Faults.ackAhead() {
 		c.Source.StatusInterval = 100 * time.Millisecond
 	}
 	if c.ChunkSize == 0 {
@@ -296,7 +285,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	}
 
 	core := newCore(writer.Config(), pos, tables)
-	core.noGuard, core.noEviction = e.cfg.Faults.NoVisibilityGuard, e.cfg.Faults.NoEviction
+	core.noGuard, core.noEviction = e.cfg.Faults.noGuard(), e.cfg.Faults.noEviction()
 	core.rereadPartial = e.cfg.RereadPartial
 	// The engine's goroutines run until the merge loop is done, not until ctx ends: when ctx
 	// ends, the stream must still deliver the rest of the transaction in progress.
@@ -495,7 +484,7 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
 			return fmt.Errorf("emit %d events: %w", n, err)
 		}
-		if m.e.cfg.Faults.AckAhead {
+		if m.e.cfg.Faults.ackAhead() {
 			m.stream.Ack(m.core.out[n-1].LSN)
 		}
 		clear(m.core.out)

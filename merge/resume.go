@@ -84,7 +84,7 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 // from. Resuming elsewhere would skip or repeat changes without a word, and acknowledging its LSN
 // would confirm to a slot what was never read from it.
 func (e *Engine) checkIdentity(ctx context.Context, from *Position, stream *replicator.Stream) error {
-	return identityProblem(from, stream.System(), stream.Slot(), e.cfg.Faults.AckAhead, func(tli int32) (pglogrepl.LSN, bool, error) {
+	return identityProblem(from, stream.System(), stream.Slot(), e.cfg.Faults.ackAhead(), func(tli int32) (pglogrepl.LSN, bool, error) {
 		return stream.TimelineEnd(ctx, tli)
 	})
 }

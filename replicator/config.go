@@ -35,6 +35,11 @@ type Config struct {
 	// every status update asks the server for a reply, so a live server is never silent for
 	// long. Zero means 60s.
 	ReceiveTimeout time.Duration
+	// InUseWait is how long Open waits for a slot that another process is streaming from to be
+	// released before it fails with ErrSlotInUse: a consumer killed a moment ago leaves its
+	// server process behind until the server notices the closed connection, and a restart
+	// right after must not fail on it. Zero means DefaultInUseWait; negative, no wait.
+	InUseWait time.Duration
 	// ApplicationName names the connections in pg_stat_activity unless the DSN names them. Zero
 	// means "tidemark".
 	ApplicationName string
@@ -78,4 +83,11 @@ func (c *Config) ensureDefaults() {
 	if c.ApplicationName == "" {
 		c.ApplicationName = "tidemark"
 	}
+	if c.InUseWait == 0 {
+		c.InUseWait = DefaultInUseWait
+	}
 }
+
+// DefaultInUseWait is Config.InUseWait's default: well above the moment a server needs to end
+// the process of a client that died, well below anything a second consumer would notice.
+const DefaultInUseWait = 5 * time.Second

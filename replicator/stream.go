@@ -127,6 +127,9 @@ func (s *Stream) preflight(ctx context.Context, qcfg *pgx.ConnConfig) error {
 
 func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error {
 	name := s.cfg.Slot
+	if err := waitSlotFree(ctx, conn, name, s.cfg.InUseWait); err != nil {
+		return err
+	}
 	var plugin, typ, slotDB, walStatus, confirmed, restart string
 	var active bool
 	var pid int32
@@ -161,8 +164,8 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 			return fmt.Errorf("%w: replication slot %q lost WAL it needed (wal_status = lost, see max_slot_wal_keep_size); "+
 				"changes were missed: drop it with SELECT pg_drop_replication_slot('%s'); and start over with a full backfill", ErrSlotLost, name, name)
 		case active:
-			return fmt.Errorf("%w: replication slot %q is used by server process %d; stop the other consumer "+
-				"(or end a leftover session with SELECT pg_terminate_backend(%d);)", ErrSlotInUse, name, pid, pid)
+			return fmt.Errorf("%w: replication slot %q is used by server process %d (still after %s); stop the other consumer "+
+				"(or end a leftover session with SELECT pg_terminate_backend(%d);)", ErrSlotInUse, name, pid, max(s.cfg.InUseWait, 0), pid)
 		}
 	}
 	s.slot.Name = name
@@ -376,6 +379,28 @@ func (s *Stream) Close(ctx context.Context) error {
 		return nil
 	}
 	return s.conn.Close(ctx)
+}
+
+// waitSlotFree waits up to wait for slot, when some process streams from it, to be released:
+// the server process of a consumer that just died ends once the server notices. A slot still in
+// use after that is left to checkSlot to refuse.
+func waitSlotFree(ctx context.Context, conn *pgx.Conn, slot string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		var active bool
+		err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !active) || (err == nil && !time.Now().Before(deadline)) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read replication slot %q: %w", slot, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // quoteLiteral quotes s as an SQL string literal (standard_conforming_strings is on in every

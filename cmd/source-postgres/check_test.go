@@ -11,7 +11,7 @@ import (
 	"github.com/tidemark/tidemark/e2e"
 )
 
-// check and discover: conformance items 12 to 17.
+// check and discover: the connection status, and the streams, types, sync modes and keys.
 
 // checkStatus runs check and returns its one CONNECTION_STATUS.
 func (e *env) checkStatus() (status, message string) {
@@ -24,7 +24,7 @@ func (e *env) checkStatus() (status, message string) {
 	return st[0].str("connectionStatus", "status"), st[0].str("connectionStatus", "message")
 }
 
-func TestItem12_CheckSucceeds(t *testing.T) {
+func TestCheckSucceeds(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
 	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
@@ -32,7 +32,7 @@ func TestItem12_CheckSucceeds(t *testing.T) {
 	require.Equal(t, "SUCCEEDED", status, msg)
 }
 
-func TestItem13_CheckFailsWithAnActionableMessage(t *testing.T) {
+func TestCheckFailsWithAnActionableMessage(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
 	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
@@ -81,9 +81,9 @@ func TestItem13_CheckFailsWithAnActionableMessage(t *testing.T) {
 	}
 }
 
-// TestItem13_CheckFailsOnWalLevel: a server without wal_level=logical fails the check with the
+// TestCheckFailsOnWalLevel: a server without wal_level=logical fails the check with the
 // setting to change.
-func TestItem13_CheckFailsOnWalLevel(t *testing.T) {
+func TestCheckFailsOnWalLevel(t *testing.T) {
 	if server.Kind() != e2e.Local {
 		t.Skip("needs a second local server with wal_level=replica")
 	}
@@ -112,7 +112,7 @@ func clone(m map[string]any) map[string]any {
 	return out
 }
 
-func TestItem14_DiscoverOneStreamPerTable(t *testing.T) {
+func TestDiscoverOneStreamPerTable(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE SCHEMA sales`)
 	e.db.Exec(`CREATE TABLE public.a (id int PRIMARY KEY, v text)`)
@@ -153,7 +153,7 @@ func keys[V any](m map[string]V) []string {
 	return out
 }
 
-func TestItem15_DiscoverTypes(t *testing.T) {
+func TestDiscoverTypes(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE t (id int8 PRIMARY KEY, d date, ts timestamp, tstz timestamptz, tm time, tmtz timetz,
 		n numeric, f float8, b bool, bytes bytea, arr int[], j jsonb)`)
@@ -188,7 +188,7 @@ func TestItem15_DiscoverTypes(t *testing.T) {
 	require.Equal(t, "base64", typ("bytes")["contentEncoding"])
 }
 
-func TestItem16_SyncModesAndKeys(t *testing.T) {
+func TestDiscoverSyncModesAndKeys(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE captured (a int, b text, PRIMARY KEY (b, a))`)
 	e.db.Exec(`CREATE TABLE unpublished (id int PRIMARY KEY)`)
@@ -218,7 +218,7 @@ func TestItem16_SyncModesAndKeys(t *testing.T) {
 	}
 }
 
-func TestItem17_KeyAndCursorPathsExist(t *testing.T) {
+func TestDiscoverKeyAndCursorPathsExist(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE t1 (id int PRIMARY KEY, v text)`)
 	e.db.Exec(`CREATE TABLE t2 (x int, y int, PRIMARY KEY (x, y))`)

@@ -151,22 +151,30 @@ func jsonProblem(err error) string {
 	return "invalid JSON"
 }
 
+// check fills in the defaults and then checks every key, reporting every problem at once.
 func (c *config) check() error {
-	var errs []error
-	if c.Host == "" {
-		errs = append(errs, errors.New("host is required"))
-	}
-	if c.Database == "" {
-		errs = append(errs, errors.New("database is required"))
-	}
-	if c.Username == "" {
-		errs = append(errs, errors.New("username is required"))
-	}
+	c.applyDefaults()
+	return errors.Join(
+		c.checkServer(),
+		c.checkSSL(),
+		c.checkTunnel(),
+		c.checkReplication(),
+		c.checkSignalTable(),
+		c.checkIntervals(),
+		c.checkAirbyteKeys(),
+		c.checkJDBCParams(),
+		c.checkValueForms(),
+	)
+}
+
+// applyDefaults fills in every key left out, as Airbyte's connector reads it (the port, the
+// schemas, ssl_mode from the legacy ssl flag or require, the Standard method) or as Tidemark's
+// defaults are; it also spells the enumerations' aliases in their one form. It reports nothing:
+// the checks that follow judge the values, defaults included.
+func (c *config) applyDefaults() {
 	if c.Port == nil {
 		p := 5432
 		c.Port = &p
-	} else if err := inRange("port", *c.Port, 1, 65535, 0); err != nil {
-		errs = append(errs, err)
 	}
 	if len(c.Schemas) == 0 {
 		c.Schemas = []string{"public"}
@@ -189,6 +197,59 @@ func (c *config) check() error {
 	case "":
 		c.SSLMode.Mode = "require"
 	}
+	if t := c.TunnelMethod; t != nil && (t.Method == "SSH_KEY_AUTH" || t.Method == "SSH_PASSWORD_AUTH") {
+		t.portNumber = 22
+		if t.Port != nil {
+			t.portNumber = *t.Port
+		}
+	}
+	if c.ReplicationMethod == nil {
+		// As Airbyte's connector: without a replication method, tables are read with queries.
+		c.ReplicationMethod = &replicationMethod{Method: "Standard"}
+	}
+	r := c.ReplicationMethod
+	if r.Method == "" {
+		r.Method = "CDC"
+	}
+	if r.LSNCommitBehaviour == "" {
+		r.LSNCommitBehaviour = commitAfterLoading
+	}
+	if r.InvalidCDCCursorBehaviour == "" {
+		r.InvalidCDCCursorBehaviour = invalidCursorFail
+	}
+	if r.InitialLoadTimeoutHours == 0 {
+		r.InitialLoadTimeoutHours = 8
+	}
+	if c.BackfillChunkSize == 0 {
+		c.BackfillChunkSize = merge.DefaultChunkSize
+	}
+	if c.ValueForms == "" {
+		c.ValueForms = pgjson.Airbyte.String()
+	}
+}
+
+// checkServer checks what names the server and the role: host, port, database, username.
+func (c *config) checkServer() error {
+	var errs []error
+	if c.Host == "" {
+		errs = append(errs, errors.New("host is required"))
+	}
+	if c.Database == "" {
+		errs = append(errs, errors.New("database is required"))
+	}
+	if c.Username == "" {
+		errs = append(errs, errors.New("username is required"))
+	}
+	if err := inRange("port", *c.Port, 1, 65535, 0); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkSSL checks ssl_mode, its certificates, the legacy ssl flag beside it, and Airbyte Cloud's
+// rule that an untunnelled connection is encrypted.
+func (c *config) checkSSL() error {
+	var errs []error
 	switch c.SSLMode.Mode {
 	case "disable", "allow", "prefer", "require":
 	case "verify-ca", "verify-full":
@@ -210,38 +271,44 @@ func (c *config) check() error {
 			errs = append(errs, fmt.Errorf("ssl_mode %s is not allowed in Airbyte Cloud without an SSH tunnel: use require, verify-ca or verify-full", c.SSLMode.Mode))
 		}
 	}
-	if t := c.TunnelMethod; t != nil {
-		switch t.Method {
-		case "", "NO_TUNNEL":
-		case "SSH_KEY_AUTH", "SSH_PASSWORD_AUTH":
-			t.portNumber = 22
-			if t.Port != nil {
-				t.portNumber = *t.Port
-			}
-			if t.Host == "" || t.User == "" {
-				errs = append(errs, fmt.Errorf("tunnel_method %s needs tunnel_host, tunnel_port and tunnel_user", t.Method))
-			}
-			if err := inRange("tunnel_port", t.portNumber, 1, 65535, 0); err != nil {
-				errs = append(errs, err)
-			}
-			if t.Method == "SSH_KEY_AUTH" && t.SSHKey == "" {
-				errs = append(errs, errors.New("tunnel_method SSH_KEY_AUTH needs ssh_key"))
-			}
-			if t.Method == "SSH_PASSWORD_AUTH" && t.Password == "" {
-				errs = append(errs, errors.New("tunnel_method SSH_PASSWORD_AUTH needs tunnel_user_password"))
-			}
-		default:
-			errs = append(errs, fmt.Errorf("tunnel_method %q is not one of NO_TUNNEL, SSH_KEY_AUTH, SSH_PASSWORD_AUTH", t.Method))
+	return errors.Join(errs...)
+}
+
+// checkTunnel checks tunnel_method: the method, and the keys it needs.
+func (c *config) checkTunnel() error {
+	t := c.TunnelMethod
+	if t == nil {
+		return nil
+	}
+	var errs []error
+	switch t.Method {
+	case "", "NO_TUNNEL":
+	case "SSH_KEY_AUTH", "SSH_PASSWORD_AUTH":
+		if t.Host == "" || t.User == "" {
+			errs = append(errs, fmt.Errorf("tunnel_method %s needs tunnel_host, tunnel_port and tunnel_user", t.Method))
 		}
+		if err := inRange("tunnel_port", t.portNumber, 1, 65535, 0); err != nil {
+			errs = append(errs, err)
+		}
+		if t.Method == "SSH_KEY_AUTH" && t.SSHKey == "" {
+			errs = append(errs, errors.New("tunnel_method SSH_KEY_AUTH needs ssh_key"))
+		}
+		if t.Method == "SSH_PASSWORD_AUTH" && t.Password == "" {
+			errs = append(errs, errors.New("tunnel_method SSH_PASSWORD_AUTH needs tunnel_user_password"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("tunnel_method %q is not one of NO_TUNNEL, SSH_KEY_AUTH, SSH_PASSWORD_AUTH", t.Method))
 	}
-	if c.ReplicationMethod == nil {
-		// As Airbyte's connector: without a replication method, tables are read with queries.
-		c.ReplicationMethod = &replicationMethod{Method: "Standard"}
-	}
+	return errors.Join(errs...)
+}
+
+// checkReplication checks replication_method: the method, what CDC needs (slot, publication,
+// pgoutput), and the enumerations and range of its other keys.
+func (c *config) checkReplication() error {
+	var errs []error
 	r := c.ReplicationMethod
 	switch r.Method {
-	case "", "CDC":
-		r.Method = "CDC"
+	case "CDC":
 		if r.ReplicationSlot == "" {
 			errs = append(errs, errors.New("replication_method CDC needs replication_slot"))
 		}
@@ -256,30 +323,32 @@ func (c *config) check() error {
 		errs = append(errs, fmt.Errorf("replication_method.method %q is not one of CDC, Xmin, Standard", r.Method))
 	}
 	switch r.LSNCommitBehaviour {
-	case "":
-		r.LSNCommitBehaviour = commitAfterLoading
 	case commitAfterLoading, commitWhileReading:
 	default:
 		errs = append(errs, fmt.Errorf("lsn_commit_behaviour %q is not one of %q, %q", r.LSNCommitBehaviour, commitWhileReading, commitAfterLoading))
 	}
 	switch r.InvalidCDCCursorBehaviour {
-	case "":
-		r.InvalidCDCCursorBehaviour = invalidCursorFail
 	case invalidCursorFail, invalidCursorResync:
 	default:
 		errs = append(errs, fmt.Errorf("invalid_cdc_cursor_position_behavior %q is not one of %q, %q", r.InvalidCDCCursorBehaviour, invalidCursorFail, invalidCursorResync))
 	}
-	if r.InitialLoadTimeoutHours == 0 {
-		r.InitialLoadTimeoutHours = 8
-	} else if err := inRange("initial_load_timeout_hours", r.InitialLoadTimeoutHours, 4, 24, 8); err != nil {
+	if err := inRange("initial_load_timeout_hours", r.InitialLoadTimeoutHours, 4, 24, 8); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := c.signalTable(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.BackfillChunkSize == 0 {
-		c.BackfillChunkSize = merge.DefaultChunkSize
-	} else if err := inRange("backfill_chunk_size", c.BackfillChunkSize, 1, 1_000_000, merge.DefaultChunkSize); err != nil {
+	return errors.Join(errs...)
+}
+
+// checkSignalTable checks signal_table's form (schema.table).
+func (c *config) checkSignalTable() error {
+	_, err := c.signalTable()
+	return err
+}
+
+// checkIntervals checks the sizes and durations: backfill_chunk_size, sync_time_budget_seconds,
+// and the longest time between two states, under either of its two names.
+func (c *config) checkIntervals() error {
+	var errs []error
+	if err := inRange("backfill_chunk_size", c.BackfillChunkSize, 1, 1_000_000, merge.DefaultChunkSize); err != nil {
 		errs = append(errs, err)
 	}
 	if c.SyncTimeBudgetSeconds != 0 {
@@ -300,6 +369,14 @@ func (c *config) check() error {
 			errs = append(errs, fmt.Errorf("checkpoint_target_interval_seconds %d and state_interval_seconds %d both set the longest time between two states: keep one", c.CheckpointTargetIntervalSeconds, c.StateIntervalSeconds))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// checkAirbyteKeys checks the keys of Airbyte's connector that Tidemark honours or refuses:
+// entra_service_principal_auth (refused) and max_db_connections (at least what the method
+// holds).
+func (c *config) checkAirbyteKeys() error {
+	var errs []error
 	if c.EntraServicePrincipalAuth {
 		errs = append(errs, errors.New("entra_service_principal_auth: Tidemark does not authenticate as a Microsoft Entra service principal (it fetches no token from Microsoft's identity platform); connect with a database role and its password, and set entra_service_principal_auth to false"))
 	}
@@ -312,15 +389,21 @@ func (c *config) check() error {
 			errs = append(errs, fmt.Errorf("max_db_connections %d is too few: %s; give at least %d, or leave it out", *n, why, need))
 		}
 	}
-	if _, _, err := c.jdbcParams(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.ValueForms == "" {
-		c.ValueForms = pgjson.Airbyte.String()
-	} else if _, ok := pgjson.Profiles[c.ValueForms]; !ok {
-		errs = append(errs, fmt.Errorf("value_forms %q is not one of airbyte (the forms of Airbyte's own Postgres source, the default) or exact (Tidemark's exact forms; docs/types.md)", c.ValueForms))
-	}
 	return errors.Join(errs...)
+}
+
+// checkJDBCParams checks jdbc_url_params' form and the values Tidemark honours.
+func (c *config) checkJDBCParams() error {
+	_, _, err := c.jdbcParams()
+	return err
+}
+
+// checkValueForms checks value_forms names a profile.
+func (c *config) checkValueForms() error {
+	if _, ok := pgjson.Profiles[c.ValueForms]; !ok {
+		return fmt.Errorf("value_forms %q is not one of airbyte (the forms of Airbyte's own Postgres source, the default) or exact (Tidemark's exact forms; docs/types.md)", c.ValueForms)
+	}
+	return nil
 }
 
 // inRange reports a numeric key whose value v is outside [lo, hi], naming the key and its range

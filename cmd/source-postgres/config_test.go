@@ -271,3 +271,43 @@ func TestAirbyteKeysHonouredOrRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, c.createSlot())
 }
+
+// TestConfigDefaults: applyDefaults fills every key left out (and spells the aliases in their one
+// form), each default passes the checks that follow it, and a default never hides a value given.
+func TestConfigDefaults(t *testing.T) {
+	c := &config{Host: "h", Database: "d", Username: "u"}
+	c.applyDefaults()
+	require.NoError(t, errors.Join(c.checkServer(), c.checkSSL(), c.checkTunnel(), c.checkReplication(),
+		c.checkSignalTable(), c.checkIntervals(), c.checkAirbyteKeys(), c.checkJDBCParams(), c.checkValueForms()))
+	require.Equal(t, 5432, *c.Port)
+	require.Equal(t, []string{"public"}, c.Schemas)
+	require.Equal(t, "require", c.SSLMode.Mode)
+	require.Equal(t, "Standard", c.ReplicationMethod.Method)
+	require.Equal(t, commitAfterLoading, c.ReplicationMethod.LSNCommitBehaviour)
+	require.Equal(t, invalidCursorFail, c.ReplicationMethod.InvalidCDCCursorBehaviour)
+	require.Equal(t, 8, c.ReplicationMethod.InitialLoadTimeoutHours)
+	require.Equal(t, "airbyte", c.ValueForms)
+	require.False(t, c.createSlot())
+
+	off := false
+	c = &config{SSL: &off, SSLMode: nil, TunnelMethod: &tunnelMethod{Method: "SSH_KEY_AUTH"},
+		ReplicationMethod: &replicationMethod{}}
+	c.applyDefaults()
+	require.Equal(t, "disable", c.SSLMode.Mode, "the legacy ssl flag false is ssl_mode disable")
+	require.Equal(t, 22, c.TunnelMethod.portNumber)
+	require.Equal(t, "CDC", c.ReplicationMethod.Method, "a replication_method without a method is CDC")
+
+	port, tport := 6543, 2222
+	c = &config{Port: &port, Schemas: []string{"s"}, SSLMode: &sslMode{Mode: "verify_full"},
+		TunnelMethod:      &tunnelMethod{Method: "SSH_PASSWORD_AUTH", Port: &tport},
+		ReplicationMethod: &replicationMethod{Method: "Xmin", InitialLoadTimeoutHours: 5}, BackfillChunkSize: 7, ValueForms: "exact"}
+	c.applyDefaults()
+	require.Equal(t, 6543, *c.Port)
+	require.Equal(t, []string{"s"}, c.Schemas)
+	require.Equal(t, "verify-full", c.SSLMode.Mode)
+	require.Equal(t, 2222, c.TunnelMethod.portNumber)
+	require.Equal(t, "Xmin", c.ReplicationMethod.Method)
+	require.Equal(t, 5, c.ReplicationMethod.InitialLoadTimeoutHours)
+	require.Equal(t, 7, c.BackfillChunkSize)
+	require.Equal(t, "exact", c.ValueForms)
+}

@@ -18,9 +18,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The image: conformance items 41 to 43 and 45. The Dockerfile is checked as text against what
-// the platform needs, and the binary is run the way the platform runs the image's entrypoint;
-// image_test.go builds the image and runs it in a Docker engine where one can be started.
+// The image: the Dockerfile, the platform's invocation and metadata.yaml. The Dockerfile is
+// checked as text against what the platform needs, and the binary is run the way the platform
+// runs the image's entrypoint; image_test.go builds the image and runs it in a Docker engine
+// where one can be started.
 
 // stage is one stage of the Dockerfile.
 type stage struct {
@@ -80,7 +81,7 @@ func target(t *testing.T, name string) (base string, instr []string) {
 	}
 }
 
-func TestItem41_DockerfileEntrypointEnvAndLabels(t *testing.T) {
+func TestDockerfileEntrypointEnvAndLabels(t *testing.T) {
 	// The image users build (the default target) and the one the image test builds from binaries
 	// made outside (prebuilt) are the same runtime with the same binaries in the same place.
 	for _, tgt := range []struct{ name, binary string }{{"", "/out/source-postgres"}, {"prebuilt", "bin/source-postgres"}} {
@@ -148,7 +149,7 @@ func asPlatformUser(t *testing.T, cmd *exec.Cmd, env ...string) {
 	cmd.Dir = "/"
 }
 
-func TestItem42_ShellEvalOfTheEntrypoint(t *testing.T) {
+func TestShellEvalOfTheEntrypoint(t *testing.T) {
 	cmd := exec.Command("/bin/sh", "-c", `eval "$AIRBYTE_ENTRYPOINT spec"`)
 	asPlatformUser(t, cmd)
 	out, err := cmd.Output()
@@ -159,10 +160,10 @@ func TestItem42_ShellEvalOfTheEntrypoint(t *testing.T) {
 	require.Contains(t, lines[0], `"type":"SPEC"`)
 }
 
-// TestItem43_PlatformInvocation reproduces the platform's sync pod: the inputs under a source
+// TestPlatformInvocation reproduces the platform's sync pod: the inputs under a source
 // directory, stdout and stderr into named pipes the orchestrator reads, the exit code written
 // by the wrapper; a failing read's exit code propagates the same way.
-func TestItem43_PlatformInvocation(t *testing.T) {
+func TestPlatformInvocation(t *testing.T) {
 	e := ordersEnv(t, 500)
 	cat := e.catalog()
 	first := e.read(cat, nil)
@@ -282,9 +283,10 @@ func metadata(t *testing.T) map[string]any {
 	return doc.Data
 }
 
-// TestItem45_Metadata checks metadata.yaml against the required fields and enumerations of
-// Airbyte's ConnectorMetadataDefinitionV0 (reference/airbyte.md §2.5).
-func TestItem45_Metadata(t *testing.T) {
+// TestMetadataDefinition checks metadata.yaml against the required fields and enumerations of
+// Airbyte's connector metadata definition (ConnectorMetadataDefinitionV0, the schema of a
+// connector's metadata.yaml in Airbyte's registry).
+func TestMetadataDefinition(t *testing.T) {
 	md := metadata(t)
 	for _, k := range []string{"name", "definitionId", "connectorType", "dockerRepository", "dockerImageTag", "license", "documentationUrl", "githubIssueLabel", "connectorSubtype", "releaseStage"} {
 		require.NotEmpty(t, md[k], "data.%s is required", k)

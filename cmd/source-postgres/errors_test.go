@@ -18,9 +18,9 @@ import (
 	"github.com/tidemark/tidemark/replicator"
 )
 
-// TestItem37_Classification: every kind of failure maps to the failure type the platform acts
+// TestFailureTypeClassification: every kind of failure maps to the failure type the platform acts
 // on (config_error is never retried, transient_error is).
-func TestItem37_Classification(t *testing.T) {
+func TestFailureTypeClassification(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("read: %w", err) }
 	cases := []struct {
 		err  error

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -43,7 +42,8 @@ func TestMain(m *testing.M) {
 	// Readable by everyone: a test runs it as an unprivileged user, as the platform does.
 	_ = os.Chmod(dir, 0o755)
 	binPath = filepath.Join(dir, "source-postgres")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", binPath, ".")
+	// "go" from PATH: go test puts the bin directory of its own GOROOT first on the test's PATH.
+	build := exec.Command("go", "build", "-o", binPath, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build the connector:", err)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -161,7 +160,7 @@ func buildImage(t *testing.T, eng *e2e.Engine) string {
 		{"source-postgres", ".", "-s -w -X main.version=" + version},
 		{"tidemark", "../tidemark", "-s -w"},
 	} {
-		build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-tags", "timetzdata",
+		build := exec.Command("go", "build", "-trimpath", "-tags", "timetzdata",
 			"-ldflags", b.ldflags, "-o", filepath.Join(dir, "bin", b.out), b.pkg)
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := build.CombinedOutput()

@@ -185,10 +185,9 @@ func cursorText(v json.RawMessage) (string, bool) {
 
 // methodStream is what a Standard or Xmin read knows of one stream's relation.
 type methodStream struct {
-	kind      byte     // relkind
-	oid       uint32   // pg_class OID
-	key       []string // primary key columns, in key order; nil without one
-	cursorIdx int      // Standard: index of the cursor column among the relation's columns
+	kind byte     // relkind
+	oid  uint32   // pg_class OID
+	key  []string // primary key columns, in key order; nil without one
 }
 
 // prepareMethods checks every incremental stream of a Standard or Xmin read before anything is

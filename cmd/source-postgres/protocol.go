@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// The Airbyte protocol's messages (v0, ../shared/airbyte/airbyte_protocol.yaml), as far as a
-// source writes or reads them. Field names are copied exactly, camelCase where the protocol has it.
+// The Airbyte protocol's messages (Airbyte's protocol v0; the tests check every message against
+// its YAML schema, testdata/airbyte_protocol.yaml), as far as a source writes or reads them.
+// Field names are copied exactly, camelCase where the protocol has it.
 
 type message struct {
 	Type             string            `json:"type"`

@@ -285,6 +285,10 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 	s := r.s
 	rm := s.cfg.ReplicationMethod
 	sig, _ := s.cfg.signalTable()
+	faults, err := testingBreak()
+	if err != nil {
+		return err
+	}
 	cfg := merge.Config{
 		Source: replicator.Config{
 			DSN: s.dsn, Slot: rm.ReplicationSlot, Publication: rm.Publication,
@@ -297,6 +301,7 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 		AckCheckpoints:     rm.LSNCommitBehaviour == commitWhileReading,
 		StopWhenCaughtUp:   !s.cfg.Continuous,
 		RereadPartial:      true,
+		Faults:             faults,
 	}
 	for _, t := range tables {
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: t.schema, Name: t.name})

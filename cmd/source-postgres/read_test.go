@@ -18,7 +18,7 @@ import (
 	"github.com/tidemark/tidemark/e2e"
 )
 
-// read: conformance items 4 to 7 and 18 to 39.
+// read: arguments and state forms, records, states, resumption, statuses, errors and estimates.
 
 // ordersEnv is an env with a captured table public.orders (id, v, n) of rows rows.
 func ordersEnv(t *testing.T, rows int) *env {
@@ -29,7 +29,7 @@ func ordersEnv(t *testing.T, rows int) *env {
 	return e
 }
 
-func TestItem04_ArgumentsInAnyOrderFromAnyDirectory(t *testing.T) {
+func TestArgumentsInAnyOrderFromAnyDirectory(t *testing.T) {
 	e := ordersEnv(t, 10)
 	cat := e.catalog()
 	cfg := e.config()
@@ -46,7 +46,7 @@ func TestItem04_ArgumentsInAnyOrderFromAnyDirectory(t *testing.T) {
 	}
 }
 
-func TestItem05_StateForms(t *testing.T) {
+func TestStateArgumentForms(t *testing.T) {
 	e := ordersEnv(t, 20)
 	cat := e.catalog()
 	first := e.read(cat, nil)
@@ -64,7 +64,7 @@ func TestItem05_StateForms(t *testing.T) {
 	}
 }
 
-func TestItem06_UnknownFieldsAreIgnored(t *testing.T) {
+func TestUnknownFieldsAreIgnored(t *testing.T) {
 	e := ordersEnv(t, 5)
 	e.cfg["some_future_option"] = map[string]any{"x": 1}
 	e.cdc()["another_one"] = true
@@ -90,7 +90,7 @@ func TestItem06_UnknownFieldsAreIgnored(t *testing.T) {
 	require.Len(t, r.records(), 1)
 }
 
-func TestItem07_SIGTERMEndsCleanlyWithAState(t *testing.T) {
+func TestSIGTERMEndsCleanlyWithAState(t *testing.T) {
 	e := ordersEnv(t, 200000)
 	e.cfg["backfill_chunk_size"] = 2000
 	e.cfg["continuous"] = true
@@ -137,7 +137,7 @@ func TestItem07_SIGTERMEndsCleanlyWithAState(t *testing.T) {
 	d.equalsSource(t, e, "public.orders")
 }
 
-func TestItem18_RecordFields(t *testing.T) {
+func TestRecordFields(t *testing.T) {
 	e := ordersEnv(t, 3)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -155,7 +155,7 @@ func TestItem18_RecordFields(t *testing.T) {
 	}
 }
 
-func TestItem19_OnlyConfiguredStreams(t *testing.T) {
+func TestOnlyConfiguredStreams(t *testing.T) {
 	e := ordersEnv(t, 5)
 	e.db.Exec(`CREATE TABLE other (id int PRIMARY KEY)`)
 	e.db.Exec(`ALTER PUBLICATION ` + e.db.Publication + ` ADD TABLE other`)
@@ -173,7 +173,7 @@ func TestItem19_OnlyConfiguredStreams(t *testing.T) {
 	}
 }
 
-func TestItem20_OnlyConfiguredColumns(t *testing.T) {
+func TestOnlyConfiguredColumns(t *testing.T) {
 	e := ordersEnv(t, 5)
 	cat := e.catalog()
 	// The user deselected column n.
@@ -205,7 +205,7 @@ func TestItem20_OnlyConfiguredColumns(t *testing.T) {
 	require.NotContains(t, data, "v")
 }
 
-// typesTable creates a table with a column of most types Airbyte maps (reference §3.4), and
+// typesTable creates a table with a column of most types Airbyte's connector maps (its data type table), and
 // rows that exercise their edges.
 func typesTable(e *env) {
 	e.db.Exec(`CREATE EXTENSION IF NOT EXISTS hstore`)
@@ -228,7 +228,7 @@ func typesTable(e *env) {
 	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE types`)
 }
 
-func TestItem21_ValuesValidateAgainstTheDiscoveredSchema(t *testing.T) {
+func TestValuesValidateAgainstTheDiscoveredSchema(t *testing.T) {
 	e := newEnv(t)
 	typesTable(e)
 	cat := e.catalog()
@@ -267,7 +267,7 @@ func TestItem21_ValuesValidateAgainstTheDiscoveredSchema(t *testing.T) {
 	}
 }
 
-func TestItem22_CDCMetadata(t *testing.T) {
+func TestCDCMetadataColumns(t *testing.T) {
 	e := ordersEnv(t, 3)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -300,7 +300,7 @@ func TestItem22_CDCMetadata(t *testing.T) {
 	}
 }
 
-func TestItem23_NoRecordWithANullKey(t *testing.T) {
+func TestNoRecordWithANullKey(t *testing.T) {
 	e := ordersEnv(t, 50)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -315,7 +315,7 @@ func TestItem23_NoRecordWithANullKey(t *testing.T) {
 	replayEqualsSource(t, e, "public.orders", "id", r, r2)
 }
 
-func TestItem24_NoTOASTPlaceholders(t *testing.T) {
+func TestNoTOASTPlaceholders(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE docs (id int PRIMARY KEY, title text, body text)`)
 	e.db.Exec(`ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL`)
@@ -336,7 +336,7 @@ func TestItem24_NoTOASTPlaceholders(t *testing.T) {
 	replayEqualsSource(t, e, "public.docs", "id", r, r2)
 }
 
-func TestItem25_UnencodableValuesAreNulledAndListed(t *testing.T) {
+func TestUnencodableValuesAreNulledAndListed(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY, n numeric, f float8)`)
 	e.db.Exec(`INSERT INTO t VALUES (1, 'NaN', 'Infinity'), (2, 1.5, 2.5)`)
@@ -361,7 +361,7 @@ func TestItem25_UnencodableValuesAreNulledAndListed(t *testing.T) {
 	require.Nil(t, recs[1].get("record", "meta"))
 }
 
-func TestItem26_GlobalStatesOnly(t *testing.T) {
+func TestCDCStatesAreGlobalOnly(t *testing.T) {
 	e := ordersEnv(t, 30)
 	e.db.Exec(`CREATE TABLE other (id int PRIMARY KEY)`)
 	e.db.Exec(`CREATE VIEW vw AS SELECT id FROM orders`)
@@ -381,7 +381,7 @@ func TestItem26_GlobalStatesOnly(t *testing.T) {
 	}
 }
 
-func TestItem27_RecordCountsAreExact(t *testing.T) {
+func TestRecordCountsAreExact(t *testing.T) {
 	// Every run's output is checked for exact counts (env.check); this one has many states,
 	// backfill chunks and changes interleaved, and a full refresh stream.
 	e := ordersEnv(t, 3000)
@@ -402,7 +402,7 @@ func TestItem27_RecordCountsAreExact(t *testing.T) {
 	require.Equal(t, len(r.records()), total)
 }
 
-func TestItem28_FinalStateOnAnIdleDatabase(t *testing.T) {
+func TestFinalStateOnAnIdleDatabase(t *testing.T) {
 	e := ordersEnv(t, 0)
 	cat := e.catalog()
 	before := e.db.CurrentLSN()
@@ -434,7 +434,7 @@ func indexOf(ms []msg, m msg) int {
 	return -1
 }
 
-func TestItem29_StatesKeepComing(t *testing.T) {
+func TestStatesKeepComing(t *testing.T) {
 	e := ordersEnv(t, 60000)
 	e.cfg["backfill_chunk_size"] = 500
 	e.cfg["continuous"] = true
@@ -453,7 +453,7 @@ func TestItem29_StatesKeepComing(t *testing.T) {
 	require.Greater(t, len(states), 4)
 }
 
-func TestItem30_ResumeFromAnyState(t *testing.T) {
+func TestResumeFromAnyState(t *testing.T) {
 	e := ordersEnv(t, 2000)
 	e.cfg["backfill_chunk_size"] = 150
 	cat := e.catalog()
@@ -515,7 +515,7 @@ func workload(t *testing.T, e *env, table string, ids int) (stop chan struct{}, 
 	return stop, done
 }
 
-func TestItem31_NoChangesNoRecords(t *testing.T) {
+func TestNoChangesNoRecords(t *testing.T) {
 	e := ordersEnv(t, 100)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -524,7 +524,7 @@ func TestItem31_NoChangesNoRecords(t *testing.T) {
 	require.NotEmpty(t, r2.states(), "a final state")
 }
 
-func TestItem32_AStateFromTheFuture(t *testing.T) {
+func TestAStateFromTheFuture(t *testing.T) {
 	e := ordersEnv(t, 100)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -554,7 +554,7 @@ func TestItem32_AStateFromTheFuture(t *testing.T) {
 	replayEqualsSource(t, e, "public.orders", "id", r2)
 }
 
-func TestItem33_AStateBehindTheSlot(t *testing.T) {
+func TestAStateBehindTheSlot(t *testing.T) {
 	e := ordersEnv(t, 100)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -581,7 +581,7 @@ func TestItem33_AStateBehindTheSlot(t *testing.T) {
 	replayEqualsSource(t, e, "public.orders", "id", r, r2)
 }
 
-func TestItem34_SlotAcknowledgedToTheIncomingState(t *testing.T) {
+func TestSlotAcknowledgedToTheIncomingState(t *testing.T) {
 	e := ordersEnv(t, 100)
 	cat := e.catalog()
 	r := e.read(cat, nil)
@@ -606,7 +606,7 @@ func TestItem34_SlotAcknowledgedToTheIncomingState(t *testing.T) {
 	require.Equal(t, pglogrepl.LSN(last), confirmed)
 }
 
-func TestItem35_ResumableFullRefresh(t *testing.T) {
+func TestResumableFullRefresh(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE fr (id int PRIMARY KEY, v text)`)
 	e.db.Exec(`INSERT INTO fr SELECT g, 'v' FROM generate_series(1, 1000) g`)
@@ -642,7 +642,7 @@ func TestItem35_ResumableFullRefresh(t *testing.T) {
 	require.Len(t, r3.records(), 1010)
 }
 
-func TestItem36_StreamStatuses(t *testing.T) {
+func TestStreamStatuses(t *testing.T) {
 	e := ordersEnv(t, 10)
 	e.db.Exec(`CREATE TABLE empty (id int PRIMARY KEY)`)
 	e.db.Exec(`ALTER PUBLICATION ` + e.db.Publication + ` ADD TABLE empty`)
@@ -670,7 +670,7 @@ func TestItem36_StreamStatuses(t *testing.T) {
 	require.Equal(t, map[string]string{"orders": "INCOMPLETE", "empty": "INCOMPLETE"}, last)
 }
 
-func TestItem37_ErrorsAreClassified(t *testing.T) {
+func TestReadErrorsAreClassified(t *testing.T) {
 	e := ordersEnv(t, 10)
 	cat := e.catalog()
 	good := clone(e.cfg)
@@ -702,7 +702,7 @@ func TestItem37_ErrorsAreClassified(t *testing.T) {
 	}
 }
 
-func TestItem38_AnInvalidCatalog(t *testing.T) {
+func TestAnInvalidCatalog(t *testing.T) {
 	e := ordersEnv(t, 1)
 	cat := e.file("catalog.json", map[string]any{"streams": []any{map[string]any{
 		"stream":    map[string]any{"name": "does_not_exist", "namespace": "public", "json_schema": map[string]any{}, "supported_sync_modes": []string{"full_refresh"}},
@@ -716,7 +716,7 @@ func TestItem38_AnInvalidCatalog(t *testing.T) {
 	require.Contains(t, errs[0].str("trace", "error", "message"), "INVALID")
 }
 
-func TestItem39_Estimates(t *testing.T) {
+func TestEstimates(t *testing.T) {
 	e := ordersEnv(t, 5000)
 	e.db.Exec(`ANALYZE orders`)
 	cat := e.catalog()
@@ -732,7 +732,7 @@ func TestItem39_Estimates(t *testing.T) {
 	require.Empty(t, r.traces("ESTIMATE"))
 }
 
-func TestItem40_NoSecretsAnywhere(t *testing.T) {
+func TestNoSecretsAnywhere(t *testing.T) {
 	// Every run's stdout and stderr are searched for the config's secrets (env.check); this run
 	// fails on purpose with a password in several places of the config.
 	e := ordersEnv(t, 1)
@@ -747,11 +747,11 @@ func TestItem40_NoSecretsAnywhere(t *testing.T) {
 	}
 }
 
-// TestItem44_AcceptanceSuites runs, in Go, what the connector acceptance tests' full_refresh and
+// TestAcceptanceSuites runs, in Go, what the connector acceptance tests' full_refresh and
 // incremental suites check (the suites themselves need Docker): two full refresh reads give the
 // same records; a second incremental read from the first's state brings only records whose
-// cursor is at or after the state's; a state from the future brings none (item 32).
-func TestItem44_AcceptanceSuites(t *testing.T) {
+// cursor is at or after the state's; a state from the future brings none (as TestAStateFromTheFuture).
+func TestAcceptanceSuites(t *testing.T) {
 	e := ordersEnv(t, 300)
 	e.db.Exec(`CREATE TABLE plain (id int PRIMARY KEY, v text)`)
 	e.db.Exec(`INSERT INTO plain SELECT g, 'p' FROM generate_series(1, 50) g`)
@@ -801,10 +801,10 @@ func TestItem44_AcceptanceSuites(t *testing.T) {
 	require.Equal(t, 5, n)
 }
 
-// TestItem03_StdoutCarriesOnlyMessages: with the most verbose log level, every stdout line is one
+// TestStdoutCarriesOnlyMessages: with the most verbose log level, every stdout line is one
 // protocol message of a valid type (env.check validates each against the protocol's schema), and
 // the log goes to stderr.
-func TestItem03_StdoutCarriesOnlyMessages(t *testing.T) {
+func TestStdoutCarriesOnlyMessages(t *testing.T) {
 	e := ordersEnv(t, 2000)
 	e.cfg["backfill_chunk_size"] = 300
 	cat := e.catalog()

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The spec part of the conformance checklist (reference/airbyte.md §5, items 1, 2, 8 to 11):
-// tests named after their items.
+// spec: one message with a draft-07 connection specification that Airbyte's own configs satisfy,
+// secrets marked, oneOf groups the platform's form can render.
 
 // specOf runs spec with nothing around it: no config, no network, an empty environment, and a
 // working directory it cannot write.
@@ -41,7 +41,7 @@ func connSpec(t *testing.T) map[string]any {
 	return m["spec"].(map[string]any)["connectionSpecification"].(map[string]any)
 }
 
-func TestItem01_SpecIsOneMessageWithADraft07Schema(t *testing.T) {
+func TestSpecIsOneMessageWithADraft07Schema(t *testing.T) {
 	m, _ := specOf(t)
 	require.Equal(t, "SPEC", m["type"])
 	cs := m["spec"].(map[string]any)["connectionSpecification"]
@@ -57,7 +57,7 @@ func TestItem01_SpecIsOneMessageWithADraft07Schema(t *testing.T) {
 	require.Equal(t, "http://json-schema.org/draft-07/schema#", cs.(map[string]any)["$schema"])
 }
 
-func TestItem02_ProtocolVersionFirst(t *testing.T) {
+func TestProtocolVersionFirst(t *testing.T) {
 	m, _ := specOf(t)
 	pv, _ := m["spec"].(map[string]any)["protocol_version"].(string)
 	require.True(t, strings.HasPrefix(pv, "0."), "protocol_version %q", pv)
@@ -87,7 +87,7 @@ func walk(s map[string]any, path string, fn func(name, path string, prop map[str
 // secretName is the acceptance tests' rule for names of secret fields (CAT TestSpec).
 var secretName = regexp.MustCompile(`(^|_)(password|token|secret|key|credentials|certificate|jwt|access_token|refresh_token|api_token|service_account|service_account_info|tenant_id|app_id|appid|client_token|client_secret)$`)
 
-func TestItem08_RequiredFieldsAndSecrets(t *testing.T) {
+func TestSpecRequiredFieldsAndSecrets(t *testing.T) {
 	cs := connSpec(t)
 	required := cs["required"].([]any)
 	for _, k := range []string{"host", "port", "database", "username"} {
@@ -109,7 +109,7 @@ func TestItem08_RequiredFieldsAndSecrets(t *testing.T) {
 	require.GreaterOrEqual(t, secrets, 6, "password, certificates, keys and the tunnel password are secret")
 }
 
-func TestItem09_OneOfGroupsHaveOneConstDiscriminator(t *testing.T) {
+func TestSpecOneOfGroupsHaveOneConstDiscriminator(t *testing.T) {
 	cs := connSpec(t)
 	groups := 0
 	var check func(s map[string]any, path string)
@@ -158,7 +158,7 @@ func TestItem09_OneOfGroupsHaveOneConstDiscriminator(t *testing.T) {
 	require.Equal(t, 3, groups, "ssl_mode, replication_method and tunnel_method")
 }
 
-func TestItem10_NoForbiddenKeywords(t *testing.T) {
+func TestSpecNoForbiddenKeywords(t *testing.T) {
 	_, raw := specOf(t)
 	var doc any
 	require.NoError(t, json.Unmarshal(raw, &doc))
@@ -205,7 +205,7 @@ const airbyteConfig = `{
   "checkpoint_target_interval_seconds": 300, "max_db_connections": 4, "check_privileges": true
 }`
 
-func TestItem11_AirbyteConfigsValidate(t *testing.T) {
+func TestSpecAcceptsAirbyteConfigs(t *testing.T) {
 	cs := connSpec(t)
 	b, _ := json.Marshal(cs)
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
@@ -248,8 +248,7 @@ func TestSpecMatchesConfig(t *testing.T) {
 		spec[strings.TrimPrefix(regexp.MustCompile(`\[oneOf\]\d`).ReplaceAllString(path, ""), ".")] = true
 	})
 	read := map[string]bool{}
-	var fields func(prefix string, v any)
-	fields = func(prefix string, v any) {
+	fields := func(prefix string, v any) {
 		b, _ := json.Marshal(v)
 		var m map[string]any
 		_ = json.Unmarshal(b, &m)

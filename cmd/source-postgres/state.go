@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -244,22 +245,22 @@ func debeziumLSN(raw json.RawMessage) (pglogrepl.LSN, error) {
 		State map[string]string `json:"state"`
 	}
 	if err := json.Unmarshal(raw, &outer); err != nil {
-		return 0, fmt.Errorf("Debezium offset: %s", jsonProblem(err))
+		return 0, fmt.Errorf("the state's Debezium offset: %s", jsonProblem(err))
 	}
 	for _, v := range outer.State {
 		var off struct {
 			LSN json.Number `json:"lsn"`
 		}
 		if err := json.Unmarshal([]byte(v), &off); err != nil {
-			return 0, fmt.Errorf("Debezium offset: %s", jsonProblem(err))
+			return 0, fmt.Errorf("the state's Debezium offset: %s", jsonProblem(err))
 		}
 		n, err := strconv.ParseUint(off.LSN.String(), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("Debezium offset: lsn %q is not a number", off.LSN)
+			return 0, fmt.Errorf("the state's Debezium offset: lsn %q is not a number", off.LSN)
 		}
 		return pglogrepl.LSN(n), nil
 	}
-	return 0, fmt.Errorf("Debezium offset without an lsn")
+	return 0, errors.New("the state's Debezium offset has no lsn")
 }
 
 // airbyteStreamDone reports whether an Airbyte source-postgres stream state says the stream's

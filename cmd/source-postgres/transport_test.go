@@ -76,7 +76,7 @@ func makeCerts(t *testing.T, dir, clientCN string) *certs {
 	// The client key encrypted with a password, as libpq's sslpassword reads it.
 	block, _ := pem.Decode([]byte(c.clientKey))
 	c.keyPW = "client-key-pw-" + strconv.Itoa(int(time.Now().UnixNano()%1000))
-	//nolint:staticcheck // legacy PEM encryption is what libpq and pgx read with sslpassword
+	//lint:ignore SA1019 an encrypted legacy (RFC 1423) PEM key is what libpq and pgx read with sslpassword, and what this test must give them
 	enc, err := x509.EncryptPEMBlock(rand.Reader, block.Type, block.Bytes, []byte(c.keyPW), x509.PEMCipherAES256)
 	require.NoError(t, err)
 	c.clientKeyEncrypted = string(pem.EncodeToMemory(enc))

@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/pgserver"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
@@ -102,7 +102,7 @@ type bench struct {
 	reps      int
 	chunk     int
 	log       zerolog.Logger
-	srv       *e2e.Server
+	srv       *pgserver.Server
 	dsn       string
 	slots     int
 	types     *pgjson.Registry
@@ -119,7 +119,7 @@ func (b *bench) run(ctx context.Context) error {
 	host, _ := os.Hostname()
 	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk)
 	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
-	srv, err := e2e.Start(ctx, e2e.Options{Settings: benchSettings})
+	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
 	if err != nil {
 		return err
 	}
@@ -323,7 +323,7 @@ func (b *bench) median(f func() (time.Duration, error)) (time.Duration, error) {
 
 // psqlCopy times psql running a COPY to /dev/null, counting the bytes.
 func (b *bench) psqlCopy(ctx context.Context, sql string, mb *float64) (time.Duration, error) {
-	bin, err := e2e.FindBinDir()
+	bin, err := pgserver.FindBinDir()
 	if err != nil {
 		return 0, err
 	}
@@ -567,7 +567,7 @@ func (b *bench) pgcopydb(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
-	bin, err := e2e.FindBinDir()
+	bin, err := pgserver.FindBinDir()
 	if err != nil {
 		return 0, err
 	}
@@ -618,7 +618,7 @@ func (b *bench) airbyteRead(ctx context.Context, mb *float64, rss *int64) (time.
 	}
 	defer os.RemoveAll(dir)
 	config := fmt.Sprintf(`{"host":%q,"port":%d,"database":%q,"username":%q,"password":%q,"ssl_mode":{"mode":"disable"},
-		"replication_method":{"method":"CDC","replication_slot":%q,"publication":"bench"},"backfill_chunk_size":%d}`,
+		"replication_method":{"method":"CDC","replication_slot":%q,"publication":"bench"},"create_replication_slot":true,"backfill_chunk_size":%d}`,
 		c.Host, c.Port, c.Database, c.User, c.Password, slot, b.chunk)
 	catalog := `{"streams":[{"stream":{"name":"bench_rows","namespace":"public","json_schema":{"type":"object"},"supported_sync_modes":["full_refresh","incremental"]},
 		"sync_mode":"incremental","destination_sync_mode":"append_dedup"}]}`
@@ -687,7 +687,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
 		return 0, 0, err
 	}
-	bin, err := e2e.FindBinDir()
+	bin, err := pgserver.FindBinDir()
 	if err != nil {
 		return 0, 0, err
 	}

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // memoryBench is `tidemark bench --memory`: the peak resident set of `tidemark sync`, run as a
@@ -33,7 +33,7 @@ func (b *memoryBench) run(ctx context.Context) error {
 	host, _ := os.Hostname()
 	b.printf("# tidemark bench --memory %s tx_rows=%d wide_rows=%d wide_mb=%d\n", time.Now().UTC().Format(time.RFC3339), b.txRows, b.wideRows, b.wideMB)
 	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
-	srv, err := e2e.Start(ctx, e2e.Options{Settings: benchSettings})
+	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark/tidemark/e2e/chaos"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/merge"
 )
 
 // runChaos runs the chaos harness (e2e/chaos) in one mode or all, and prints a report per mode;
@@ -25,28 +26,34 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
 	faults := fs.String("faults", "", "the faults, comma-separated: families ("+strings.Join(chaos.FaultFamilies(), ", ")+") or kinds ("+strings.Join(chaos.FaultKinds(), ", ")+"); default: the default family")
-	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight (a short run meets each)")
-	source := fs.String("source", "", "a staging database to run against (the run uses only its own schema tidemark_chaos, slot and publication); default a throwaway PostgreSQL")
+	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight; the run goes past --duration (up to three times it more) until each took effect once")
+	source := fs.String("source", "", "a staging database to run against (each run uses only a schema, slot and publication of its own, named tidemark_chaos_SEED_ID); default a throwaway PostgreSQL")
 	target := fs.String("target", "", "postgres mode: the database to write to; default a second database of the throwaway PostgreSQL")
 	rows := fs.Int("rows", 20000, "rows of the main table before the run (backfilled under the faults)")
 	chunk := fs.Int("chunk-size", 1000, "backfill chunk size")
 	connector := fs.String("connector", "", "airbyte mode: the source-postgres binary; default beside this one, on the PATH, or built with go")
 	dir := fs.String("dir", "", "where the run's files go; default a temporary directory, kept when a run fails")
 	keep := fs.Bool("keep", false, "keep the scratch schema, slot and publication of a staging database")
-	breakEngine := fs.String("break", "", "testing: break the engine on purpose (no-guard, no-eviction, ack-ahead) to see the harness catch it")
+	breakEngine := fs.String("break", "", "test build only (-tags tidemark_faults): break the capture on purpose ("+strings.Join(chaos.Breaks(), ", ")+") to see the harness catch it; without --faults, with the faults that provoke it")
+	maxChunkBytes := fs.Int("max-chunk-bytes", 256<<10, "the capture's bound on the bytes of a chunk (the workload writes values above it now and then)")
+	watermarks := fs.String("watermarks", "", "the capture's watermark transport: message or table; default drawn from the seed")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := usageProblems(fs, outOfRange(durationRange("duration", *duration, time.Second, 30*24*time.Hour),
 		durationRange("fault-every", *every, 10*time.Millisecond, time.Hour),
-		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000))); err != nil {
+		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000),
+		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30))); err != nil {
 		return err
+	}
+	if *breakEngine != "" && !merge.FaultsBuilt {
+		return fmt.Errorf("%w: --break needs a test build of tidemark, whose sync has the switches that break the capture: go build -tags tidemark_faults ./cmd/tidemark (the product has none)", errUsage)
 	}
 	modes := []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte}
 	switch *mode {
 	case "all":
 		if *breakEngine != "" {
-			modes = modes[:2]
+			modes = chaos.BreakModes(*breakEngine)
 		}
 	case "jsonl", "postgres", "airbyte":
 		modes = []chaos.Mode{chaos.Mode(*mode)}
@@ -73,10 +80,15 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
+	faultList := splitList(*faults)
+	if *breakEngine != "" && len(faultList) == 0 {
+		faultList = chaos.BreakFaults(*breakEngine)
+	}
 	failed := false
 	for _, m := range modes {
 		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
-			Tidemark: self, Rows: *rows, Faults: splitList(*faults), InTurn: *inTurn, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log}
+			Tidemark: self, Rows: *rows, Faults: faultList, InTurn: *inTurn, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log,
+			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks}
 		if *dir != "" {
 			cfg.Dir = filepath.Join(*dir, string(m))
 			if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
@@ -88,7 +100,6 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 				return err
 			}
 		}
-		fmt.Fprintf(e.stdout, "# tidemark chaos --mode %s --seed %d --duration %s\n", m, *seed, *duration)
 		rep, err := chaos.Run(ctx, cfg)
 		if rep != nil {
 			rep.Write(e.stdout)
@@ -124,6 +135,9 @@ func findConnector(ctx context.Context, flag, self string) (string, error) {
 		}
 		out := filepath.Join(os.TempDir(), "tidemark-source-postgres")
 		build := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/source-postgres")
+		if merge.FaultsBuilt { // a test build of tidemark: the connector's must match (--break)
+			build.Args = []string{"go", "build", "-tags", "tidemark_faults", "-o", out, "./cmd/source-postgres"}
+		}
 		build.Dir = dir
 		if b, err := build.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("build the connector: %v: %s", err, strings.TrimSpace(string(b)))

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgserver"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/postgres"
@@ -80,23 +80,19 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	return nil
 }
 
-// startDemoServer starts a throwaway PostgreSQL: from the installed server binaries, or in a
-// container when only a Docker engine answers.
-func startDemoServer(ctx context.Context, e *env) (*e2e.Server, error) {
+// startDemoServer starts a throwaway PostgreSQL from the installed server binaries.
+func startDemoServer(ctx context.Context, e *env) (*pgserver.Server, error) {
 	fmt.Fprintf(e.stderr, "Starting a throwaway PostgreSQL...\n")
-	srv, err := e2e.Start(ctx, e2e.Options{Log: e.log})
-	if err == nil {
-		return srv, nil
-	}
-	if !e2e.DockerAvailable(ctx) {
+	srv, err := pgserver.Start(ctx, pgserver.Options{Log: e.log})
+	if err != nil {
 		return nil, fmt.Errorf("start a throwaway PostgreSQL: %w", err)
 	}
-	return e2e.StartContainer(ctx, e2e.Options{Log: e.log})
+	return srv, nil
 }
 
 // createDemoData creates the source database with its tables, rows, publication and slot, and
 // the target database; it returns their connection strings.
-func createDemoData(ctx context.Context, e *env, srv *e2e.Server, rows int) (src, tgt string, err error) {
+func createDemoData(ctx context.Context, e *env, srv *pgserver.Server, rows int) (src, tgt string, err error) {
 	for _, db := range []string{"demo_source", "demo_target"} {
 		if err := srv.CreateDatabase(ctx, db); err != nil {
 			return "", "", err

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,15 +42,16 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	watermarks := fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
 	signalTable := signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
 	wmTimeout := fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
-	crashAt := fs.String("crash-at", "", "testing: kill this process with SIGKILL at POINT:N (before-low, after-low, after-select, after-high, after-emit, after-checkpoint)")
-	breakEngine := fs.String("testing-break", "", "testing: break the engine on purpose, for the chaos harness to catch: no-guard, no-eviction, ack-ahead")
+	testFlags := newTestingFlags(fs)
+	maxChunkBytes := fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	problems := outOfRange(
 		intRange("chunk-size", *chunkSize, 1, 1_000_000),
 		durationRange("checkpoint-interval", *interval, 10*time.Millisecond, time.Hour),
-		durationRange("watermark-timeout", *wmTimeout, 100*time.Millisecond, time.Hour))
+		durationRange("watermark-timeout", *wmTimeout, 100*time.Millisecond, time.Hour),
+		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30))
 	if *source == "" {
 		problems = append(problems, "--source is required")
 	}
@@ -79,18 +77,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	if rerr != nil {
 		problems = append(problems, rerr.Error())
 	}
-	var faults merge.Faults
-	switch *breakEngine {
-	case "":
-	case "no-guard":
-		faults.NoVisibilityGuard = true
-	case "no-eviction":
-		faults.NoEviction = true
-	case "ack-ahead":
-		faults.AckAhead = true
-	default:
-		problems = append(problems, "--testing-break must be no-guard, no-eviction or ack-ahead")
-	}
+	var hooks merge.Hooks
+	var engineFaults merge.Faults
+	problems = append(problems, testFlags.apply(&engineFaults, &hooks)...)
 	if len(problems) > 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
@@ -149,7 +138,10 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		Source: replicator.Config{DSN: srcDSN, Slot: *slot, Publication: *pub, CreateSlot: true,
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
 		Tables:             tcs,
+		Hooks:              hooks,
+		Faults:             engineFaults,
 		ChunkSize:          *chunkSize,
+		MaxChunkBytes:      *maxChunkBytes,
 		CheckpointInterval: *interval,
 		AckCheckpoints:     true,
 		StopWhenCaughtUp:   *stopCaughtUp,
@@ -157,15 +149,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		Watermarks:         transport,
 		SignalTable:        pgx.Identifier{sigSchema, sigTable},
 		WatermarkTimeout:   *wmTimeout,
-		Faults:             faults,
 		// --rebackfill all: a checkpoint that cannot be resumed is replaced by a refresh of
 		// every table.
 		ResyncInvalidPosition: refreshAll,
-	}
-	if *crashAt != "" {
-		if err := crashHooks(&cfg.Hooks, *crashAt); err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
-		}
 	}
 	stats := newSyncStats(tcs)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
@@ -232,41 +218,6 @@ func parseTables(s string) ([]merge.TableConfig, error) {
 	return out, nil
 }
 
-// crashHooks kills the process with SIGKILL the Nth time the engine reaches point: a real crash,
-// for the tests of recovery. It is not for production use.
-func crashHooks(h *merge.Hooks, spec string) error {
-	point, nStr, ok := strings.Cut(spec, ":")
-	n, err := strconv.Atoi(nStr)
-	if !ok || err != nil || n < 1 {
-		return fmt.Errorf("--crash-at %q: write POINT:N", spec)
-	}
-	var count atomic.Int64
-	crash := func() {
-		if count.Add(1) == int64(n) {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-	}
-	chunk := func(context.Context, int64) { crash() }
-	switch point {
-	case "before-low":
-		h.BeforeLow = chunk
-	case "after-low":
-		h.AfterLow = chunk
-	case "after-select":
-		h.AfterSelect = chunk
-	case "after-high":
-		h.AfterHigh = chunk
-	case "after-emit":
-		h.AfterEmit = func(context.Context, int) { crash() }
-	case "after-checkpoint":
-		h.AfterCheckpoint = func(context.Context, *merge.Position) { crash() }
-	default:
-		return fmt.Errorf("--crash-at: unknown point %q", point)
-	}
-	return nil
-}
-
 // parseRebackfill parses --rebackfill: captured tables (schema.table,...) or all.
 func parseRebackfill(s string, tcs []merge.TableConfig) (names []string, all bool, err error) {
 	if s == "" {
@@ -314,8 +265,16 @@ func withRebackfillHint(err error) error {
 // found before its output is touched.
 func slotIdle(ctx context.Context, conn *pgx.Conn, slot string) error {
 	var pid *int32
-	err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).Scan(&pid)
-	if errors.Is(err, pgx.ErrNoRows) {
+	idle := false
+	err := sink.UntilFree(ctx, func() (bool, error) {
+		err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).Scan(&pid)
+		idle = errors.Is(err, pgx.ErrNoRows)
+		if idle {
+			return true, nil
+		}
+		return false, err
+	})
+	if idle {
 		return nil
 	}
 	if err != nil {

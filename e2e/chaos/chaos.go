@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -18,8 +18,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // Mode is what captures.
@@ -43,14 +44,17 @@ type Config struct {
 	// "ddl"). Empty: the default family.
 	Faults []string
 	// InTurn takes the faults in turn, in the order of Faults, instead of drawing each kind by
-	// its weight: a short run meets every one (the tests). The times between them stay drawn.
+	// its weight: a short run meets every one (the tests). The times between them stay drawn. The
+	// run goes on past Duration (up to three times it more) until each kind has taken effect once.
 	InTurn bool
 	// Source is a staging database to run against (its role must create schemas, slots and
 	// publications); empty: a throwaway PostgreSQL started for the run, which also allows the
 	// faults that restart or reconfigure the server.
 	Source string
-	// Target is the database the PostgreSQL mode writes to (it gets Schema and Tidemark's
-	// checkpoint and audit tables). Empty: a second database of the throwaway server.
+	// Target is the database the PostgreSQL mode writes to (it gets the run's schema, a schema
+	// for the harness's history of the target's rows, and Tidemark's checkpoint and audit
+	// tables). Empty: a second database of the throwaway server, or a server of its own when the
+	// faults restart the source's or the target's server.
 	Target string
 	// Tidemark and Connector are the tidemark and source-postgres binaries.
 	Tidemark, Connector string
@@ -58,8 +62,16 @@ type Config struct {
 	Rows int
 	// ChunkSize is the backfill chunk size. Zero: 1000.
 	ChunkSize int
-	// Break breaks the engine on purpose (no-guard, no-eviction, ack-ahead; tidemark sync only),
-	// to show that the harness catches it.
+	// MaxChunkBytes is the capture's bound on the bytes of a chunk; the workload writes now and
+	// then a value above it. Zero: 256 KiB.
+	MaxChunkBytes int
+	// Watermarks is the watermark transport of the capture: "message" (logical messages) or
+	// "table" (a signal table in the run's schema). Empty: drawn from the seed, messages three
+	// times in four (the table on a server before PostgreSQL 14).
+	Watermarks string
+	// Break breaks the capture on purpose, to show that the harness catches it: the engine
+	// (no-guard, no-eviction, ack-ahead; every mode) or tidemark sync's sinks (checkpoint-apart,
+	// the PostgreSQL target; no-truncate, the JSON lines; no-fence, both). See Breaks.
 	Break string
 	// Dir holds the run's files. Empty: a temporary directory, removed after a passing run.
 	Dir string
@@ -70,17 +82,25 @@ type Config struct {
 
 // Report is what a run found.
 type Report struct {
-	Mode         Mode
-	Seed         uint64
+	Mode Mode
+	Seed uint64
+	// Command is the tidemark chaos command that replays the run: the same seed, duration,
+	// fault rate, rows, chunk size and bound, faults and watermark transport.
+	Command      string
+	Schema       string        // the run's schema, slot and publication
+	Transport    string        // the watermark transport: message or table
 	Duration     time.Duration // the whole run, setup and checks included
 	Transactions int64         // workload transactions committed
 	Faults       map[string]int
-	Void         map[string]int // faults of Faults that could not be applied (a restart that failed...)
-	Stops        map[string]int // clear stops with the cause a fault explains, by fault kind
-	Remedies     map[string]int // what followed them: "undo KIND", "rebackfill TABLE" (or all), "reset TABLE" (Airbyte)
-	Starts       int            // capture processes started
-	Failures     int            // capture processes that failed on their own (not killed by the harness), expected stops included
-	LastFailure  string         // the last one's error, apart from expected stops
+	// Void are the faults of Faults that had no effect (a kill with no capture running, no
+	// walsender or connection to end, a commit stall that could not hold a backend, a restart
+	// that failed...): they are not effective.
+	Void        map[string]int
+	Stops       map[string]int // clear stops with the cause a fault explains, by fault kind
+	Remedies    map[string]int // what followed them: "undo KIND", "rebackfill TABLE" (or all), "reset TABLE" (Airbyte)
+	Starts      int            // capture processes started
+	Failures    int            // capture processes that failed on their own (not killed by the harness), expected stops included
+	LastFailure string         // the last one's error, apart from expected stops
 	// OtherFailures counts the failures that named no cause (a connection dropped or reset by
 	// a fault...), by message without numbers.
 	OtherFailures map[string]int
@@ -101,25 +121,27 @@ func (r *Report) percentile(p float64) time.Duration {
 	return r.Latency[min(len(r.Latency)-1, int(p*float64(len(r.Latency))))]
 }
 
+// Effective returns the faults of each kind that took effect.
+func (r *Report) Effective() map[string]int {
+	out := map[string]int{}
+	for k, n := range r.Faults {
+		if e := n - r.Void[k]; e > 0 {
+			out[k] = e
+		}
+	}
+	return out
+}
+
 // Write prints the report.
 func (r *Report) Write(w io.Writer) {
-	fmt.Fprintf(w, "tidemark chaos: mode=%s seed=%d duration=%s\n", r.Mode, r.Seed, r.Duration.Round(time.Second))
-	fmt.Fprintf(w, "workload: %d transactions\n", r.Transactions)
-	var kinds []string
-	total := 0
-	for k, n := range r.Faults {
-		kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
-		total += n
+	fmt.Fprintf(w, "tidemark chaos: mode=%s seed=%d duration=%s schema=%s watermarks=%s\n", r.Mode, r.Seed, r.Duration.Round(time.Second), r.Schema, r.Transport)
+	if r.Command != "" {
+		fmt.Fprintf(w, "replay: %s\n", r.Command)
 	}
-	sort.Strings(kinds)
-	fmt.Fprintf(w, "faults: %d (%s)", total, strings.Join(kinds, " "))
+	fmt.Fprintf(w, "workload: %d transactions\n", r.Transactions)
+	fmt.Fprintf(w, "faults: %d injected, %d effective (%s)", sum(r.Faults), sum(r.Effective()), formatCounts(r.Effective()))
 	if len(r.Void) > 0 {
-		var void []string
-		for k, n := range r.Void {
-			void = append(void, fmt.Sprintf("%s=%d", k, n))
-		}
-		sort.Strings(void)
-		fmt.Fprintf(w, ", without effect: %s", strings.Join(void, " "))
+		fmt.Fprintf(w, ", without effect: %s", formatCounts(r.Void))
 	}
 	fmt.Fprintln(w)
 	if len(r.Stops) > 0 || len(r.Remedies) > 0 {
@@ -181,21 +203,27 @@ func formatCounts(m map[string]int) string {
 type run struct {
 	cfg    Config
 	log    zerolog.Logger
-	srv    *e2e.Server // nil for a staging database
-	dsn    string      // the source, direct
-	via    string      // the source, through the proxy
-	target string      // the PostgreSQL target
+	srv    *pgserver.Server // nil for a staging database
+	dsn    string           // the source, direct
+	via    string           // the source, through the proxy
+	target string           // the PostgreSQL target, direct
+	tvia   string           // the PostgreSQL target, through its proxy
 	proxy  *proxy
+	tproxy *proxy // between the capture and the PostgreSQL target
+	sch    string // the run's schema; also its slot's and publication's name
 	slot   string
-	report *Report
-	rng    *rand.Rand // the fault schedule
-	schema *schemaState
-	capt   capture
-	work   *workload
-	// targetSrv is the PostgreSQL mode's target server when the restore fault is on: the
-	// source's server is restored, and the target must not be restored with it.
-	targetSrv *e2e.Server
-	restores  int // restore faults so far (names their backups)
+	// transport is the watermark transport (message or table); faultsArg the faults as asked.
+	transport, faultsArg string
+	report               *Report
+	rng                  *rand.Rand // the fault schedule
+	schema               *schemaState
+	capt                 capture
+	work                 *workload
+	// targetSrv is the PostgreSQL mode's target server when the faults restart or restore the
+	// source's server, or restart the target's: the target must not go with the source.
+	targetSrv *pgserver.Server
+	hist      *targetHistory // the PostgreSQL target's history of its rows
+	restores  int            // restore faults so far (names their backups)
 
 	mu            sync.Mutex
 	faults        map[string]int
@@ -236,6 +264,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.ChunkSize == 0 {
 		cfg.ChunkSize = 1000
 	}
+	if cfg.MaxChunkBytes == 0 {
+		cfg.MaxChunkBytes = 256 << 10
+	}
 	switch cfg.Mode {
 	case JSONL, Postgres:
 		if cfg.Tidemark == "" {
@@ -245,11 +276,32 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if cfg.Connector == "" {
 			return nil, errors.New("chaos: the source-postgres binary is needed")
 		}
-		if cfg.Break != "" {
-			return nil, errors.New("chaos: --break works with tidemark sync (modes jsonl and postgres)")
-		}
 	default:
 		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte)", cfg.Mode)
+	}
+	if cfg.Break != "" {
+		b, ok := breakOf(cfg.Break)
+		if !ok {
+			return nil, fmt.Errorf("chaos: unknown break %q (%s)", cfg.Break, strings.Join(Breaks(), ", "))
+		}
+		if !slices.Contains(b.modes, cfg.Mode) {
+			return nil, fmt.Errorf("chaos: the break %s is of mode(s) %v, not %s", cfg.Break, b.modes, cfg.Mode)
+		}
+	}
+	switch cfg.Watermarks {
+	case "":
+		// Drawn from the seed, apart from the fault schedule and the workload.
+		cfg.Watermarks = "message"
+		if rand.New(rand.NewPCG(cfg.Seed, 3)).IntN(4) == 0 {
+			cfg.Watermarks = "table"
+		}
+	case "message", "table":
+	default:
+		return nil, fmt.Errorf("chaos: unknown watermark transport %q (message, table)", cfg.Watermarks)
+	}
+	faultsArg := strings.Join(cfg.Faults, ",")
+	if faultsArg == "" {
+		faultsArg = "default"
 	}
 	faults, err := expandFaults(cfg.Faults)
 	if err != nil {
@@ -257,11 +309,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	cfg.Faults = faults
 	start := time.Now()
+	// A schema, slot and publication of its own: runs against one database do not meet.
+	var id [3]byte
+	_, _ = crand.Read(id[:])
+	sch := fmt.Sprintf("%s_%d_%x", SchemaPrefix, cfg.Seed%1000000, id)
 	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{}, void: map[string]int{}, stops: map[string]int{}, remedies: map[string]int{},
-		otherFailures: map[string]int{}, schema: newSchemaState(),
-		report: &Report{Mode: cfg.Mode, Seed: cfg.Seed},
-		rng:    rand.New(rand.NewPCG(cfg.Seed, 2)),
-		slot:   fmt.Sprintf("tidemark_chaos_%d", cfg.Seed%1000000)}
+		otherFailures: map[string]int{}, schema: newSchemaState(sch), sch: sch, slot: sch, faultsArg: faultsArg,
+		report: &Report{Mode: cfg.Mode, Seed: cfg.Seed, Schema: sch},
+		rng:    rand.New(rand.NewPCG(cfg.Seed, 2))}
 	if cfg.Dir == "" {
 		dir, err := os.MkdirTemp("", "tidemark-chaos-")
 		if err != nil {
@@ -280,7 +335,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			f.Close()
 		}()
 	}
-	r.note("mode %s seed %d duration %s faults %s", cfg.Mode, cfg.Seed, cfg.Duration, strings.Join(cfg.Faults, ","))
 	if err := r.prepare(ctx); err != nil {
 		r.close(ctx)
 		return nil, err
@@ -305,7 +359,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // the proxy.
 func (r *run) prepare(ctx context.Context) error {
 	if r.cfg.Source == "" {
-		srv, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+		srv, err := pgserver.Start(ctx, pgserver.Options{Log: r.log})
 		if err != nil {
 			return fmt.Errorf("start PostgreSQL: %w", err)
 		}
@@ -319,9 +373,10 @@ func (r *run) prepare(ctx context.Context) error {
 		if r.cfg.Target == "" {
 			r.target = srv.DSN("chaos_target")
 		}
-		if r.cfg.Mode == Postgres && r.cfg.Target == "" && slices.Contains(r.cfg.Faults, "restore") {
-			// The restore fault takes the whole server back: the target needs a server of its own.
-			ts, err := e2e.Start(ctx, e2e.Options{Log: r.log})
+		if r.cfg.Mode == Postgres && r.cfg.Target == "" && (slices.Contains(r.cfg.Faults, "restore") || slices.Contains(r.cfg.Faults, "target-restart")) {
+			// The restore fault takes the whole server back, the target's restart must leave the
+			// source alone: the target needs a server of its own.
+			ts, err := pgserver.Start(ctx, pgserver.Options{Log: r.log})
 			if err != nil {
 				return fmt.Errorf("start the target's PostgreSQL: %w", err)
 			}
@@ -349,17 +404,25 @@ func (r *run) prepare(ctx context.Context) error {
 		return fmt.Errorf("connect to the source: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	// Leftovers of an earlier run with the same seed.
-	_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, r.slot)
-	_, _ = conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.slot}.Sanitize())
-	collation, err := setup(ctx, conn, r.cfg.Rows, r.ddl())
+	var version int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	if version < 140000 && r.cfg.Watermarks == "message" {
+		r.cfg.Watermarks = "table" // logical messages in transactions need PostgreSQL 14
+	}
+	r.transport = r.cfg.Watermarks
+	r.report.Transport, r.report.Command = r.transport, r.command()
+	r.note("%s", r.report.Command)
+	r.note("schema, slot and publication %s; watermarks as %s", r.sch, r.transport)
+	collation, err := setup(ctx, conn, r.sch, r.schema.moved, r.cfg.Rows, r.ddl(), r.cfg.Mode == Postgres)
 	if err != nil {
 		return err
 	}
-	r.log.Info().Str("collation", collation).Msg("workload tables created")
+	r.log.Info().Str("collation", collation).Str("schema", r.sch).Msg("workload tables created")
 	var list []string
 	for _, t := range tables {
-		list = append(list, pgx.Identifier{Schema, t.name}.Sanitize())
+		list = append(list, pgx.Identifier{r.sch, t.name}.Sanitize())
 	}
 	if _, err := conn.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{r.slot}.Sanitize()+` FOR TABLE `+strings.Join(list, ", ")); err != nil {
 		return fmt.Errorf("create the publication: %w", err)
@@ -375,8 +438,42 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	via := pc.Copy()
 	via.Host, via.Port = "127.0.0.1", uint16(r.proxy.port())
-	r.via = e2e.DSN(via.Host, int(via.Port), via.User, via.Password, via.Database)
+	r.via = pgserver.DSN(via.Host, int(via.Port), via.User, via.Password, via.Database)
+	if r.cfg.Mode == Postgres {
+		tc, err := pgx.ParseConfig(r.target)
+		if err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+		if r.tproxy, err = newProxy(fmt.Sprintf("%s:%d", tc.Host, tc.Port)); err != nil {
+			return err
+		}
+		r.tvia = pgserver.DSN("127.0.0.1", r.tproxy.port(), tc.User, tc.Password, tc.Database)
+		if r.hist, err = newTargetHistory(ctx, r.target, r.sch, r.log); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// command is the tidemark chaos command that replays the run.
+func (r *run) command() string {
+	c := r.cfg
+	parts := []string{"tidemark chaos", "--mode", string(c.Mode), "--seed", fmt.Sprint(c.Seed), "--duration", c.Duration.String(),
+		"--fault-every", c.FaultEvery.String(), "--rows", fmt.Sprint(c.Rows), "--chunk-size", fmt.Sprint(c.ChunkSize),
+		"--max-chunk-bytes", fmt.Sprint(c.MaxChunkBytes), "--faults", r.faultsArg, "--watermarks", r.transport}
+	if c.InTurn {
+		parts = append(parts, "--in-turn")
+	}
+	if c.Break != "" {
+		parts = append(parts, "--break", c.Break)
+	}
+	if c.Source != "" {
+		parts = append(parts, "--source", "SOURCE") // not printed: it may hold a password
+	}
+	if c.Target != "" {
+		parts = append(parts, "--target", "TARGET")
+	}
+	return strings.Join(parts, " ")
 }
 
 // close removes what the run created, unless asked to keep it.
@@ -384,6 +481,9 @@ func (r *run) close(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	if r.proxy != nil {
 		r.proxy.Close()
+	}
+	if r.tproxy != nil {
+		r.tproxy.Close()
 	}
 	if r.targetSrv != nil {
 		_ = r.targetSrv.Stop(ctx)
@@ -409,13 +509,16 @@ func (r *run) close(ctx context.Context) {
 	}
 	_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.slot)
 	_, _ = conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.slot}.Sanitize())
-	_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+Schema+` CASCADE`)
+	_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+r.sch+` CASCADE`)
 	if r.ddl() {
-		_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+MovedSchema+` CASCADE`)
+		_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+r.schema.moved+` CASCADE`)
 	}
 	if r.target != "" && r.cfg.Mode == Postgres {
 		if tc, err := pgx.Connect(ctx, r.target); err == nil {
-			_, _ = tc.Exec(ctx, `DROP SCHEMA IF EXISTS `+Schema+` CASCADE`)
+			_, _ = tc.Exec(ctx, `DROP SCHEMA IF EXISTS `+r.sch+` CASCADE`)
+			if r.hist != nil {
+				r.hist.drop(ctx, tc)
+			}
 			_, _ = tc.Exec(ctx, `DELETE FROM public.tidemark_checkpoint WHERE id = $1`, r.slot)
 			tc.Close(ctx)
 		}
@@ -438,7 +541,7 @@ func (r *run) execute(ctx context.Context) error {
 	if err := capt.prepare(ctx); err != nil {
 		return err
 	}
-	w := &workload{dsn: r.dsn, rng: rand.New(rand.NewPCG(r.cfg.Seed, 1)), rows: r.cfg.Rows, schema: r.schema}
+	w := &workload{dsn: r.dsn, seed: r.cfg.Seed, rows: r.cfg.Rows, schema: r.schema, bigValue: r.cfg.MaxChunkBytes}
 	r.work = w
 	wctx, stopWorkload := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -588,6 +691,9 @@ type capture interface {
 	start(ctx context.Context) (*process, error)
 	// slow makes the consumer slow for d.
 	slow(ctx context.Context, d time.Duration) string
+	// second runs a second capture against the slot and output of the running one, which must
+	// be refused (fence.go).
+	second(ctx context.Context) string
 	// finish runs the capture without faults until it has caught up.
 	finish(ctx context.Context) error
 	verify(ctx context.Context, rep *Report) error
@@ -601,6 +707,9 @@ type capture interface {
 	checkpoint(ctx context.Context) (*checkpointInfo, error)
 }
 
+// keys returns the key columns of the run's tables by schema.table.
+func (r *run) keys() map[string][]string { return keysIn(r.sch) }
+
 // sourceTables returns the source's rows of each table in their JSON form (the connector's
 // forms in airbyte mode, its default; the CLI's exact ones otherwise), by key.
 func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[string]*string, error) {
@@ -609,8 +718,8 @@ func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[strin
 	if r.cfg.Mode == Airbyte {
 		profile = pgjson.Airbyte
 	}
-	for name, key := range keys() {
-		rows, err := e2e.SourceRowsJSON(ctx, r.dsn, Schema, strings.TrimPrefix(name, Schema+"."), key, profile)
+	for name, key := range r.keys() {
+		rows, err := oracle.SourceRowsJSON(ctx, r.dsn, r.sch, strings.TrimPrefix(name, r.sch+"."), key, profile)
 		if err != nil {
 			return nil, err
 		}
@@ -619,18 +728,35 @@ func (r *run) sourceTables(ctx context.Context) (map[string]map[string]map[strin
 	return out, nil
 }
 
-// checkOracle adds the oracle's findings against the source to the report.
-func (r *run) checkOracle(ctx context.Context, o *e2e.Oracle, rep *Report) error {
+// checkOracle adds the oracle's findings against the source to the report: the versions that
+// came back after their delete (txnXID gives the source transaction of a record's Txn), and the
+// replay compared with the source's tables.
+func (r *run) checkOracle(ctx context.Context, o *oracle.Oracle, rep *Report, txnXID func(txn string) (uint32, bool)) error {
 	src, err := r.sourceTables(ctx)
 	if err != nil {
 		return err
 	}
+	deaths, err := r.readDeaths(ctx)
+	if err != nil {
+		return err
+	}
+	o.CheckDeaths(func(table, key, txn string) (int64, bool) {
+		xid, ok := txnXID(txn)
+		if !ok {
+			return 0, false
+		}
+		return deaths.removed(table, key, xid)
+	})
 	rep.Violations = append(rep.Violations, o.Violations()...)
 	rep.Records, rep.Duplicates = o.Records(), o.Duplicates()
+	null := "null"
 	for _, name := range slices.Sorted(maps.Keys(src)) {
 		replay := o.Rows(name)
-		r.schema.fillAdded(name, replay, src[name])
-		if d := e2e.Diff(replay, src[name]); d != "" {
+		rep.Violations = append(rep.Violations, o.FillMissing(name, replay, r.schema.addedIn(name, src[name]), &null)...)
+		if r.cfg.Mode == Airbyte {
+			airbyteForm(src[name])
+		}
+		if d := oracle.Diff(replay, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: %s differs from the source: %s", name, d))
 		}
 	}

@@ -39,13 +39,13 @@ func (c *checkpointInfo) invisible(xid uint32) bool {
 	return false
 }
 
-// started reports whether the re-backfill of table (of every captured table for "") has started:
+// started reports whether the re-backfill of table (of every one of all for "") has started:
 // its progress is there, and no longer asks for one.
-func (c *checkpointInfo) started(table string) bool {
+func (c *checkpointInfo) started(table string, all map[string][]string) bool {
 	names := []string{table}
 	if table == "" {
 		names = names[:0]
-		for name := range keys() {
+		for name := range all {
 			names = append(names, name)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
 // The ddl family: what a DBA does to a captured database on an ordinary day (rename a table, add
@@ -61,7 +61,7 @@ func (r *run) pickTable(rng *rand.Rand, candidates ...string) string {
 	i := rng.IntN(len(candidates))
 	for k := range candidates {
 		t := candidates[(i+k)%len(candidates)]
-		if !r.busy(Schema + "." + t) {
+		if !r.busy(r.sch + "." + t) {
 			return t
 		}
 	}
@@ -103,7 +103,7 @@ func (r *run) killMidway(kill bool) string {
 	return "; capture " + r.sup.kill()
 }
 
-// renameFault renames a table (or moves it to MovedSchema) for d and back. The workload follows
+// renameFault renames a table (or moves it to r.schema.moved) for d and back. The workload follows
 // the new name. A running capture follows the table by OID; one started meanwhile stops at
 // start (chunker.ErrNoTable, with where the table went), and is remedied by renaming it back.
 func (r *run) renameFault(ctx context.Context, d time.Duration) string {
@@ -112,15 +112,15 @@ func (r *run) renameFault(ctx context.Context, d time.Duration) string {
 	if t == "" {
 		return noEffect + "every table awaits a remedy"
 	}
-	orig := pgx.Identifier{Schema, t}.Sanitize()
-	to, sql, back := pgx.Identifier{Schema, t + "_renamed"}.Sanitize(), "", ""
+	orig := pgx.Identifier{r.sch, t}.Sanitize()
+	to, sql, back := pgx.Identifier{r.sch, t + "_renamed"}.Sanitize(), "", ""
 	if move {
-		to = pgx.Identifier{MovedSchema, t}.Sanitize()
-		sql, back = `ALTER TABLE `+orig+` SET SCHEMA `+MovedSchema, `ALTER TABLE `+to+` SET SCHEMA `+Schema
+		to = pgx.Identifier{r.schema.moved, t}.Sanitize()
+		sql, back = `ALTER TABLE `+orig+` SET SCHEMA `+r.schema.moved, `ALTER TABLE `+to+` SET SCHEMA `+r.sch
 	} else {
 		sql, back = `ALTER TABLE `+orig+` RENAME TO `+pgx.Identifier{t + "_renamed"}.Sanitize(), `ALTER TABLE `+to+` RENAME TO `+pgx.Identifier{t}.Sanitize()
 	}
-	e := r.expect("rename", Schema+"."+t, false, func(ctx context.Context) error {
+	e := r.expect("rename", r.sch+"."+t, false, func(ctx context.Context) error {
 		if err := r.undoExec(ctx, back); err != nil {
 			return err
 		}
@@ -157,7 +157,7 @@ func (r *run) columnFault(ctx context.Context) string {
 	if drop {
 		if col := r.schema.takeOldest(t); col != "" {
 			if r.cfg.Mode == Postgres {
-				r.lasting("column", Schema+"."+t, func(ctx context.Context) error { return r.addOnTarget(ctx, t) }, causeColumnGone)
+				r.lasting("column", r.sch+"."+t, func(ctx context.Context) error { return r.addOnTarget(ctx, t) }, causeColumnGone)
 			}
 			if err := r.ddlExec(ctx, `ALTER TABLE `+name+` DROP COLUMN `+col); err != nil {
 				return noEffect + err.Error()
@@ -198,7 +198,7 @@ func (r *run) identityFault(ctx context.Context, d time.Duration) string {
 		}
 		return what
 	}
-	e := r.expect("identity", Schema+"."+t, true, undo, causeUnplaceable, causeKeyChanged)
+	e := r.expect("identity", r.sch+"."+t, true, undo, causeUnplaceable, causeKeyChanged)
 	if err := r.ddlExec(ctx, `ALTER TABLE `+name+` REPLICA IDENTITY USING INDEX `+pgx.Identifier{t + "_ver_key"}.Sanitize()); err != nil {
 		r.forget(e)
 		return noEffect + err.Error()
@@ -223,7 +223,7 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 	}
 	pub := pgx.Identifier{r.slot}.Sanitize()
 	name := r.schema.name(t)
-	e := r.expect("publication", Schema+"."+t, true, func(ctx context.Context) error {
+	e := r.expect("publication", r.sch+"."+t, true, func(ctx context.Context) error {
 		return r.undoExec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+name)
 	}, causePublication, causeNotInPub)
 	if err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLE `+name); err != nil {
@@ -255,7 +255,7 @@ func (r *run) truncateFault(ctx context.Context) string {
 	}
 	var e *expectation
 	if r.cfg.Mode == Airbyte {
-		e = r.expect("truncate", Schema+"."+t, true, nil, causeTruncated)
+		e = r.expect("truncate", r.sch+"."+t, true, nil, causeTruncated)
 		_ = e.restore(ctx) // nothing to undo
 	}
 	name := r.schema.name(t)
@@ -263,7 +263,7 @@ func (r *run) truncateFault(ctx context.Context) string {
 	what := "truncated " + name
 	if t == "accounts" {
 		sql = fmt.Sprintf(`BEGIN; TRUNCATE %[1]s; INSERT INTO %[1]s (id, ver, v, big) SELECT g, nextval('%[2]s.ver'), md5(g::text), CASE WHEN g %% 50 = 0 THEN repeat(md5(g::text), 300) END FROM generate_series(1, %[3]d) g; COMMIT`,
-			name, Schema, r.cfg.Rows)
+			name, r.sch, r.cfg.Rows)
 		what += fmt.Sprintf(" and reloaded %d rows", r.cfg.Rows)
 	}
 	if err := r.ddlExec(ctx, sql); err != nil {
@@ -319,7 +319,7 @@ func (r *run) restoreFault(ctx context.Context, d time.Duration) string {
 			r.sup.resume()
 		}
 	}()
-	lastVer, err := r.queryString(ctx, `SELECT last_value::text FROM `+Schema+`.ver`)
+	lastVer, err := r.queryString(ctx, `SELECT last_value::text FROM `+r.sch+`.ver`)
 	if err != nil {
 		_ = os.RemoveAll(backup)
 		return noEffect + err.Error()
@@ -393,7 +393,7 @@ func (r *run) addOnTarget(ctx context.Context, table string) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	for _, col := range r.schema.everAdded(table) {
-		if _, err := conn.Exec(ctx, `ALTER TABLE `+pgx.Identifier{Schema, table}.Sanitize()+` ADD COLUMN IF NOT EXISTS `+col+` text`); err != nil {
+		if _, err := conn.Exec(ctx, `ALTER TABLE `+pgx.Identifier{r.sch, table}.Sanitize()+` ADD COLUMN IF NOT EXISTS `+col+` text`); err != nil {
 			return err
 		}
 	}
@@ -434,7 +434,7 @@ func serverUser(dataDir string) (*syscall.Credential, error) {
 
 // baseBackup takes a base backup of the source's server into dir, with the WAL it needs.
 func (r *run) baseBackup(ctx context.Context, dir string) error {
-	bin, err := e2e.FindBinDir()
+	bin, err := pgserver.FindBinDir()
 	if err != nil {
 		return err
 	}
@@ -507,9 +507,9 @@ func (r *run) afterRestore(ctx context.Context, lastVer string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	stmts := []string{fmt.Sprintf(`SELECT setval('%s.ver', %s + 1000)`, Schema, lastVer)}
+	stmts := []string{fmt.Sprintf(`SELECT setval('%s.ver', %s + 1000)`, r.sch, lastVer)}
 	for _, t := range ddlTables {
-		stmts = append(stmts, fmt.Sprintf(`UPDATE %s SET ver = nextval('%s.ver')`, r.schema.name(t), Schema))
+		stmts = append(stmts, fmt.Sprintf(`UPDATE %s SET ver = nextval('%s.ver')`, r.schema.name(t), r.sch))
 	}
 	for _, s := range stmts {
 		if _, err := conn.Exec(ctx, s); err != nil {
@@ -572,7 +572,7 @@ func (r *run) forgetLostHistory(ctx context.Context, switchpoint pglogrepl.LSN) 
 // with the re-backfill of txlog started (its output started over), and returns the last txlog id
 // of the source then: every later transaction is applied, not backfilled.
 func (r *run) waitRebackfilled(ctx context.Context, tli int32) (int64, error) {
-	txlog := Schema + ".txlog"
+	txlog := r.sch + ".txlog"
 	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); sleep(ctx, 200*time.Millisecond) {
 		cp, err := r.capt.checkpoint(ctx)
 		if err != nil || cp == nil || cp.Timeline != tli || !cp.Tables[txlog] || cp.Refresh[txlog] {

@@ -3,18 +3,26 @@
 // under faults chosen by the seed, and an oracle that checks the output against the source at
 // the end:
 //
-//   - I1: replaying the output gives exactly the source tables;
+//   - I1: replaying the output gives exactly the source tables (each record is the whole row but
+//     for the columns it lists as unchanged; values in their JSON form, NaN kept apart from NULL);
 //   - I2, I3: per key, the emitted versions never go back, and a deleted key never comes back
-//     with an older version (the workload's ver column only grows);
-//   - duplicates (a version emitted twice) are counted, not hidden;
-//   - PostgreSQL target: the audit ledger holds every source transaction once.
+//     with an older version (the workload's ver column only grows), checked also against the
+//     version the source's delete removed (its deaths table);
+//   - I13: the output's positions grow; exactly once: a change is not delivered twice up to the
+//     checkpoint (a backfilled row repeating its key's version is counted as a duplicate);
+//   - PostgreSQL target: the source's transaction log against the target's audit ledger (each
+//     transaction applied once), and I2, I3 on the history of the target's rows (audit.go).
 //
-// The faults come in two families. The default one (faults.go): kill -9, immediate restarts of
+// The faults come in families. The default one (faults.go): kill -9, immediate restarts of
 // PostgreSQL, walsender terminations, connections dropped, reset and stalled by a proxy, a
 // committed transaction kept invisible after it was streamed, a slow consumer. The ddl family
 // (ddl.go), asked for by name: renames, columns added and dropped, replica identities, a table
 // out of the publication and back, TRUNCATE, a commit kept invisible across a restart of the
-// capture, a restore of the source to an earlier point.
+// capture, a restore of the source to an earlier point. The fence family (fence.go): a second
+// capture against the slot and output of the running one, which must be refused. The target
+// family: the PostgreSQL target restarted, its connections dropped. A fault that did nothing is
+// counted apart, without effect. Breaks (breaks.go) break the capture on purpose: each must be
+// caught with the violation it causes.
 //
 // # Stops
 //
@@ -27,9 +35,10 @@
 // expectation is retired once its change is undone and its re-backfill is in a durable
 // checkpoint: the same stop after that is a violation too.
 //
-// A run only touches its own scratch schemas (Schema, and MovedSchema with the ddl family), its
-// slot and publication (named after the seed), and, for the PostgreSQL target, the target
-// database; it drops them at the end. Its files (Config.Dir) hold a journal: the faults, each
+// A run only touches its own scratch schemas (SchemaPrefix, the seed and a random id; with the
+// ddl family that name and _moved), its slot and publication (of the same name), and, for the
+// PostgreSQL target, the target database (the run's schema and its _history); it drops them at
+// the end. Its files (Config.Dir) hold a journal: the faults, each
 // capture process and how it ended, with its last log lines.
 //
 // Invariants the harness relies on:

@@ -244,7 +244,7 @@ func (r *run) settle(ctx context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range r.exps {
-		if !x.asked || !x.retired.IsZero() || !x.isUndone() || cp.raw == x.askedAt || !cp.started(x.table) {
+		if !x.asked || !x.retired.IsZero() || !x.isUndone() || cp.raw == x.askedAt || !cp.started(x.table, r.keys()) {
 			continue
 		}
 		x.retired = time.Now()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,7 +71,7 @@ func TestCausesAndExpectations(t *testing.T) {
 // expectation, or after it was retired, is a violation; a failure naming no cause is counted.
 func TestFailedJudges(t *testing.T) {
 	capt := &fakeCapture{}
-	r := &run{stops: map[string]int{}, remedies: map[string]int{}, otherFailures: map[string]int{}, capt: capt}
+	r := &run{sch: "tidemark_chaos", stops: map[string]int{}, remedies: map[string]int{}, otherFailures: map[string]int{}, capt: capt}
 	un := "tidemark sync: " + (&merge.UnplaceableError{Table: "tidemark_chaos.notes", Reason: "r", Fix: "f"}).Error()
 	require.False(t, r.failed(t.Context(), time.Now(), un))
 	require.Len(t, r.violations, 1, "a clear stop nothing explains")
@@ -91,7 +93,7 @@ func TestFailedJudges(t *testing.T) {
 	// not while the checkpoint is the one of the stop, nor while it only asks for it.
 	all := func(refresh bool) map[string]bool {
 		m := map[string]bool{}
-		for name := range keys() {
+		for name := range keysIn("tidemark_chaos") {
 			m[name] = refresh
 		}
 		return m
@@ -189,7 +191,7 @@ func TestExpandFaults(t *testing.T) {
 // existed) has NULL there, as in the source; a value the output has is kept, so a difference
 // stays one; columns the harness did not add are left alone.
 func TestFillAdded(t *testing.T) {
-	s := newSchemaState()
+	s := newSchemaState("tidemark_chaos")
 	s.columnAdded("notes", "x1")
 	str := func(v string) *string { return &v }
 	src := map[string]map[string]*string{
@@ -216,6 +218,7 @@ type fakeCapture struct {
 func (f *fakeCapture) prepare(context.Context) error                       { return nil }
 func (f *fakeCapture) start(context.Context) (*process, error)             { return nil, errors.New("fake") }
 func (f *fakeCapture) slow(context.Context, time.Duration) string          { return "" }
+func (f *fakeCapture) second(context.Context) string                       { return "" }
 func (f *fakeCapture) finish(context.Context) error                        { return nil }
 func (f *fakeCapture) verify(context.Context, *Report) error               { return nil }
 func (f *fakeCapture) remedied([]string)                                   {}
@@ -251,4 +254,45 @@ func TestRoundReadsToTheEnd(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 7, cp.LSN)
 	}
+}
+
+// TestReportEffective: faults without effect are counted apart, and the report's replay command
+// carries everything a run needs to be replayed.
+func TestReportEffective(t *testing.T) {
+	r := &run{sup: &supervisor{}}
+	require.Equal(t, noEffect+"no capture running", r.inject(t.Context(), "kill", time.Second, nil), "a kill with no capture did nothing")
+
+	rep := &Report{Mode: JSONL, Seed: 7, Faults: map[string]int{"kill": 3, "walsender": 2, "stall": 1}, Void: map[string]int{"kill": 1, "walsender": 2}}
+	require.Equal(t, map[string]int{"kill": 2, "stall": 1}, rep.Effective())
+	var b strings.Builder
+	rep.Write(&b)
+	require.Contains(t, b.String(), "faults: 6 injected, 3 effective (kill=2 stall=1), without effect: kill=1 walsender=2")
+
+	r = &run{cfg: Config{Mode: Postgres, Seed: 9, Duration: 3 * time.Minute, FaultEvery: 2 * time.Second, Rows: 500, ChunkSize: 70,
+		MaxChunkBytes: 4096, Break: "no-fence", InTurn: true, Source: "postgres://u:secret@h/db"}, transport: "table", faultsArg: "default,fence"}
+	cmd := r.command()
+	require.Equal(t, "tidemark chaos --mode postgres --seed 9 --duration 3m0s --fault-every 2s --rows 500 --chunk-size 70 --max-chunk-bytes 4096 --faults default,fence --watermarks table --in-turn --break no-fence --source SOURCE", cmd)
+	require.NotContains(t, cmd, "secret")
+}
+
+// TestStaleAgainstApplied: a row the target took is at least as new as what the source
+// transactions applied with it or before wrote of its key; a stale chunk row folded with the
+// change it hides (one row in the target's history, no version going back) is caught.
+func TestStaleAgainstApplied(t *testing.T) {
+	versions := map[uint32][]written{1: {{"accounts", "5", 7}}, 2: {{"accounts", "5", 8}}, 3: {{"accounts", "5", 9}}, 4: {{"accounts", "5", 12}}}
+	ledger := []ledgerEntry{{20, 3}, {10, 1}, {20, 2}, {30, 4}}
+	good := []histChange{
+		{"accounts", "INSERT", "5", 7, 10},
+		// Pieces of one target transaction: the last row counts.
+		{"accounts", "UPDATE", "5", 8, 20},
+		{"accounts", "UPDATE", "5", 9, 20},
+		// A backfilled row newer than anything applied.
+		{"accounts", "UPDATE", "6", 11, 20},
+	}
+	require.Empty(t, staleAgainstApplied(good, ledger, versions))
+	// Transaction 4 (version 12) applied at 30, but the target took a stale chunk row instead.
+	bad := append(slices.Clone(good), histChange{"accounts", "UPDATE", "5", 10, 30})
+	v := staleAgainstApplied(bad, ledger, versions)
+	require.Len(t, v, 1)
+	require.Contains(t, v[0], `target history: I2: accounts key "5" took version 10, older than version 12 that source transaction 4`)
 }

@@ -26,28 +26,36 @@ type faultKind struct {
 	weight   int
 	embedded bool
 	family   string
+	modes    []Mode // the modes it applies to; nil: every mode
 }
 
 var faultKinds = []faultKind{
-	{"kill", 35, false, "default"},          // kill -9 of the capture process
-	{"restart", 6, true, "default"},         // PostgreSQL immediate shutdown and start
-	{"walsender", 10, false, "default"},     // pg_terminate_backend of the slot's walsender
-	{"drop", 8, false, "default"},           // the proxy closes every connection
-	{"reset", 7, false, "default"},          // the proxy resets every connection (RST)
-	{"stall", 8, false, "default"},          // the proxy forwards nothing for 1-4 s
-	{"commit-stall", 8, true, "default"},    // a committed transaction stays invisible for 1-3 s (see commitStall)
-	{"slow-consumer", 12, false, "default"}, // the output is not consumed for 1-4 s
-	{"rename", 8, false, "ddl"},             // a table renamed (or moved to another schema) for 1-4 s, then back
-	{"column", 8, false, "ddl"},             // a nullable column added, or one the harness added dropped
-	{"identity", 8, false, "ddl"},           // REPLICA IDENTITY FULL, or USING INDEX another unique index, for 1-4 s
-	{"publication", 6, false, "ddl"},        // a table dropped from the publication for 1-4 s, then added back
-	{"truncate", 6, false, "ddl"},           // TRUNCATE of a table (the main table is reloaded in the same transaction)
-	{"standby-restart", 5, true, "ddl"},     // a commit kept invisible across a kill -9 and restart of the capture
-	{"restore", 3, true, "ddl"},             // the source restored to a base backup taken seconds before, on a new timeline
+	{"kill", 35, false, "default", nil},          // kill -9 of the capture process
+	{"restart", 6, true, "default", nil},         // PostgreSQL immediate shutdown and start
+	{"walsender", 10, false, "default", nil},     // pg_terminate_backend of the slot's walsender
+	{"drop", 8, false, "default", nil},           // the proxy closes every connection
+	{"reset", 7, false, "default", nil},          // the proxy resets every connection (RST)
+	{"stall", 8, false, "default", nil},          // the proxy forwards nothing for 1-4 s
+	{"commit-stall", 8, true, "default", nil},    // a committed transaction stays invisible for 1-3 s (see commitStall)
+	{"slow-consumer", 12, false, "default", nil}, // the output is not consumed for 1-4 s
+	{"rename", 8, false, "ddl", nil},             // a table renamed (or moved to another schema) for 1-4 s, then back
+	{"column", 8, false, "ddl", nil},             // a nullable column added, or one the harness added dropped
+	{"identity", 8, false, "ddl", nil},           // REPLICA IDENTITY FULL, or USING INDEX another unique index, for 1-4 s
+	{"publication", 6, false, "ddl", nil},        // a table dropped from the publication for 1-4 s, then added back
+	{"truncate", 6, false, "ddl", nil},           // TRUNCATE of a table (the main table is reloaded in the same transaction)
+	{"standby-restart", 5, true, "ddl", nil},     // a commit kept invisible across a kill -9 and restart of the capture
+	{"restore", 3, true, "ddl", nil},             // the source restored to a base backup taken seconds before, on a new timeline
+	// A second capture against the slot and output of the running one, which is frozen and
+	// loses its walsender meanwhile: the second must be refused (fence.go).
+	{"second-capture", 6, false, "fence", nil},
+	// The PostgreSQL target: an immediate restart of its server (one of its own), its
+	// connections dropped by its proxy.
+	{"target-restart", 5, false, "target", []Mode{Postgres}},
+	{"target-drop", 8, false, "target", []Mode{Postgres}},
 }
 
 // FaultFamilies are the names that stand for a family of faults in Config.Faults.
-func FaultFamilies() []string { return []string{"default", "ddl"} }
+func FaultFamilies() []string { return []string{"default", "ddl", "fence", "target"} }
 
 // expandFaults replaces the families in list by their kinds; empty is the default family.
 func expandFaults(list []string) ([]string, error) {
@@ -78,6 +86,17 @@ func expandFaults(list []string) ([]string, error) {
 // report).
 const noEffect = "no effect: "
 
+// noCapture is what kill says when no capture process runs.
+const noCapture = "no capture running"
+
+// effect returns what, marked as without effect unless ok.
+func effect(ok bool, what string) string {
+	if !ok {
+		return noEffect + what
+	}
+	return what
+}
+
 // FaultKinds are the names of the faults.
 func FaultKinds() []string {
 	var out []string
@@ -87,9 +106,19 @@ func FaultKinds() []string {
 	return out
 }
 
-// faultLoop injects faults at random times (drawn from the seed) until end.
+// inTurnGrace bounds how far past its duration an InTurn run goes to meet every kind.
+const inTurnGrace = 3
+
+// faultLoop injects faults at random times (drawn from the seed) until end (InTurn: see below).
 func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 	enabled := func(k string, embedded bool) bool {
+		i := slices.IndexFunc(faultKinds, func(f faultKind) bool { return f.name == k })
+		if i < 0 || (faultKinds[i].modes != nil && !slices.Contains(faultKinds[i].modes, r.cfg.Mode)) {
+			return false
+		}
+		if k == "target-restart" && r.targetSrv == nil {
+			return false // the target is not a server of the harness's own
+		}
 		return (!embedded || r.srv != nil) && slices.Contains(r.cfg.Faults, k)
 	}
 	var total int
@@ -109,10 +138,23 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 		return
 	}
 	mean := float64(r.cfg.FaultEvery)
-	for turn := 0; ctx.Err() == nil; turn++ {
+	// InTurn: a kind whose fault had no effect (a lock it could not take under load, say) keeps
+	// its turn, so that every kind takes effect once before the next is tried; and the run goes
+	// past end until each kind has taken effect once (a fault that stops the capture takes the
+	// time of its remedy and restart, so on a slow machine the duration alone can end a run
+	// before the last kinds had their turn), up to inTurnGrace times the duration more.
+	last := end
+	if r.cfg.InTurn {
+		last = end.Add(inTurnGrace * r.cfg.Duration)
+	}
+	for turn := 0; ctx.Err() == nil; {
 		wait := time.Duration(math.Min(math.Max(r.rng.ExpFloat64()*mean, mean/10), 3*mean))
-		if time.Now().Add(wait).After(end) {
-			sleep(ctx, time.Until(end))
+		if met := !r.cfg.InTurn || turn >= len(turns); (met && time.Now().Add(wait).After(end)) || time.Now().Add(wait).After(last) {
+			if met {
+				sleep(ctx, time.Until(end))
+			} else {
+				r.note("in turn: the duration ran out with %d of %d kinds taken effect", turn, len(turns))
+			}
 			return
 		}
 		sleep(ctx, wait)
@@ -132,6 +174,8 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 				r.faults[k.name]++
 				if strings.HasPrefix(what, noEffect) {
 					r.void[k.name]++
+				} else {
+					turn++
 				}
 				r.mu.Unlock()
 				r.log.Info().Str("fault", k.name).Str("what", what).Msg("fault")
@@ -146,7 +190,11 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt capture) string {
 	switch kind {
 	case "kill":
-		return r.sup.kill()
+		what := r.sup.kill()
+		if what == noCapture {
+			return noEffect + what
+		}
+		return what
 	case "restart":
 		if err := r.srv.Restart(ctx, true); err != nil {
 			return noEffect + "restart failed: " + err.Error()
@@ -154,11 +202,23 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		return "immediate restart"
 	case "walsender":
 		n := r.exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, r.slot)
-		return fmt.Sprintf("%d walsender terminated", n)
+		return effect(n > 0, fmt.Sprintf("%d walsender terminated", n))
 	case "drop":
-		return fmt.Sprintf("%d connections dropped", r.proxy.drop(false))
+		n := r.proxy.drop(false)
+		return effect(n > 0, fmt.Sprintf("%d connections dropped", n))
 	case "reset":
-		return fmt.Sprintf("%d connections reset", r.proxy.drop(true))
+		n := r.proxy.drop(true)
+		return effect(n > 0, fmt.Sprintf("%d connections reset", n))
+	case "second-capture":
+		return capt.second(ctx)
+	case "target-restart":
+		if err := r.targetSrv.Restart(ctx, true); err != nil {
+			return noEffect + "target restart failed: " + err.Error()
+		}
+		return "target: immediate restart"
+	case "target-drop":
+		n := r.tproxy.drop(false)
+		return effect(n > 0, fmt.Sprintf("target: %d connections dropped", n))
 	case "stall":
 		r.proxy.stall(ctx, d)
 		return "connections stalled for " + d.String()
@@ -207,7 +267,7 @@ func (r *run) commitStall(ctx context.Context, d time.Duration, acrossRestart bo
 	if acrossRestart {
 		every = 200
 	}
-	sql := fmt.Sprintf(`UPDATE %s SET v = v || 's', ver = nextval('%s.ver') WHERE id %% %d = %d`, r.schema.name("accounts"), Schema, every, r.rng.IntN(every))
+	sql := fmt.Sprintf(`UPDATE %s SET v = v || 's', ver = nextval('%s.ver') WHERE id %% %d = %d`, r.schema.name("accounts"), r.sch, every, r.rng.IntN(every))
 	if _, err := conn.Exec(ctx, "BEGIN; "+sql); err != nil {
 		return noEffect + err.Error()
 	}
@@ -254,11 +314,12 @@ func (r *run) commitStall(ctx context.Context, d time.Duration, acrossRestart bo
 	committed := r.walPosition(bg)
 	stopped := syscall.Kill(pid, syscall.SIGSTOP) == nil
 	if !stopped {
-		// Not allowed to signal the backend: hold every commit instead.
+		// Not allowed to signal the backend: every commit is held instead, which is no window
+		// of a commit streamed and invisible.
 		sleep(ctx, d)
 		lift()
 		<-spray
-		return "commits held back for " + d.String() + " (the backend could not be stopped)"
+		return noEffect + "commits held back for " + d.String() + " (the backend could not be stopped)"
 	}
 	lift()
 	if !acrossRestart {
@@ -571,7 +632,7 @@ func (s *supervisor) kill() string {
 	p := s.cur
 	s.mu.Unlock()
 	if p == nil {
-		return "no capture running"
+		return noCapture
 	}
 	p.kill()
 	return fmt.Sprintf("kill -9 after %s", time.Since(p.started).Round(time.Millisecond))
@@ -587,12 +648,6 @@ func (s *supervisor) counts() (starts, failures int, last string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.starts, s.failures, s.last
-}
-
-func (s *supervisor) expectedStops() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.expected
 }
 
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.

@@ -19,7 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/sink/jsonl"
 )
 
 // syncCapture runs `tidemark sync` to a JSON lines file or to PostgreSQL.
@@ -54,19 +55,23 @@ func (c *syncCapture) args(final bool, remedy []string) []string {
 	r := c.r
 	var tabs []string
 	for _, t := range tables {
-		tabs = append(tabs, Schema+"."+t.name)
+		tabs = append(tabs, r.sch+"."+t.name)
 	}
 	to := c.out
 	if c.toPG {
-		to = r.target
+		to = r.tvia
 	}
 	source := r.via
 	if final {
-		source = r.dsn
+		source, to = r.dsn, r.target
+		if !c.toPG {
+			to = c.out
+		}
 	}
 	args := []string{"sync", "--source", source, "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
 		"--to", to, "--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
-		"--signal-table", Schema + ".signal", "--watermark-timeout", "500ms"}
+		"--watermarks", r.transport, "--signal-table", r.sch + ".signal", "--watermark-timeout", "500ms",
+		"--max-chunk-bytes", strconv.Itoa(r.cfg.MaxChunkBytes)}
 	if c.toPG {
 		args = append(args, "--audit")
 	}
@@ -111,6 +116,9 @@ func (c *syncCapture) launch(ctx context.Context, final bool) (*process, error) 
 		if cp != nil {
 			before = cp.raw
 		}
+	}
+	if c.toPG && c.r.hist != nil {
+		c.r.hist.attachSeen(ctx, c.r.target)
 	}
 	p, err := spawn(exec.Command(c.r.cfg.Tidemark, c.args(final, remedy)...), nil)
 	if err != nil {
@@ -202,17 +210,17 @@ func (c *syncCapture) slow(ctx context.Context, d time.Duration) string {
 		if err != nil {
 			return "no transaction"
 		}
-		_, err = tx.Exec(ctx, `LOCK TABLE `+Schema+`.accounts IN ACCESS EXCLUSIVE MODE`)
+		_, err = tx.Exec(ctx, `LOCK TABLE `+c.r.sch+`.accounts IN ACCESS EXCLUSIVE MODE`)
 		sleep(ctx, d)
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return "target table not there yet"
+			return noEffect + "target table not there yet"
 		}
 		return "target locked for " + d.String()
 	}
 	p := c.r.sup.current()
 	if p == nil {
-		return "no capture running"
+		return noEffect + "no capture running"
 	}
 	p.freeze(ctx, d)
 	return "capture frozen for " + d.String()
@@ -268,16 +276,29 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 		return err
 	}
 	defer f.Close()
-	recs, err := e2e.ParseJSONL(io.LimitReader(f, cp.Offset), keys())
+	// The output up to its checkpoint is what a consumer takes: each change once, positions
+	// growing (starting over at a restore's refresh).
+	o := oracle.NewOracle("ver")
+	o.ExactlyOnce, o.Order = true, oracle.ByLSNSeq
+	c.r.mu.Lock()
+	o.Resets = c.r.restores
+	c.r.mu.Unlock()
+	var damaged []string
+	err = oracle.ReadJSONL(io.LimitReader(f, cp.Offset), c.r.keys(), o.Apply, func(line int, err error) {
+		if len(damaged) < 5 {
+			damaged = append(damaged, fmt.Sprintf("line %d: %v", line, err))
+		}
+	})
 	if err != nil {
-		rep.Violations = append(rep.Violations, "the output cannot be replayed by the tables' keys: "+err.Error())
-		return nil
+		return err
 	}
-	o := e2e.NewOracle("ver")
-	for _, rec := range recs {
-		o.Apply(rec)
+	if len(damaged) > 0 {
+		rep.Violations = append(rep.Violations, "output: lines that cannot be read before the checkpoint: "+strings.Join(damaged, "; "))
 	}
-	if err := c.r.checkOracle(ctx, o, rep); err != nil {
+	if err := c.r.checkOracle(ctx, o, rep, func(txn string) (uint32, bool) {
+		x, err := strconv.ParseUint(txn, 10, 64)
+		return uint32(x), err == nil
+	}); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -298,14 +319,14 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	for name, key := range keys() {
-		dst, err := e2e.SourceRowsJSON(ctx, c.r.target, Schema, strings.TrimPrefix(name, Schema+"."), key)
+	for name, key := range c.r.keys() {
+		dst, err := oracle.SourceRowsJSON(ctx, c.r.target, c.r.sch, strings.TrimPrefix(name, c.r.sch+"."), key)
 		if err != nil {
 			return err
 		}
 		rep.Records += len(dst)
 		c.r.schema.fillAdded(name, dst, src[name])
-		if d := e2e.Diff(dst, src[name]); d != "" {
+		if d := oracle.Diff(dst, src[name]); d != "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: target %s differs from the source: %s", name, d))
 		}
 	}
@@ -320,17 +341,20 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 	c.r.mu.Lock()
 	from := c.r.auditFrom
 	c.r.mu.Unlock()
-	var logged, applied int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+Schema+`.txlog WHERE id > $1`, from).Scan(&logged); err != nil {
+	// The source's transaction log against the target's ledger, and the target's history of its
+	// rows (I2, I3 on what the target went through).
+	audit, err := c.r.auditLedger(ctx, from)
+	if err != nil {
 		return err
 	}
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296 WHERE t.id > $1`, from).Scan(&applied); err != nil {
+	rep.Violations = append(rep.Violations, audit...)
+	hist, n, err := c.r.hist.check(ctx, c.r)
+	if err != nil {
 		return err
 	}
-	if applied != logged {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("audit: %d source transactions, %d applied (txlog id > %d)", logged, applied, from))
-	}
-	rows, err := conn.Query(ctx, `SELECT extract(epoch FROM l.applied_at - t.at) FROM public.tidemark_applied l JOIN `+Schema+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`)
+	rep.Violations = append(rep.Violations, hist...)
+	c.r.log.Info().Int("changes", n).Msg("the target's history of its rows checked")
+	rows, err := conn.Query(ctx, `SELECT extract(epoch FROM l.applied_at - t.at) FROM public.tidemark_applied l JOIN `+c.r.sch+`.txlog t ON l.xid = t.xid::text::bigint % 4294967296`)
 	if err != nil {
 		return err
 	}
@@ -378,14 +402,11 @@ func (c *syncCapture) tailFile(ctx context.Context) {
 }
 
 func (c *syncCapture) noteLine(line []byte, now time.Time) {
-	if !bytes.Contains(line, []byte(`"table":"`+Schema+`.txlog"`)) {
+	if !bytes.Contains(line, []byte(`"table":"`+c.r.sch+`.txlog"`)) {
 		return
 	}
-	var ev struct {
-		Op    string                     `json:"op"`
-		After map[string]json.RawMessage `json:"after"`
-	}
-	if json.Unmarshal(line, &ev) != nil || ev.Op != "insert" {
+	ev, err := jsonl.Decode(line)
+	if err != nil || ev.Op != "insert" {
 		return
 	}
 	id, at := string(ev.After["id"]), parseTime(ev.After["at"])
@@ -420,7 +441,7 @@ type airbyteCapture struct {
 
 	mu       sync.Mutex
 	state    []byte // the last state, as the platform keeps it
-	oracle   *e2e.Oracle
+	oracle   *oracle.Oracle
 	pause    time.Time // the consumer reads nothing until then
 	seen     map[string]time.Time
 	at       map[string]time.Time
@@ -429,7 +450,11 @@ type airbyteCapture struct {
 }
 
 func newAirbyteCapture(r *run) *airbyteCapture {
-	return &airbyteCapture{r: r, oracle: e2e.NewOracle("ver"), seen: map[string]time.Time{}, at: map[string]time.Time{}}
+	o := oracle.NewOracle("ver")
+	// What a destination keeps: the records a state committed, each change once (a backfilled
+	// row repeats its key's version only at a later position), positions never going back.
+	o.ExactlyOnce, o.Order = true, oracle.ByLSN
+	return &airbyteCapture{r: r, oracle: o, seen: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
 func (c *airbyteCapture) prepare(ctx context.Context) error {
@@ -439,9 +464,12 @@ func (c *airbyteCapture) prepare(ctx context.Context) error {
 	}
 	cfg := map[string]any{
 		"host": pc.Host, "port": pc.Port, "database": pc.Database, "username": pc.User, "password": pc.Password,
-		"ssl_mode":           map[string]any{"mode": "disable"},
-		"replication_method": map[string]any{"method": "CDC", "replication_slot": c.r.slot, "publication": c.r.slot},
-		"signal_table":       Schema + ".signal", "backfill_chunk_size": c.r.cfg.ChunkSize, "state_interval_seconds": 1,
+		"ssl_mode":            map[string]any{"mode": "disable"},
+		"replication_method":  map[string]any{"method": "CDC", "replication_slot": c.r.slot, "publication": c.r.slot},
+		"backfill_chunk_size": c.r.cfg.ChunkSize, "state_interval_seconds": 1,
+	}
+	if c.r.transport == "table" {
+		cfg["signal_table"] = c.r.sch + ".signal"
 	}
 	var streams []any
 	for _, t := range tables {
@@ -450,7 +478,7 @@ func (c *airbyteCapture) prepare(ctx context.Context) error {
 			pk = append(pk, []string{k})
 		}
 		streams = append(streams, map[string]any{
-			"stream": map[string]any{"name": t.name, "namespace": Schema, "json_schema": map[string]any{"type": "object"},
+			"stream": map[string]any{"name": t.name, "namespace": c.r.sch, "json_schema": map[string]any{"type": "object"},
 				"supported_sync_modes": []string{"full_refresh", "incremental"}, "source_defined_cursor": true,
 				"default_cursor_field": []string{"_ab_cdc_lsn"}, "source_defined_primary_key": pk},
 			"sync_mode": "incremental", "destination_sync_mode": "append_dedup", "primary_key": pk,
@@ -486,7 +514,7 @@ func (c *airbyteCapture) round(ctx context.Context, cfgPath string) (*process, e
 	c.rounds++
 	c.mu.Unlock()
 	cmd := exec.Command(c.r.cfg.Connector, args...)
-	cmd.Env = append(os.Environ(), "LOG_LEVEL=info")
+	cmd.Env = append(os.Environ(), "LOG_LEVEL=info", "TIDEMARK_TESTING_BREAK="+c.r.cfg.Break)
 	// A pipe of our own, read to its end: the one of cmd.StdoutPipe is closed by Wait as soon as
 	// the process exits, which loses what it printed last (its final STATE, its TRACE ERROR).
 	out, w, err := os.Pipe()
@@ -525,7 +553,7 @@ func (c *airbyteCapture) start(ctx context.Context) (*process, error) { return c
 func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrace) {
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	var pending []e2e.Record
+	var pending []oracle.Record
 	for {
 		c.mu.Lock()
 		until := c.pause
@@ -545,6 +573,12 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 				Namespace string                     `json:"namespace"`
 				Stream    string                     `json:"stream"`
 				Data      map[string]json.RawMessage `json:"data"`
+				Meta      struct {
+					Changes []struct {
+						Field  string `json:"field"`
+						Change string `json:"change"`
+					} `json:"changes"`
+				} `json:"meta"`
 			} `json:"record"`
 			Trace struct {
 				Type  string `json:"type"`
@@ -560,7 +594,13 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 		}
 		switch m.Type {
 		case "RECORD":
-			rec := toRecord(m.Record.Namespace+"."+m.Record.Stream, m.Record.Data)
+			rec := toRecord(c.r.keys(), m.Record.Namespace+"."+m.Record.Stream, m.Record.Data)
+			for _, ch := range m.Record.Meta.Changes {
+				if ch.Change == "NULLED" && rec.Values != nil {
+					lossy := oracle.Lossy // a value without a JSON form (NaN), not NULL
+					rec.Values[ch.Field] = &lossy
+				}
+			}
 			pending = append(pending, rec)
 			if m.Record.Stream == "txlog" {
 				id := string(m.Record.Data["id"])
@@ -592,14 +632,14 @@ func (c *airbyteCapture) consume(ctx context.Context, out io.Reader, tr *errTrac
 }
 
 // toRecord makes an Airbyte record an oracle record: a delete when _ab_cdc_deleted_at is set,
-// the whole row otherwise.
-func toRecord(table string, data map[string]json.RawMessage) e2e.Record {
-	rec := e2e.Record{Table: table, Op: "insert", Values: map[string]*string{}}
+// the whole row otherwise (an upsert: the record does not say whether it was backfilled).
+func toRecord(keys map[string][]string, table string, data map[string]json.RawMessage) oracle.Record {
+	rec := oracle.Record{Table: table, Op: "upsert", Values: map[string]*string{}}
 	var kv []string
-	for _, k := range keys()[table] {
+	for _, k := range keys[table] {
 		kv = append(kv, string(data[k]))
 	}
-	rec.Key = strings.Join(kv, e2e.KeySep)
+	rec.Key = strings.Join(kv, oracle.KeySep)
 	if d, ok := data["_ab_cdc_deleted_at"]; ok && string(d) != "null" {
 		rec.Op = "delete"
 	}
@@ -631,7 +671,7 @@ func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
 	var cleared []string
 	if table == "" {
 		c.state = nil
-		for name := range keys() {
+		for name := range c.r.keys() {
 			cleared = append(cleared, name)
 		}
 	} else {
@@ -639,8 +679,13 @@ func (c *airbyteCapture) rebackfill(_ context.Context, table string) string {
 		cleared = []string{table}
 	}
 	c.mu.Unlock()
-	for _, name := range cleared {
-		c.oracle.Apply(e2e.Record{Table: name, Op: "refresh"})
+	if table == "" {
+		// Every stream starts over (after a restore of the source: in a history whose
+		// positions start anew).
+		c.oracle.AllowReset()
+	}
+	for i, name := range cleared {
+		c.oracle.Apply(oracle.Record{Table: name, Op: "refresh", Reset: table == "" && i == 0})
 	}
 	return "reset"
 }
@@ -692,7 +737,6 @@ func (c *airbyteCapture) checkpoint(context.Context) (*checkpointInfo, error) {
 
 // finish runs rounds without faults, straight to the server, until one ends well.
 func (c *airbyteCapture) finish(ctx context.Context) error {
-	direct := c.config
 	pc, err := pgx.ParseConfig(c.r.dsn)
 	if err != nil {
 		return err
@@ -704,7 +748,7 @@ func (c *airbyteCapture) finish(ctx context.Context) error {
 	}
 	cfg["host"], cfg["port"] = pc.Host, pc.Port
 	b, _ = json.Marshal(cfg)
-	direct = filepath.Join(c.r.cfg.Dir, "config-direct.json")
+	direct := filepath.Join(c.r.cfg.Dir, "config-direct.json")
 	if err := os.WriteFile(direct, b, 0o600); err != nil {
 		return err
 	}
@@ -726,7 +770,7 @@ func (c *airbyteCapture) finish(ctx context.Context) error {
 }
 
 func (c *airbyteCapture) verify(ctx context.Context, rep *Report) error {
-	if err := c.r.checkOracle(ctx, c.oracle, rep); err != nil {
+	if err := c.r.checkOracle(ctx, c.oracle, rep, func(string) (uint32, bool) { return 0, false }); err != nil {
 		return err
 	}
 	c.mu.Lock()

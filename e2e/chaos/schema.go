@@ -10,10 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// MovedSchema is the schema the rename fault moves a table to (ALTER TABLE ... SET SCHEMA); a
-// run with the ddl family creates it, and drops it at the end.
-const MovedSchema = "tidemark_chaos_moved"
-
 // ddlTables are the tables the schema faults change. txlog is left alone: it is the audit of the
 // PostgreSQL target (one row per source transaction, each applied once), which a re-backfill of
 // it would fill without applying the transactions.
@@ -22,6 +18,9 @@ var ddlTables = []string{"accounts", "items", "notes"}
 // schemaState is what the schema faults changed of the workload's tables, which the workload
 // follows: the current name of a renamed table, the columns the harness added.
 type schemaState struct {
+	schema string // the run's schema
+	moved  string // the schema the rename fault moves a table to (ALTER TABLE ... SET SCHEMA)
+
 	mu    sync.Mutex
 	names map[string]string   // table → its current qualified, quoted name
 	added map[string][]string // table → columns the harness added that exist now, oldest first
@@ -29,10 +28,10 @@ type schemaState struct {
 	n     int                 // columns added so far: they are named x1, x2, ...
 }
 
-func newSchemaState() *schemaState {
-	s := &schemaState{names: map[string]string{}, added: map[string][]string{}, ever: map[string]bool{}}
+func newSchemaState(schema string) *schemaState {
+	s := &schemaState{schema: schema, moved: schema + "_moved", names: map[string]string{}, added: map[string][]string{}, ever: map[string]bool{}}
 	for _, t := range tables {
-		s.names[t.name] = pgx.Identifier{Schema, t.name}.Sanitize()
+		s.names[t.name] = pgx.Identifier{schema, t.name}.Sanitize()
 	}
 	return s
 }
@@ -137,15 +136,12 @@ func (s *schemaState) everAdded(table string) []string {
 func (s *schemaState) wasAdded(table, col string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.ever[strings.TrimPrefix(table, Schema+".")+"."+col]
+	return s.ever[strings.TrimPrefix(table, s.schema+".")+"."+col]
 }
 
-// fillAdded gives each row of a replay of table (schema.table) that has no value at all for a
-// column the harness added and the source has (a row last written before the column existed:
-// no row event carries it) the value such a row has in the source, NULL: the columns are added
-// nullable and without a default. A row whose output carries the column is left as it is, so a
-// value the output lost is still a difference.
-func (s *schemaState) fillAdded(table string, replay, source map[string]map[string]*string) {
+// addedIn returns the columns the harness added to table (schema.table) that the source's rows
+// have.
+func (s *schemaState) addedIn(table string, source map[string]map[string]*string) []string {
 	var cols []string
 	for _, row := range source {
 		for c := range row {
@@ -155,6 +151,17 @@ func (s *schemaState) fillAdded(table string, replay, source map[string]map[stri
 		}
 		break
 	}
+	slices.Sort(cols)
+	return cols
+}
+
+// fillAdded gives each row of a target table (schema.table) that has no value at all for a
+// column the harness added and the source has (the target lacks the column: no change since it
+// was added reached the target) the value such a row has in the source, NULL: the columns are
+// added nullable and without a default. A replay of records is filled by Oracle.FillMissing
+// instead, which also knows when a row lacks a column wrongly.
+func (s *schemaState) fillAdded(table string, replay, source map[string]map[string]*string) {
+	cols := s.addedIn(table, source)
 	for _, row := range replay {
 		for _, c := range cols {
 			if _, ok := row[c]; !ok {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/faults"
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -55,6 +56,9 @@ type Sink struct {
 	// target to another (or was frozen while another ran) fails instead of moving the checkpoint
 	// back over the other's rows.
 	lastPos []byte
+	// apart is the connection of the checkpoint when it is broken on purpose
+	// (faults.CheckpointApart); nil otherwise.
+	apart *pgx.Conn
 
 	tx        pgx.Tx
 	tables    map[string]*targetTable // by source schema.table
@@ -140,8 +144,17 @@ func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *mer
 		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
 	// One writer per checkpoint, before anything is read or written: a session lock, held until
 	// this connection ends (a crash releases it).
-	if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
-		return nil, nil, err
+	if !faults.NoFence {
+		if err := s.lock(ctx, "checkpoint "+id, fmt.Sprintf("checkpoint %q", id)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if faults.CheckpointApart {
+		c, err := pgx.ConnectConfig(ctx, target.Config().Copy())
+		if err != nil {
+			return nil, nil, fmt.Errorf("target: %w", err)
+		}
+		s.apart = c
 	}
 	if _, err := target.Exec(ctx, CheckpointTableSQL(s.cpName)); err != nil {
 		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
@@ -183,7 +196,11 @@ func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *mer
 func (s *Sink) lock(ctx context.Context, key, what string) error {
 	var got bool
 	var holder *int32
-	err := s.target.QueryRow(ctx, LockSQL, key).Scan(&got, &holder)
+	err := sink.UntilFree(ctx, func() (bool, error) {
+		holder = nil
+		err := s.target.QueryRow(ctx, LockSQL, key).Scan(&got, &holder)
+		return got, err
+	})
 	if err != nil {
 		return fmt.Errorf("lock %s on the target: %w", what, err)
 	}
@@ -322,6 +339,9 @@ func colsOf(ev *merge.Event) []replicator.Value {
 // Checkpoint applies the pending changes and the position in the open transaction, and
 // commits them together.
 func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	if s.apart != nil {
+		return s.checkpointApart(ctx, pos)
+	}
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -335,9 +355,13 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	// The row moves only from the position this sink knows: had another writer moved it, this
 	// one's changes of the transaction are rolled back, not committed over the other's.
 	var tag pgconn.CommandTag
-	if s.lastPos == nil {
+	switch {
+	case faults.NoFence:
+		// Broken on purpose: whatever the row holds.
+		tag, err = s.tx.Exec(ctx, ForceCheckpointSQL(s.cpName), s.id, b, s.schema)
+	case s.lastPos == nil:
 		tag, err = s.tx.Exec(ctx, InsertCheckpointSQL(s.cpName), s.id, b, s.schema)
-	} else {
+	default:
 		tag, err = s.tx.Exec(ctx, MoveCheckpointSQL(s.cpName), s.id, b, s.lastPos)
 	}
 	if err != nil {
@@ -357,6 +381,32 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	return nil
 }
 
+// checkpointApart is Checkpoint broken on purpose (faults.CheckpointApart): the position is
+// committed on a connection of its own first, then the changes it covers are applied and
+// committed; a crash in between loses them, and the checkpoint says they were written.
+func (s *Sink) checkpointApart(ctx context.Context, pos *merge.Position) error {
+	b, err := json.Marshal(pos)
+	if err != nil {
+		return err
+	}
+	if _, err := s.apart.Exec(ctx, ForceCheckpointSQL(s.cpName), s.id, b, s.schema); err != nil {
+		return fmt.Errorf("write the target's checkpoint: %w", err)
+	}
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if err := s.flush(ctx); err != nil {
+		return err
+	}
+	err = s.tx.Commit(ctx)
+	s.tx = nil
+	if err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	s.lastPos = b
+	return nil
+}
+
 // Close rolls back what was not checkpointed. It leaves the target connection open: its owner
 // closes it, which releases the locks.
 func (s *Sink) Close(ctx context.Context) error {
@@ -364,6 +414,10 @@ func (s *Sink) Close(ctx context.Context) error {
 	if s.tx != nil {
 		_ = s.tx.Rollback(ctx)
 		s.tx = nil
+	}
+	if s.apart != nil {
+		_ = s.apart.Close(ctx)
+		s.apart = nil
 	}
 	return nil
 }
@@ -590,8 +644,10 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 	}
 	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}}
 	// One capture per target table, whatever its checkpoint: two would overwrite each other.
-	if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
-		return nil, err
+	if !faults.NoFence {
+		if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
+			return nil, err
+		}
 	}
 	for _, k := range c.Key {
 		t.key = append(t.key, c.Names[k])

@@ -82,6 +82,13 @@ func MoveCheckpointSQL(table string) string {
 	return `UPDATE ` + table + ` SET position = $2, updated_at = now() WHERE id = $1 AND position = $3::jsonb`
 }
 
+// ForceCheckpointSQL writes a capture's checkpoint row ($1 id, $2 position, $3 target schema)
+// whatever it holds: no fence. Only the sinks broken on purpose use it (internal/faults).
+func ForceCheckpointSQL(table string) string {
+	return `INSERT INTO ` + table + ` (id, position, updated_at, target_schema) VALUES ($1, $2, now(), $3)
+			ON CONFLICT (id) DO UPDATE SET position = excluded.position, updated_at = now()`
+}
+
 // LedgerInsertSQL records a source transaction ($1 commit LSN, $2 xid) in the audit ledger.
 func LedgerInsertSQL(table string) string {
 	return `INSERT INTO ` + table + ` (commit_lsn, xid) VALUES ($1, $2)`

@@ -32,6 +32,7 @@ func TestSQLGolden(t *testing.T) {
 	add("read the checkpoint", ReadCheckpointSQL(CheckpointTable))
 	add("first checkpoint", InsertCheckpointSQL(CheckpointTable))
 	add("move the checkpoint (the fence)", MoveCheckpointSQL(CheckpointTable))
+	add("write the checkpoint without the fence (broken on purpose)", ForceCheckpointSQL(CheckpointTable))
 	add("record a transaction in the ledger", LedgerInsertSQL(LedgerTable))
 	add("advisory lock", LockSQL)
 	add("durable commit", SynchronousCommitSQL)

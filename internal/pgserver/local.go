@@ -1,4 +1,4 @@
-package e2e
+package pgserver
 
 import (
 	"bytes"
@@ -20,6 +20,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 )
+
+// DefaultSettings returns the server settings of a local cluster before Options.Settings, which
+// a container launcher passes too (but listen_addresses and unix_socket_permissions).
+func DefaultSettings() map[string]string { return maps.Clone(defaultSettings) }
 
 // defaultSettings are the server settings of a local cluster before Options.Settings.
 var defaultSettings = map[string]string{
@@ -92,7 +96,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	// A port found free can be taken before the server binds it: try a few.
 	for attempt := 0; ; attempt++ {
-		if c.port, err = freePort(); err == nil {
+		if c.port, err = FreePort(); err == nil {
 			err = c.start(ctx)
 		}
 		if err == nil {
@@ -147,7 +151,7 @@ func (c *localCluster) initdb(ctx context.Context, password string, settings map
 	all["unix_socket_directories"] = c.dir
 	maps.Copy(all, settings)
 	var conf bytes.Buffer
-	conf.WriteString("\n# tidemark e2e harness\n")
+	conf.WriteString("\n# tidemark throwaway cluster (internal/pgserver)\n")
 	for _, k := range slices.Sorted(maps.Keys(all)) {
 		// Every value quoted: paths and lists need it, numbers and words accept it.
 		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(strings.Trim(all[k], "'"), "'", "''"))
@@ -168,7 +172,7 @@ func (c *localCluster) initdb(ctx context.Context, password string, settings map
 // pg_resetwal, and adds the commit log segment the id falls in (pg_resetwal does not).
 func (c *localCluster) setNextXID(ctx context.Context, next uint64) error {
 	var err error
-	if c.port, err = freePort(); err != nil {
+	if c.port, err = FreePort(); err != nil {
 		return err
 	}
 	if err := c.start(ctx); err != nil {
@@ -318,7 +322,9 @@ func reapStale(parent string, log zerolog.Logger) {
 	}
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that nothing listens on now (another process may take
+// it before the caller binds it: callers retry).
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free port: %w", err)

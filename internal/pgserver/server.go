@@ -1,4 +1,4 @@
-package e2e
+package pgserver
 
 import (
 	"context"
@@ -30,10 +30,10 @@ type Kind string
 const (
 	Local     Kind = "local"     // started here from the installed server binaries
 	External  Kind = "external"  // given by a connection string; never started or stopped here
-	Container Kind = "container" // started with testcontainers-go in a Docker engine
+	Container Kind = "container" // started in a Docker engine by the e2e package (New)
 )
 
-// Options configures Start and StartContainer.
+// Options configures Start (and the e2e package's StartContainer, which takes Settings and Log).
 type Options struct {
 	// BinDir holds the PostgreSQL server binaries (initdb, postgres). Zero: `pg_config --bindir`,
 	// then the newest /usr/lib/postgresql/*/bin, then the PATH.
@@ -48,18 +48,16 @@ type Options struct {
 	// and WAL senders, 200 connections, fsync=off (a throwaway cluster needs no crash safety
 	// against power loss; a process crash or immediate shutdown is still recovered).
 	Settings map[string]string
-	// Log receives the harness's progress messages. Zero: nothing is logged.
+	// Log receives the launcher's progress messages. Zero: nothing is logged.
 	Log zerolog.Logger
-	// Image is the image StartContainer runs. Zero: ContainerImage.
-	Image string
 	// NextXID, when not zero, is the 64-bit transaction id (epoch << 32 | xid) the cluster's
 	// next transaction gets, set with pg_resetwal after initdb (every row initdb wrote is frozen
 	// first): a test crosses a 32-bit wraparound after a few thousand transactions. Local only.
 	NextXID uint64
 }
 
-// Server is one PostgreSQL server with wal_level=logical that tests, the demo and the chaos
-// harness create databases in. Start, Connect or StartContainer make one; Stop removes what was
+// Server is one PostgreSQL server with wal_level=logical that tests, the demo, the benchmarks and
+// the chaos harness create databases in. Start, Connect or New make one; Stop removes what was
 // started.
 type Server struct {
 	kind     Kind
@@ -72,6 +70,30 @@ type Server struct {
 
 	local *localCluster // Local only
 	stop  func(context.Context) error
+}
+
+// Spec describes, for New, a server that a launcher outside this package started.
+type Spec struct {
+	Kind     Kind
+	Host     string
+	Port     int
+	User     string // a superuser
+	Password string
+	AdminDB  string // the database for administrative connections; zero: "postgres"
+	Log      zerolog.Logger
+	// Stop stops the server and removes what was started for it; nil: Server.Stop does nothing.
+	Stop func(context.Context) error
+}
+
+// New returns the Server that spec describes; the launcher that started it (the e2e package's
+// containers) owns its lifecycle through spec.Stop. Restart is not supported for it.
+func New(spec Spec) *Server {
+	s := &Server{kind: spec.Kind, host: spec.Host, port: spec.Port, user: spec.User, password: spec.Password,
+		adminDB: spec.AdminDB, log: spec.Log, stop: spec.Stop}
+	if s.adminDB == "" {
+		s.adminDB = "postgres"
+	}
+	return s
 }
 
 // Kind says where the server runs.

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// testCode matches the packages of test code and test-only libraries: none may be linked into a
+// binary (the test harness, e2e, imports them; the binaries use internal/pgserver and e2e/oracle).
+var testCode = regexp.MustCompile(`^testing(/|$)|^github\.com/stretchr/testify/|^github\.com/santhosh-tekuri/jsonschema/|^github\.com/testcontainers/|docker|^github\.com/moby/|^github\.com/tidemark/tidemark/e2e$`)
+
+// TestBinariesLinkNoTestCode checks, with `go list -deps`, that neither binary links `testing`,
+// testify, jsonschema, testcontainers-go, a Docker client or the e2e test harness.
+func TestBinariesLinkNoTestCode(t *testing.T) {
+	for _, pkg := range []string{".", "../source-postgres"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		var bad []string
+		for _, p := range strings.Fields(string(out)) {
+			if testCode.MatchString(p) {
+				bad = append(bad, p)
+			}
+		}
+		if len(bad) > 0 {
+			t.Errorf("%s links test code: %s", pkg, strings.Join(bad, " "))
+		}
+	}
+}
+
+// TestProductBuildHasNoFaultSwitches builds both binaries as the product is built (no
+// tidemark_faults tag, whatever this test's own build has) and checks that nothing in them can
+// break the engine on purpose: sync has no --testing-break or --crash-at, chaos --break asks for
+// a test build, and the connector carries the refusal of TIDEMARK_TESTING_BREAK, not its switch.
+func TestProductBuildHasNoFaultSwitches(t *testing.T) {
+	dir := t.TempDir()
+	tm, conn := filepath.Join(dir, "tidemark"), filepath.Join(dir, "source-postgres")
+	for bin, pkg := range map[string]string{tm: ".", conn: "../source-postgres"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	for _, args := range [][]string{
+		{"sync", "--testing-break", "no-guard", "--source", "postgres://x/y", "--tables", "public.t", "--to", "-"},
+		{"sync", "--crash-at", "after-high:1", "--source", "postgres://x/y", "--tables", "public.t", "--to", "-"},
+	} {
+		out, err := exec.Command(tm, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "flag provided but not defined: -"+strings.TrimPrefix(args[1], "--")) {
+			t.Errorf("tidemark %s: want the flag undefined, got %v:\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	out, err := exec.Command(tm, "chaos", "--break", "no-guard").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "-tags tidemark_faults") {
+		t.Errorf("tidemark chaos --break: want a test build asked for, got %v:\n%s", err, out)
+	}
+	b, err := os.ReadFile(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte("this build of the connector has no testing switches")) || bytes.Contains(b, []byte("write no-guard, no-eviction or ack-ahead")) {
+		t.Error("the connector's product build has the testing switch of TIDEMARK_TESTING_BREAK")
+	}
+}

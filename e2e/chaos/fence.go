@@ -1,0 +1,175 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The second-capture fault: a second capture started against the slot and the output of the
+// running one, as a cron job or a second service instance would. It must be refused before it
+// touches the output, and the first must go on unharmed (the oracle checks the output).
+
+// fenceMark is what tidemark sync says when another sync holds the output or the checkpoint.
+const fenceMark = "another tidemark sync is writing"
+
+// secondWait is how long a second capture has to be refused.
+const secondWait = 10 * time.Second
+
+// second runs a second tidemark sync while the first is frozen (SIGSTOP) and its walsender is
+// ended, so that the slot is free: only the output's lock (JSON lines) or the target's advisory
+// lock (PostgreSQL) can refuse it. One that is still running after secondWait was not refused:
+// a violation.
+func (c *syncCapture) second(ctx context.Context) string {
+	r := c.r
+	first := r.sup.current()
+	if first == nil {
+		return noEffect + "no capture running"
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return noEffect + "the capture could not be frozen: " + err.Error()
+	}
+	defer func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) }()
+	n := r.exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, r.slot)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 50*time.Millisecond) {
+		if r.exec(ctx, `SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, r.slot) == 1 {
+			break
+		}
+	}
+	p, err := spawn(exec.Command(r.cfg.Tidemark, c.args(false, nil)...), nil)
+	if err != nil {
+		return noEffect + err.Error()
+	}
+	r.note("second capture pid %d started beside pid %d (frozen; %d walsender ended)", p.cmd.Process.Pid, first.cmd.Process.Pid, n)
+	t := time.NewTimer(secondWait)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.kill()
+		<-p.done
+		r.violate("second capture: a second tidemark sync on the slot and output of a running one was not refused (it ran %s, killed)", secondWait)
+		return "a second capture ran (not refused)"
+	case <-ctx.Done():
+		p.kill()
+		<-p.done
+		return noEffect + "the run ended"
+	}
+	why := p.failure()
+	switch {
+	case p.err == nil:
+		r.violate("second capture: a second tidemark sync on the slot and output of a running one ended well: it was not refused")
+		return "a second capture ran (not refused)"
+	case strings.Contains(why, fenceMark):
+		return "a second capture refused: " + firstLine(why)
+	case n == 0:
+		// The slot was still held: refused by it, the fence untried.
+		return noEffect + "the first capture's walsender was not there to end; the second stopped on: " + firstLine(why)
+	default:
+		r.violate("second capture: a second tidemark sync on the slot and output of a running one stopped without naming the other writer: %s", firstLine(why))
+		return "a second capture stopped: " + firstLine(why)
+	}
+}
+
+// second runs a second read of the connector while the first is frozen, from the same state:
+// the slot is held, and the second must fail without committing anything (no STATE).
+func (c *airbyteCapture) second(ctx context.Context) string {
+	r := c.r
+	first := r.sup.current()
+	if first == nil {
+		return noEffect + "no capture running"
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return noEffect + "the capture could not be frozen: " + err.Error()
+	}
+	defer func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) }()
+	if r.exec(ctx, `SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active`, r.slot) != 1 {
+		return noEffect + "the first read does not hold the slot"
+	}
+	args := []string{"read", "--config", c.config, "--catalog", c.catalog}
+	c.mu.Lock()
+	if c.state != nil {
+		path := filepath.Join(r.cfg.Dir, "state-second.json")
+		if err := os.WriteFile(path, c.state, 0o600); err != nil {
+			c.mu.Unlock()
+			return noEffect + err.Error()
+		}
+		args = append(args, "--state", path)
+	}
+	c.mu.Unlock()
+	cmd := exec.Command(r.cfg.Connector, args...)
+	cmd.Env = append(os.Environ(), "LOG_LEVEL=info", "TIDEMARK_TESTING_BREAK="+r.cfg.Break)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return noEffect + err.Error()
+	}
+	states := make(chan int, 1)
+	tr := &errTrace{}
+	p, err := spawn(cmd, nil)
+	if err != nil {
+		return noEffect + err.Error()
+	}
+	p.trace = tr
+	go func() {
+		n := 0
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		for sc.Scan() {
+			var m struct {
+				Type  string `json:"type"`
+				Trace struct {
+					Type  string `json:"type"`
+					Error struct {
+						Message     string `json:"message"`
+						FailureType string `json:"failure_type"`
+					} `json:"error"`
+				} `json:"trace"`
+			}
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				continue
+			}
+			if m.Type == "STATE" {
+				n++
+			}
+			if m.Type == "TRACE" && m.Trace.Type == "ERROR" {
+				tr.set(m.Trace.Error.FailureType, m.Trace.Error.Message)
+			}
+		}
+		states <- n
+	}()
+	t := time.NewTimer(3 * secondWait)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.kill()
+		<-p.done
+	}
+	n := <-states
+	why := p.failure()
+	switch {
+	case n > 0:
+		r.violate("second capture: a second read of the slot of a running one committed %d states", n)
+		return fmt.Sprintf("a second read committed %d states", n)
+	case p.wasKilled():
+		r.violate("second capture: a second read of the slot of a running one was not refused in %s", 3*secondWait)
+		return "a second read was not refused"
+	default:
+		return "a second read refused: " + firstLine(why)
+	}
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	if len(s) > 300 {
+		s = s[:300] + "..."
+	}
+	return s
+}

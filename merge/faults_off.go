@@ -1,0 +1,13 @@
+//go:build !tidemark_faults
+
+package merge
+
+// FaultsBuilt: this build has no fault switches (faults.go).
+const FaultsBuilt = false
+
+// Faults is empty in this build: the engine cannot be broken on purpose (faults.go).
+type Faults struct{}
+
+func (Faults) ackAhead() bool   { return false }
+func (Faults) noGuard() bool    { return false }
+func (Faults) noEviction() bool { return false }
