@@ -8,7 +8,9 @@
 //
 //   - One writer per output. Opening an output takes its lock first (a lock file, a session
 //     advisory lock on the target) and holds it for the whole run; a second run on the same
-//     output fails before reading or touching anything.
+//     output fails before reading or touching anything. (The Airbyte connector's records go to
+//     standard output, owned by the platform that runs it; its slot is its lock: a second read
+//     finds the slot in use.)
 //   - The checkpoint travels with the data. Checkpoint returns only once every event emitted
 //     before it and the position itself are durable together: the slot is confirmed up to the
 //     position right after, so anything the output could still lose would be lost for good.

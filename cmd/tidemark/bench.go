@@ -83,7 +83,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 		b := &bench{e: e, log: e.log.Level(zerolog.WarnLevel)}
 		return (&memoryBench{bench: b, tidemark: tm, txRows: *txRows, wideRows: *wideRows, wideMB: *wideMB}).run(ctx)
 	}
-	conn, err := findConnector(ctx, *connector, self)
+	conn, err := findConnector(ctx, *connector, self, false)
 	if err != nil {
 		return err
 	}

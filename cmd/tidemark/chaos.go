@@ -96,7 +96,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 			}
 		}
 		if m == chaos.Airbyte {
-			if cfg.Connector, err = findConnector(ctx, *connector, self); err != nil {
+			if cfg.Connector, err = findConnector(ctx, *connector, self, *breakEngine != ""); err != nil {
 				return err
 			}
 		}
@@ -117,32 +117,42 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 
 // findConnector finds the source-postgres binary: the flag, beside this binary, on the PATH, or
 // built from the module this command runs in.
-func findConnector(ctx context.Context, flag, self string) (string, error) {
+func findConnector(ctx context.Context, flag, self string, broken bool) (string, error) {
 	if flag != "" {
 		return flag, nil
 	}
-	if p := filepath.Join(filepath.Dir(self), "source-postgres"); isExecutable(p) {
-		return p, nil
+	// A broken capture (--break) needs a connector of a test build: one found beside this binary
+	// or on the PATH may be the product's, which refuses the break; build it instead.
+	if !broken {
+		if p := filepath.Join(filepath.Dir(self), "source-postgres"); isExecutable(p) {
+			return p, nil
+		}
+		if p, err := exec.LookPath("source-postgres"); err == nil {
+			return p, nil
+		}
 	}
-	if p, err := exec.LookPath("source-postgres"); err == nil {
-		return p, nil
-	}
-	// In the repository (go run, go test): build it.
+	// In the repository (go run, go test): build it, as this binary was built (a test build's
+	// apart from the product's, so that two runs do not overwrite each other's).
 	dir, _ := os.Getwd()
 	for ; dir != filepath.Dir(dir); dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "cmd", "source-postgres", "main.go")); err != nil {
 			continue
 		}
 		out := filepath.Join(os.TempDir(), "tidemark-source-postgres")
-		build := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/source-postgres")
-		if merge.FaultsBuilt { // a test build of tidemark: the connector's must match (--break)
-			build.Args = []string{"go", "build", "-tags", "tidemark_faults", "-o", out, "./cmd/source-postgres"}
+		args := []string{"build", "-o", out, "./cmd/source-postgres"}
+		if merge.FaultsBuilt {
+			out += "-faults"
+			args = []string{"build", "-tags", "tidemark_faults", "-o", out, "./cmd/source-postgres"}
 		}
+		build := exec.CommandContext(ctx, "go", args...)
 		build.Dir = dir
 		if b, err := build.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("build the connector: %v: %s", err, strings.TrimSpace(string(b)))
 		}
 		return out, nil
+	}
+	if broken {
+		return "", errors.New("--break needs a test build of the source-postgres connector: give --connector (go build -tags tidemark_faults ./cmd/source-postgres), or run inside the repository")
 	}
 	return "", errors.New("the source-postgres binary is needed: give --connector, or run inside the repository")
 }

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -65,5 +66,62 @@ func TestProductBuildHasNoFaultSwitches(t *testing.T) {
 	}
 	if !bytes.Contains(b, []byte("this build of the connector has no testing switches")) || bytes.Contains(b, []byte("write no-guard, no-eviction or ack-ahead")) {
 		t.Error("the connector's product build has the testing switch of TIDEMARK_TESTING_BREAK")
+	}
+}
+
+// TestArchitectureTable: docs/architecture.md lists every package of the module, each with
+// exactly the packages of the module it imports (go list's, tests left out), so that the table
+// a newcomer reads is the graph the code has.
+func TestArchitectureTable(t *testing.T) {
+	const module = "github.com/tidemark/tidemark/"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{join .Imports ","}}`, "../../...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	want := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(l, "|")
+		var own []string
+		for _, i := range strings.Split(imports, ",") {
+			if strings.HasPrefix(i, module) {
+				own = append(own, strings.TrimPrefix(i, module))
+			}
+		}
+		slices.Sort(own)
+		want[strings.TrimPrefix(pkg, module)] = strings.Join(own, " ")
+	}
+	doc, err := os.ReadFile("../../docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(string(doc), "\n") {
+		cells := strings.Split(l, " | ")
+		if !strings.HasPrefix(l, "| `") || len(cells) != 4 {
+			continue
+		}
+		pkg := strings.Trim(strings.TrimPrefix(cells[0], "| "), "`")
+		var own []string
+		if cells[2] != "none" {
+			for _, i := range strings.Split(cells[2], ", ") {
+				own = append(own, strings.Trim(i, "`"))
+			}
+		}
+		slices.Sort(own)
+		got[pkg] = strings.Join(own, " ")
+	}
+	for pkg, imports := range want {
+		doc, ok := got[pkg]
+		switch {
+		case !ok:
+			t.Errorf("docs/architecture.md has no row for %s (imports: %s)", pkg, imports)
+		case doc != imports:
+			t.Errorf("docs/architecture.md: %s imports %q, the table says %q", pkg, imports, doc)
+		}
+	}
+	for pkg := range got {
+		if _, ok := want[pkg]; !ok {
+			t.Errorf("docs/architecture.md has a row for %s, which is not a package of the module", pkg)
+		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/e2e/oracle"
-	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/jsonl/line"
 )
 
 // syncCapture runs `tidemark sync` to a JSON lines file or to PostgreSQL.
@@ -401,11 +401,11 @@ func (c *syncCapture) tailFile(ctx context.Context) {
 	}
 }
 
-func (c *syncCapture) noteLine(line []byte, now time.Time) {
-	if !bytes.Contains(line, []byte(`"table":"`+c.r.sch+`.txlog"`)) {
+func (c *syncCapture) noteLine(text []byte, now time.Time) {
+	if !bytes.Contains(text, []byte(`"table":"`+c.r.sch+`.txlog"`)) {
 		return
 	}
-	ev, err := jsonl.Decode(line)
+	ev, err := line.Decode(text)
 	if err != nil || ev.Op != "insert" {
 		return
 	}

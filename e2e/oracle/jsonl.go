@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/jsonl/line"
 )
 
 // ParseJSONL reads `tidemark sync` JSON lines output into records whose values (and key parts)
@@ -43,8 +43,8 @@ func ReadJSONL(r io.Reader, keys map[string][]string, apply func(Record), damage
 
 // parseLine reads a line with the output's own reader (sink/jsonl: the format is defined there
 // once, and a field it does not know fails the line).
-func parseLine(line []byte, keys map[string][]string) (Record, error) {
-	l, err := jsonl.Decode(line)
+func parseLine(text []byte, keys map[string][]string) (Record, error) {
+	l, err := line.Decode(text)
 	if err != nil {
 		return Record{}, err
 	}

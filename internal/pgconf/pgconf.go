@@ -15,6 +15,9 @@
 //
 // row_security is pinned off, as pg_dump does: a row-level security policy that applies to the
 // capture's role must make a chunk read fail, not silently return fewer rows.
+// standard_conforming_strings is pinned on: the PostgreSQL sink copies a column's default into
+// the target as a string literal, and a target database with it off would read the default's
+// backslashes as escapes, giving the target's existing rows another value than the source's.
 //
 // # How a pin can be lost, and why it cannot here
 //
@@ -55,6 +58,9 @@ var Settings = map[string]string{
 	"lc_monetary":        "C",
 	"client_encoding":    "UTF8",
 	"row_security":       "off",
+	// Literals the sinks write into SQL (a column's default copied to the target) read a
+	// backslash as itself, whatever the target database's default.
+	"standard_conforming_strings": "on",
 }
 
 // ErrPinned reports a connection on which a pinned setting did not take its value.

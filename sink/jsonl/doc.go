@@ -1,7 +1,8 @@
 // Package jsonl is the JSON lines output: Writer writes the engine's events, one JSON object a
-// line (Line), to a file or to standard output, exactly once up to its checkpoint; Reader and
-// Decode read the same format back. The format is defined here once: Line's fields, in the order
-// Encoder writes them.
+// line, to a file or to standard output, exactly once up to its checkpoint. The format is defined
+// once, in package sink/jsonl/line (Line's fields, in the order Encoder writes them, and the strict
+// reader that reads them back); the tests check that every line Encoder writes decodes into a
+// Line and encodes back to the same JSON.
 //
 // What the writer relies on (package sink states what every output guarantees; docs/invariants.md
 // I12 for the slot):

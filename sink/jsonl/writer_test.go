@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/jsonl/line"
 )
 
 var server *e2e.Server
@@ -66,7 +68,7 @@ func TestWriterLinesDecode(t *testing.T) {
 
 	raw, err := os.ReadFile(out)
 	require.NoError(t, err)
-	ls, err := jsonl.ReadAll(bytes.NewReader(raw))
+	ls, err := line.ReadAll(bytes.NewReader(raw))
 	require.NoError(t, err)
 	asJSON := func(b []byte) any {
 		d := json.NewDecoder(bytes.NewReader(b))
@@ -144,4 +146,48 @@ func TestCheckpointOfAnotherOutput(t *testing.T) {
 	require.ErrorContains(t, err, "is damaged")
 	_, err = jsonl.ReadCheckpointFile(filepath.Join(dir, "none.checkpoint"))
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// TestSecondWriterTouchesNothing: while one writer holds an output, a second Open of it is
+// refused before it reads or cuts anything; and an Open whose ready check fails (the slot is in
+// use) leaves the output as it found it, bytes past the checkpoint included. Only an Open that
+// holds the lock and found the slot idle cuts the output back to its checkpoint.
+func TestSecondWriterTouchesNothing(t *testing.T) {
+	ctx := context.Background()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	idle := func() error { return nil }
+	first, _, err := jsonl.Open(out, "", nil, idle)
+	require.NoError(t, err)
+	require.NoError(t, first.Checkpoint(ctx, position(0x1000)))
+	// What a writer wrote after its checkpoint, before it died or while it still runs.
+	tail := []byte(`{"op":"truncate","table":"public.t","lsn":"0/2000","seq":0}` + "\n")
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.Write(tail)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	readyCalled := false
+	_, _, err = jsonl.Open(out, "", nil, func() error { readyCalled = true; return nil })
+	require.ErrorContains(t, err, "another tidemark sync is writing")
+	require.False(t, readyCalled, "the lock is taken before anything else")
+	got, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, tail, got, "the refused writer left the output alone")
+	require.NoError(t, first.Close(ctx))
+
+	busy := errors.New("slot in use")
+	_, _, err = jsonl.Open(out, "", nil, func() error { return busy })
+	require.ErrorIs(t, err, busy)
+	got, err = os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, tail, got, "a writer that found the slot in use cut nothing")
+
+	w, pos, err := jsonl.Open(out, "", nil, idle)
+	require.NoError(t, err)
+	require.Equal(t, pglogrepl.LSN(0x1000), pos.LSN)
+	got, err = os.ReadFile(out)
+	require.NoError(t, err)
+	require.Empty(t, got, "cut back to the checkpoint")
+	require.NoError(t, w.Close(ctx))
 }

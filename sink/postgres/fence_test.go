@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -90,4 +92,37 @@ func TestCheckpointOfAnotherSchema(t *testing.T) {
 	_, _, err = Open(ctx, tgt2, db.Conn, Options{ID: "schemas", Schema: "copy2", Log: zerolog.Nop()})
 	require.Error(t, err)
 	require.ErrorContains(t, err, `--target-schema "copy1"`)
+}
+
+// TestSecondOpenRefused: while one sink holds a checkpoint id on the target, a second Open of
+// the same id (on another connection: another sync) is refused before it reads or writes
+// anything, naming the server process that holds the lock; once the first's connection ends,
+// the id is free again.
+func TestSecondOpenRefused(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	tgtDSN, other := targetDatabase(t, db)
+	first, err := connectPinned(ctx, tgtDSN)
+	require.NoError(t, err)
+	s, _, err := Open(ctx, first, db.Conn, Options{ID: "one", Log: zerolog.Nop()})
+	require.NoError(t, err)
+	require.NoError(t, s.Checkpoint(ctx, position(0x1000)))
+	pid := first.PgConn().PID()
+
+	second, err := connectPinned(ctx, tgtDSN)
+	require.NoError(t, err)
+	defer second.Close(ctx)
+	_, _, err = Open(ctx, second, db.Conn, Options{ID: "one", Log: zerolog.Nop()})
+	require.ErrorContains(t, err, "another tidemark sync is writing")
+	require.ErrorContains(t, err, fmt.Sprintf("server process %d", pid))
+	var lsn string
+	require.NoError(t, other.QueryRow(ctx, `SELECT position->>'lsn' FROM tidemark_checkpoint WHERE id = 'one'`).Scan(&lsn))
+	require.Equal(t, "0/1000", lsn, "the refused sink changed nothing")
+
+	require.NoError(t, s.Close(ctx))
+	require.NoError(t, first.Close(ctx))
+	s2, from, err := Open(ctx, second, db.Conn, Options{ID: "one", Log: zerolog.Nop()})
+	require.NoError(t, err)
+	require.Equal(t, pglogrepl.LSN(0x1000), from.LSN)
+	require.NoError(t, s2.Close(ctx))
 }

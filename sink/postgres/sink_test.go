@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -224,4 +225,25 @@ func TestSinkPiecesAcrossACrash(t *testing.T) {
 	var applied int
 	require.NoError(t, other.QueryRow(ctx, `SELECT count(*) FROM tidemark_applied`).Scan(&applied))
 	require.Equal(t, 1, applied, "the source transaction applied once")
+}
+
+// TestAddColumnDefaultKeepsBackslashes: a column's default is copied to the target as a string
+// literal; on a target database whose standard_conforming_strings is off, a backslash in it would
+// be read as an escape and the target's existing rows would get another value than the source's.
+// Every connection pins the setting on (internal/pgconf), so the value arrives as it is.
+func TestAddColumnDefaultKeepsBackslashes(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	db.Exec(`INSERT INTO t VALUES (1)`)
+	db.Exec(`ALTER DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` SET standard_conforming_strings = off`)
+	conn, err := pgconf.Open(ctx, db.DSN, "tidemark-test")
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	want := `a\b\\c'd`
+	_, err = conn.Exec(ctx, AddColumnSQL(`"t"`, "p", "text", &want))
+	require.NoError(t, err)
+	var got string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT p FROM t WHERE id = 1`).Scan(&got))
+	require.Equal(t, want, got)
 }

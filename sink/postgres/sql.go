@@ -216,7 +216,8 @@ func AddColumnSQL(table, column, typ string, def *string) string {
 	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s%s", table, Quote(column), typ, d)
 }
 
-// The statements the sink prints for an operator to run when it stops (each ends with a ';').
+// The statements the sink prints for an operator to run when it stops (the message around each
+// says where it ends).
 
 // AddPrimaryKeyFix gives table a primary key on the columns key.
 func AddPrimaryKeyFix(table string, key []string) string {
