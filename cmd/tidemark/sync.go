@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -23,139 +24,181 @@ import (
 
 func runSync(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("sync", "sync --source DSN --tables SCHEMA.TABLE[,...] --to FILE|- [flags]", e)
-	source := sourceFlag(fs)
-	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
-	to := fs.String("to", os.Getenv("TIDEMARK_TARGET"), "target: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output; default $TIDEMARK_TARGET")
-	targetSchema := fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
-	checkpointID := fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
-	audit := fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
-	checkpoint := fs.String("checkpoint", "", "checkpoint file; default TARGET.checkpoint (none for -)")
-	slot := slotFlag(fs, "logical replication slot (pgoutput); created when missing")
-	pub := publicationFlag(fs, "publication; created for --tables when missing")
-	chunkSize := fs.Int("chunk-size", merge.DefaultChunkSize, "rows per backfill chunk")
-	interval := fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
-	stopCaughtUp := fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
-	noBackfill := fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
-	rebackfill := fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
-	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
-	quiet := fs.Bool("quiet", false, "no progress display")
-	watermarks := fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
-	signalTable := signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
-	wmTimeout := fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
-	testFlags := newTestingFlags(fs)
-	maxChunkBytes := fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
+	f := defineSyncFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	problems := outOfRange(
-		intRange("chunk-size", *chunkSize, 1, 1_000_000),
-		durationRange("checkpoint-interval", *interval, 10*time.Millisecond, time.Hour),
-		durationRange("watermark-timeout", *wmTimeout, 100*time.Millisecond, time.Hour),
-		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30))
-	if *source == "" {
-		problems = append(problems, "--source is required")
-	}
-	if *to == "" {
-		problems = append(problems, "--to (or $TIDEMARK_TARGET) is required")
-	}
-	tcs, err := parseTables(*tables)
-	if err != nil {
-		problems = append(problems, err.Error())
-	}
-	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
-	if !ok || sigSchema == "" || sigTable == "" {
-		problems = append(problems, "--signal-table must be schema.table")
-	}
-	transport, terr := watermark.ParseTransport(*watermarks)
-	if terr != nil {
-		problems = append(problems, "--watermarks must be auto, message or table")
-	}
-	if transport == watermark.Auto && flagGiven(fs, "signal-table") {
-		transport = watermark.Table
-	}
-	refresh, refreshAll, rerr := parseRebackfill(*rebackfill, tcs)
-	if rerr != nil {
-		problems = append(problems, rerr.Error())
-	}
-	var hooks merge.Hooks
-	var engineFaults merge.Faults
-	problems = append(problems, testFlags.apply(&engineFaults, &hooks)...)
+	plan, problems := f.check(fs)
 	if len(problems) > 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
-	for i := range tcs {
-		tcs[i].NoBackfill = *noBackfill
-	}
-
-	srcConn, err := connectPinned(ctx, *source)
+	srcConn, err := connectPinned(ctx, *f.source)
 	if err != nil {
 		return err
 	}
 	defer srcConn.Close(context.WithoutCancel(ctx))
 	// The engine opens its own connections: give it the connection string with the sslmode
 	// connectPinned used.
-	srcDSN, _, err := pgconf.DefaultSSLMode(*source)
+	srcDSN, _, err := pgconf.DefaultSSLMode(*f.source)
 	if err != nil {
 		return err
 	}
-	var out sink.Output
-	var from *merge.Position
-	if isDSN(*to) {
-		tgt, err := connectPinned(ctx, *to)
-		if err != nil {
-			return fmt.Errorf("target: %w", err)
-		}
-		defer tgt.Close(context.WithoutCancel(ctx))
-		id := *checkpointID
-		if id == "" {
-			id = *slot
-		}
-		ps, pos, err := postgres.Open(ctx, tgt, srcConn, postgres.Options{ID: id, Schema: *targetSchema, Audit: *audit, Log: e.log})
-		if err != nil {
-			return err
-		}
-		out, from = ps, pos
-	} else {
-		js, pos, err := jsonl.Open(*to, *checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *slot) })
-		if err != nil {
-			return err
-		}
-		out, from = js, pos
+	out, from, closeOut, err := f.openOutput(ctx, e, srcConn)
+	if err != nil {
+		return err
 	}
-	defer out.Close(context.WithoutCancel(ctx))
+	defer closeOut()
 	if from != nil {
-		for _, name := range refresh {
+		for _, name := range plan.refresh {
 			from.Tables[name] = &merge.TableProgress{Refresh: true}
 			e.log.Info().Str("table", name).Msg("re-backfill asked for: the table's output starts over")
 		}
 	}
+	cfg := f.engineConfig(plan, srcDSN)
+	stats := newSyncStats(plan.tables)
+	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
+	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *f.metricsAddr, *f.quiet))
+}
+
+// syncFlags are sync's flags.
+type syncFlags struct {
+	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub *string
+	rebackfill, metricsAddr, watermarks, signalTable                      *string
+	audit, stopCaughtUp, noBackfill, quiet                                *bool
+	chunkSize, maxChunkBytes                                              *int
+	interval, wmTimeout                                                   *time.Duration
+	testing                                                               testingFlags
+}
+
+func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
+	f := &syncFlags{source: sourceFlag(fs)}
+	f.tables = fs.String("tables", "", "comma-separated tables to capture, as schema.table")
+	f.to = fs.String("to", os.Getenv("TIDEMARK_TARGET"), "target: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output; default $TIDEMARK_TARGET")
+	f.targetSchema = fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
+	f.checkpointID = fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
+	f.audit = fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
+	f.checkpoint = fs.String("checkpoint", "", "checkpoint file; default TARGET.checkpoint (none for -)")
+	f.slot = slotFlag(fs, "logical replication slot (pgoutput); created when missing")
+	f.pub = publicationFlag(fs, "publication; created for --tables when missing")
+	f.chunkSize = fs.Int("chunk-size", merge.DefaultChunkSize, "rows per backfill chunk")
+	f.interval = fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
+	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
+	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
+	f.metricsAddr = fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
+	f.quiet = fs.Bool("quiet", false, "no progress display")
+	f.watermarks = fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
+	f.signalTable = signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
+	f.wmTimeout = fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
+	f.testing = newTestingFlags(fs)
+	f.maxChunkBytes = fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
+	return f
+}
+
+// syncPlan is what sync's flags say, checked and parsed.
+type syncPlan struct {
+	tables             []merge.TableConfig
+	sigSchema, sigName string
+	transport          watermark.Transport
+	refresh            []string // tables to re-backfill
+	refreshAll         bool
+	hooks              merge.Hooks
+	faults             merge.Faults
+}
+
+// check parses the flags into a plan, and lists every problem with them at once.
+func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
+	var p syncPlan
+	problems := outOfRange(
+		intRange("chunk-size", *f.chunkSize, 1, 1_000_000),
+		durationRange("checkpoint-interval", *f.interval, 10*time.Millisecond, time.Hour),
+		durationRange("watermark-timeout", *f.wmTimeout, 100*time.Millisecond, time.Hour),
+		intRange("max-chunk-bytes", *f.maxChunkBytes, 1<<10, 1<<30))
+	if *f.source == "" {
+		problems = append(problems, "--source is required")
+	}
+	if *f.to == "" {
+		problems = append(problems, "--to (or $TIDEMARK_TARGET) is required")
+	}
+	var err error
+	if p.tables, err = parseTables(*f.tables); err != nil {
+		problems = append(problems, err.Error())
+	}
+	for i := range p.tables {
+		p.tables[i].NoBackfill = *f.noBackfill
+	}
+	var ok bool
+	if p.sigSchema, p.sigName, ok = strings.Cut(*f.signalTable, "."); !ok || p.sigSchema == "" || p.sigName == "" {
+		problems = append(problems, "--signal-table must be schema.table")
+	}
+	if p.transport, err = watermark.ParseTransport(*f.watermarks); err != nil {
+		problems = append(problems, "--watermarks must be auto, message or table")
+	}
+	if p.transport == watermark.Auto && flagGiven(fs, "signal-table") {
+		p.transport = watermark.Table
+	}
+	if p.refresh, p.refreshAll, err = parseRebackfill(*f.rebackfill, p.tables); err != nil {
+		problems = append(problems, err.Error())
+	}
+	problems = append(problems, f.testing.apply(&p.faults, &p.hooks)...)
+	return p, problems
+}
+
+// openOutput opens (locks, cuts back to its checkpoint) the output --to names, and returns the
+// position to resume from and what closes it (the output, then its connection).
+func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn) (sink.Output, *merge.Position, func(), error) {
+	if !isDSN(*f.to) {
+		js, pos, err := jsonl.Open(*f.to, *f.checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *f.slot) })
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return js, pos, func() { _ = js.Close(context.WithoutCancel(ctx)) }, nil
+	}
+	tgt, err := connectPinned(ctx, *f.to)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("target: %w", err)
+	}
+	id := *f.checkpointID
+	if id == "" {
+		id = *f.slot
+	}
+	ps, pos, err := postgres.Open(ctx, tgt, srcConn, postgres.Options{ID: id, Schema: *f.targetSchema, Audit: *f.audit, Log: e.log})
+	if err != nil {
+		_ = tgt.Close(context.WithoutCancel(ctx))
+		return nil, nil, nil, err
+	}
+	return ps, pos, func() {
+		_ = ps.Close(context.WithoutCancel(ctx))
+		_ = tgt.Close(context.WithoutCancel(ctx)) // ends the session: releases the target's locks
+	}, nil
+}
+
+// engineConfig is the engine's configuration for the plan, reading from srcDSN.
+func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 	var pubTables []pgx.Identifier
-	for _, t := range tcs {
+	for _, t := range p.tables {
 		pubTables = append(pubTables, pgx.Identifier{t.Schema, t.Name})
 	}
-	cfg := merge.Config{
-		Source: replicator.Config{DSN: srcDSN, Slot: *slot, Publication: *pub, CreateSlot: true,
+	return merge.Config{
+		Source: replicator.Config{DSN: srcDSN, Slot: *f.slot, Publication: *f.pub, CreateSlot: true,
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
-		Tables:             tcs,
-		Hooks:              hooks,
-		Faults:             engineFaults,
-		ChunkSize:          *chunkSize,
-		MaxChunkBytes:      *maxChunkBytes,
-		CheckpointInterval: *interval,
+		Tables:             p.tables,
+		Hooks:              p.hooks,
+		Faults:             p.faults,
+		ChunkSize:          *f.chunkSize,
+		MaxChunkBytes:      *f.maxChunkBytes,
+		CheckpointInterval: *f.interval,
 		AckCheckpoints:     true,
-		StopWhenCaughtUp:   *stopCaughtUp,
+		StopWhenCaughtUp:   *f.stopCaughtUp,
 		AddToPublication:   true,
-		Watermarks:         transport,
-		SignalTable:        pgx.Identifier{sigSchema, sigTable},
-		WatermarkTimeout:   *wmTimeout,
+		Watermarks:         p.transport,
+		SignalTable:        pgx.Identifier{p.sigSchema, p.sigName},
+		WatermarkTimeout:   *f.wmTimeout,
 		// --rebackfill all: a checkpoint that cannot be resumed is replaced by a refresh of
 		// every table.
-		ResyncInvalidPosition: refreshAll,
+		ResyncInvalidPosition: p.refreshAll,
 	}
-	stats := newSyncStats(tcs)
-	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
-	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *metricsAddr, *quiet))
 }
 
 // runWithProgress runs the engine with the progress display (or log lines), the source poller

@@ -189,6 +189,7 @@ type histChange struct {
 type ledgerEntry struct {
 	at  int64
 	xid uint32
+	lsn string // its commit LSN
 }
 
 // written is a version a source transaction wrote of a key of a table.
@@ -225,16 +226,17 @@ func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error
 		return nil, 0, err
 	}
 	var ledger []ledgerEntry
-	lrows, err := conn.Query(ctx, `SELECT `+fmt.Sprintf(micros, "applied_at")+`, xid FROM public.tidemark_applied`)
+	lrows, err := conn.Query(ctx, `SELECT `+fmt.Sprintf(micros, "applied_at")+`, xid, commit_lsn::text FROM public.tidemark_applied`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the audit ledger: %w", err)
 	}
 	for lrows.Next() {
 		var at, xid int64
-		if err := lrows.Scan(&at, &xid); err != nil {
+		var lsn string
+		if err := lrows.Scan(&at, &xid, &lsn); err != nil {
 			return nil, 0, err
 		}
-		ledger = append(ledger, ledgerEntry{at, uint32(xid)})
+		ledger = append(ledger, ledgerEntry{at, uint32(xid), lsn})
 	}
 	if err := lrows.Err(); err != nil {
 		return nil, 0, err
@@ -304,7 +306,7 @@ func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions ma
 	ledger = slices.Clone(ledger)
 	slices.SortStableFunc(ledger, func(a, b ledgerEntry) int { return cmp.Compare(a.at, b.at) })
 	newest := map[string]int64{} // by table and key: the newest version applied
-	by := map[string]uint32{}    // the transaction that wrote it
+	by := map[string]ledgerEntry{} // the transaction that wrote it
 	next := 0
 	var out []string
 	n := 0
@@ -329,7 +331,7 @@ func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions ma
 			for _, w := range versions[ledger[next].xid] {
 				id := w.tbl + "\x00" + w.key
 				if w.ver > newest[id] {
-					newest[id], by[id] = w.ver, ledger[next].xid
+					newest[id], by[id] = w.ver, ledger[next]
 				}
 			}
 		}
@@ -341,8 +343,9 @@ func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions ma
 			if v, ok := newest[id]; ok && c.ver < v {
 				n++
 				if len(out) < 10 {
-					out = append(out, fmt.Sprintf("target history: I2: %s key %q took version %d, older than version %d that source transaction %d, applied with it or before, wrote",
-						c.tbl, c.key, c.ver, v, by[id]))
+					b := by[id]
+					out = append(out, fmt.Sprintf("target history: I2: %s key %q took version %d, older than version %d that source transaction %d, applied with it or before, wrote (target times: the row %d, the transaction %d, committed at %s)",
+						c.tbl, c.key, c.ver, v, b.xid, c.at, b.at, b.lsn))
 				}
 			}
 		}

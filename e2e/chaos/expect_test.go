@@ -280,7 +280,7 @@ func TestReportEffective(t *testing.T) {
 // change it hides (one row in the target's history, no version going back) is caught.
 func TestStaleAgainstApplied(t *testing.T) {
 	versions := map[uint32][]written{1: {{"accounts", "5", 7}}, 2: {{"accounts", "5", 8}}, 3: {{"accounts", "5", 9}}, 4: {{"accounts", "5", 12}}}
-	ledger := []ledgerEntry{{20, 3}, {10, 1}, {20, 2}, {30, 4}}
+	ledger := []ledgerEntry{{20, 3, "0/3"}, {10, 1, "0/1"}, {20, 2, "0/2"}, {30, 4, "0/4"}}
 	good := []histChange{
 		{"accounts", "INSERT", "5", 7, 10},
 		// Pieces of one target transaction: the last row counts.
