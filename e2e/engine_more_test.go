@@ -46,9 +46,7 @@ func catchUp(t *testing.T, cfg merge.Config, sink *memSink) {
 // transaction came before the low watermark in the stream. With the guard the chunk is rejected
 // and retried, and the output is right; without the guard the stale row wins.
 func TestVisibilityAnomaly(t *testing.T) {
-	if server == nil || server.Kind() == e2e.External {
-		t.Skip("changes synchronous_standby_names on the server")
-	}
+	e2e.NeedsOwned(t, server, "changes synchronous_standby_names on the server")
 	for _, guard := range []bool{true, false} {
 		t.Run(fmt.Sprintf("guard=%v", guard), func(t *testing.T) {
 			diff, violations, rejected := runE14(t, !guard)

@@ -90,9 +90,7 @@ func splitName(s string) (string, string) {
 // no chunk that misses it completes until it is visible; without the seed, the chunk emits the
 // row as it was before it, after it.
 func TestVisibilityStallAcrossRestart(t *testing.T) {
-	if server == nil || server.Kind() == e2e.External {
-		t.Skip("changes synchronous_standby_names on the server")
-	}
+	e2e.NeedsOwned(t, server, "changes synchronous_standby_names on the server")
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	admin := db.Connect()
@@ -486,9 +484,7 @@ func TestDeferrableKeyRefused(t *testing.T) {
 // synchronous standby held it invisible: the row was never emitted. Found by an adversarial
 // review.
 func TestRefreshUpperBoundWhileStalled(t *testing.T) {
-	if server == nil || server.Kind() == e2e.External {
-		t.Skip("changes synchronous_standby_names on the server")
-	}
+	e2e.NeedsOwned(t, server, "changes synchronous_standby_names on the server")
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	admin := db.Connect()
@@ -562,9 +558,7 @@ func TestWideRereadsAcrossChunks(t *testing.T) {
 // being visible yet; a transaction idle in its session (an xid, no commit) is not one of them,
 // and must not hold the backfill until it ends. Found by an adversarial review.
 func TestFirstRunBesideIdleTransaction(t *testing.T) {
-	if server == nil || server.Kind() == e2e.External {
-		t.Skip("changes synchronous_standby_names on the server")
-	}
+	e2e.NeedsOwned(t, server, "changes synchronous_standby_names on the server")
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	db.Exec(`CREATE TABLE other (id int)`)

@@ -413,9 +413,7 @@ func TestOpenErrors(t *testing.T) {
 
 // TestOpenErrorWalLevel: a server with wal_level=replica is refused with the setting to change.
 func TestOpenErrorWalLevel(t *testing.T) {
-	if server == nil || server.Kind() != e2e.Local {
-		t.Skip("needs a local cluster of its own with wal_level=replica")
-	}
+	e2e.NeedsLocal(t, server, "needs a local cluster of its own with wal_level=replica")
 	ctx := context.Background()
 	srv, err := e2e.Start(ctx, e2e.Options{Settings: map[string]string{"wal_level": "replica", "max_wal_senders": "10"}})
 	require.NoError(t, err)

@@ -122,9 +122,7 @@ func TestHeartbeatBeforeTheFirstPosition(t *testing.T) {
 // the invalid_cdc_cursor_position_behavior chosen. Once the DBA has made the slot again, "Re-sync
 // data" backfills every stream from the new slot, and the destination equals the source.
 func TestLostSlotFollowsInvalidCursorBehaviour(t *testing.T) {
-	if server.Kind() != e2e.Local {
-		t.Skip("needs to change max_slot_wal_keep_size on a server of its own")
-	}
+	e2e.NeedsLocal(t, server, "needs to change max_slot_wal_keep_size on a server of its own")
 	e := ordersEnv(t, 100)
 	e.db.Exec(`CREATE TABLE filler (v text)`)
 	e.db.Exec(`SELECT pg_create_logical_replication_slot('` + e.db.Slot + `', 'pgoutput')`)

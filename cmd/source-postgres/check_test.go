@@ -84,9 +84,7 @@ func TestCheckFailsWithAnActionableMessage(t *testing.T) {
 // TestCheckFailsOnWalLevel: a server without wal_level=logical fails the check with the
 // setting to change.
 func TestCheckFailsOnWalLevel(t *testing.T) {
-	if server.Kind() != e2e.Local {
-		t.Skip("needs a second local server with wal_level=replica")
-	}
+	e2e.NeedsLocal(t, server, "needs a second local server with wal_level=replica")
 	other, err := e2e.Start(t.Context(), e2e.Options{Settings: map[string]string{"wal_level": "replica"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = other.Stop(t.Context()) })

@@ -527,9 +527,7 @@ func TestXminStates(t *testing.T) {
 // rows written since the first, before and after the wraparound, and its state counts one
 // wraparound, as Airbyte's connector writes it.
 func TestXminWraparound(t *testing.T) {
-	if server.Kind() != e2e.Local {
-		t.Skip("needs a local server of its own, its transaction ids set with pg_resetwal")
-	}
+	e2e.NeedsLocal(t, server, "needs a local server of its own, its transaction ids set with pg_resetwal")
 	const start = 1<<32 - 3000
 	srv, err := e2e.Start(t.Context(), e2e.Options{NextXID: start})
 	require.NoError(t, err)

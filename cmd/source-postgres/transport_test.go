@@ -89,9 +89,7 @@ func makeCerts(t *testing.T, dir, clientCN string) *certs {
 
 // sslServer starts a local server with SSL on, requesting client certificates.
 func sslServer(t *testing.T, clientCN string) (*e2e.Server, *certs) {
-	if server.Kind() != e2e.Local {
-		t.Skip("needs a local server to start with SSL on")
-	}
+	e2e.NeedsLocal(t, server, "needs a local server to start with SSL on")
 	dir, err := os.MkdirTemp("", "tidemark-ssl-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })

@@ -53,9 +53,15 @@ func (b *memoryBench) run(ctx context.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	if err := b.largeTransaction(ctx, dir); err != nil {
+		return err
+	}
+	return b.wideTable(ctx, dir)
+}
 
-	// One transaction that inserts every row, in the publication and in two slots made before
-	// it, so that each sync streams it whole (no backfill).
+// largeTransaction measures one transaction that inserts every row, in the publication and in
+// two slots made before it, so that each sync streams it whole (no backfill).
+func (b *memoryBench) largeTransaction(ctx context.Context, dir string) error {
 	start := time.Now()
 	if err := execAll(ctx, b.dsn,
 		`CREATE TABLE bench_tx (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
@@ -70,49 +76,22 @@ func (b *memoryBench) run(ctx context.Context) error {
 	var walMB float64
 	_ = queryRow(ctx, b.dsn, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) / 1e6 FROM pg_replication_slots WHERE slot_name = 'bench_tx_pg'`, &walMB)
 	b.printf("# bench_tx: %d rows inserted in one transaction (%.0f MB of WAL) in %s\n", b.txRows, walMB, time.Since(start).Round(time.Second))
-
-	tgt := "bench_tx_target"
-	if err := srv.CreateDatabase(ctx, tgt); err != nil {
-		return err
-	}
 	sync := []string{"--tables", "public.bench_tx", "--publication", "bench_tx", "--no-backfill"}
-	res, err := b.sync(ctx, srv.DSN(tgt), append(sync, "--slot", "bench_tx_pg"))
-	if err != nil {
+	if err := b.toPostgres(ctx, "bench_tx", append(sync, "--slot", "bench_tx_pg"), b.txRows,
+		"memory.tx_postgres", "(one source transaction, streamed, applied to PostgreSQL exactly once)"); err != nil {
 		return err
 	}
-	var n int64
-	if err := queryRow(ctx, srv.DSN(tgt), `SELECT count(*) FROM bench_tx`, &n); err != nil {
+	if err := b.toJSONL(ctx, filepath.Join(dir, "tx.jsonl"), append(sync, "--slot", "bench_tx_jsonl"), b.txRows,
+		"memory.tx_jsonl", "(the same transaction, to JSON lines)"); err != nil {
 		return err
 	}
-	if err := srv.DropDatabase(ctx, tgt); err != nil {
-		return err
-	}
-	if err := want("the target of memory.tx_postgres", n, b.txRows); err != nil {
-		return err
-	}
-	b.memLine("memory.tx_postgres", res, n, 0, "(one source transaction, streamed, applied to PostgreSQL exactly once)")
-	out := filepath.Join(dir, "tx.jsonl")
-	if res, err = b.sync(ctx, out, append(sync, "--slot", "bench_tx_jsonl")); err != nil {
-		return err
-	}
-	lines, size, err := countLines(out)
-	if err != nil {
-		return err
-	}
-	if err := os.Remove(out); err != nil {
-		return err
-	}
-	if err := want("the output of memory.tx_jsonl", lines, b.txRows); err != nil {
-		return err
-	}
-	b.memLine("memory.tx_jsonl", res, lines, size, "(the same transaction, to JSON lines)")
-	if err := execAll(ctx, b.dsn, `DROP TABLE bench_tx`, `CHECKPOINT`); err != nil {
-		return err
-	}
+	return execAll(ctx, b.dsn, `DROP TABLE bench_tx`, `CHECKPOINT`)
+}
 
-	// Rows of wideMB each, backfilled with the default chunk size: what a chunk holds is
-	// bounded by the chunk reader's byte cap, not by its rows.
-	start = time.Now()
+// wideTable measures rows of wideMB each, backfilled with the default chunk size: what a chunk
+// holds is bounded by the chunk reader's byte cap, not by its rows.
+func (b *memoryBench) wideTable(ctx context.Context, dir string) error {
+	start := time.Now()
 	if err := execAll(ctx, b.dsn,
 		`CREATE TABLE bench_wide (id int PRIMARY KEY, v text)`,
 		// Incompressible text: the rows take their size on disk too, as real wide rows do.
@@ -127,34 +106,57 @@ func (b *memoryBench) run(ctx context.Context) error {
 	_ = queryRow(ctx, b.dsn, `SELECT pg_table_size('bench_wide') / 1e6`, &heapMB)
 	b.printf("# bench_wide: %d rows of %d MB, %.0f MB on disk, built in %s\n", b.wideRows, b.wideMB, heapMB, time.Since(start).Round(time.Second))
 	wide := []string{"--tables", "public.bench_wide", "--publication", "bench_wide"}
-	tgt = "bench_wide_target"
-	if err := srv.CreateDatabase(ctx, tgt); err != nil {
+	if err := b.toPostgres(ctx, "bench_wide", append(wide, "--slot", "bench_wide_pg"), b.wideRows,
+		"memory.wide_postgres", fmt.Sprintf("(rows of %d MB, backfilled in chunks of 10000 rows at most)", b.wideMB)); err != nil {
 		return err
 	}
-	if res, err = b.sync(ctx, srv.DSN(tgt), append(wide, "--slot", "bench_wide_pg")); err != nil {
+	return b.toJSONL(ctx, filepath.Join(dir, "wide.jsonl"), append(wide, "--slot", "bench_wide_jsonl"), b.wideRows,
+		"memory.wide_jsonl", fmt.Sprintf("(rows of %d MB, backfilled, to JSON lines)", b.wideMB))
+}
+
+// toPostgres syncs table into a target database of its own with args, checks that the target
+// has every row, and prints the run's memory line.
+func (b *memoryBench) toPostgres(ctx context.Context, table string, args []string, rows int, name, note string) error {
+	tgt := table + "_target"
+	if err := b.srv.CreateDatabase(ctx, tgt); err != nil {
 		return err
 	}
-	if err := queryRow(ctx, srv.DSN(tgt), `SELECT count(*) FROM bench_wide`, &n); err != nil {
+	res, err := b.sync(ctx, b.srv.DSN(tgt), args)
+	if err != nil {
 		return err
 	}
-	if err := srv.DropDatabase(ctx, tgt); err != nil {
+	var n int64
+	if err := queryRow(ctx, b.srv.DSN(tgt), `SELECT count(*) FROM `+table, &n); err != nil {
 		return err
 	}
-	if err := want("the target of memory.wide_postgres", n, b.wideRows); err != nil {
+	if err := b.srv.DropDatabase(ctx, tgt); err != nil {
 		return err
 	}
-	b.memLine("memory.wide_postgres", res, n, 0, fmt.Sprintf("(rows of %d MB, backfilled in chunks of 10000 rows at most)", b.wideMB))
-	out = filepath.Join(dir, "wide.jsonl")
-	if res, err = b.sync(ctx, out, append(wide, "--slot", "bench_wide_jsonl")); err != nil {
+	if err := want("the target of "+name, n, rows); err != nil {
 		return err
 	}
-	if lines, size, err = countLines(out); err != nil {
+	b.memLine(name, res, n, 0, note)
+	return nil
+}
+
+// toJSONL syncs with args into the JSON lines file out, checks that it has every row, removes
+// it, and prints the run's memory line.
+func (b *memoryBench) toJSONL(ctx context.Context, out string, args []string, rows int, name, note string) error {
+	res, err := b.sync(ctx, out, args)
+	if err != nil {
 		return err
 	}
-	if err := want("the output of memory.wide_jsonl", lines, b.wideRows); err != nil {
+	lines, size, err := countLines(out)
+	if err != nil {
 		return err
 	}
-	b.memLine("memory.wide_jsonl", res, lines, size, fmt.Sprintf("(rows of %d MB, backfilled, to JSON lines)", b.wideMB))
+	if err := os.Remove(out); err != nil {
+		return err
+	}
+	if err := want("the output of "+name, lines, rows); err != nil {
+		return err
+	}
+	b.memLine(name, res, lines, size, note)
 	return nil
 }
 

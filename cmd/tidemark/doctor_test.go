@@ -106,9 +106,7 @@ func TestDoctor(t *testing.T) {
 // TestDoctorWalLevel: a server with wal_level=replica is named with the setting and its
 // managed-cloud variants.
 func TestDoctorWalLevel(t *testing.T) {
-	if server == nil || server.Kind() != e2e.Local {
-		t.Skip("needs a local cluster of its own")
-	}
+	e2e.NeedsLocal(t, server, "needs a local cluster of its own")
 	ctx := context.Background()
 	srv, err := e2e.Start(ctx, e2e.Options{Settings: map[string]string{"wal_level": "replica", "max_wal_senders": "10"}})
 	require.NoError(t, err)

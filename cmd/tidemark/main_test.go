@@ -64,9 +64,7 @@ func lines(t *testing.T, out *syncBuffer) []map[string]any {
 // TestDemo: the demo, in a small configuration: it starts its own PostgreSQL, syncs a live
 // database into a second one, and ends with a passing verification and a summary.
 func TestDemo(t *testing.T) {
-	if server == nil || server.Kind() != e2e.Local {
-		t.Skip("the demo starts a local cluster of its own")
-	}
+	e2e.NeedsLocal(t, server, "the demo starts a local cluster of its own")
 	e, out, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"demo", "--rows", "20000", "--live", "2s"}, e), errOut.String())
 	for _, w := range []string{"orders         20", "equal", "rows backfilled", "live changes applied", "change latency", "verification         passed"} {
@@ -80,9 +78,7 @@ func TestDemo(t *testing.T) {
 // them, each table has one bar, the bars' names are aligned, and a finished table shows the
 // rate it was backfilled at (not 0 rows/s).
 func TestDemoOnATerminal(t *testing.T) {
-	if server == nil || server.Kind() != e2e.Local {
-		t.Skip("the demo starts a local cluster of its own")
-	}
+	e2e.NeedsLocal(t, server, "the demo starts a local cluster of its own")
 	master, slave, err := openPTY(120, 40)
 	if err != nil {
 		t.Skipf("no pseudo-terminal here: %v", err)
@@ -225,9 +221,7 @@ func TestUsage(t *testing.T) {
 
 // TestBenchQuick: the benchmark runs end to end, so it cannot rot; its figures are not asserted.
 func TestBenchQuick(t *testing.T) {
-	if server == nil || server.Kind() != e2e.Local {
-		t.Skip("the benchmark starts a local cluster of its own")
-	}
+	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	e, out, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"bench", "--quick"}, e), errOut.String())
 	for _, figure := range []string{"scan.copy_text", "backfill.tidemark", "backfill.not_encoded", "sync.native_subscription", "sync.tidemark_postgres",
