@@ -305,7 +305,7 @@ func historyViolations(schema string, changes []histChange, ledger []ledgerEntry
 func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions map[uint32][]written) []string {
 	ledger = slices.Clone(ledger)
 	slices.SortStableFunc(ledger, func(a, b ledgerEntry) int { return cmp.Compare(a.at, b.at) })
-	newest := map[string]int64{} // by table and key: the newest version applied
+	newest := map[string]int64{}   // by table and key: the newest version applied
 	by := map[string]ledgerEntry{} // the transaction that wrote it
 	next := 0
 	var out []string
