@@ -234,6 +234,7 @@ type run struct {
 	violations    []string       // found while the run goes on
 	exps          []*expectation // the stops the faults may cause
 	auditFrom     int64          // the PostgreSQL target's audit covers txlog ids above (a restore raises it)
+	pubDrops      []pubDrop      // the publication faults' drops, for the target history
 	sup           *supervisor
 	journal       *os.File // Dir/journal.log: the faults, the capture's runs and how they ended
 }

@@ -230,6 +230,9 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 		r.forget(e)
 		return noEffect + err.Error()
 	}
+	r.mu.Lock()
+	r.pubDrops = append(r.pubDrops, pubDrop{table: t, at: time.Now().UnixMicro()})
+	r.mu.Unlock()
 	what := "dropped " + name + " from the publication for " + d.String() + r.killMidway(kill)
 	e.hold(ctx, d)
 	if err := e.restore(ctx); err != nil {

@@ -289,10 +289,19 @@ func TestStaleAgainstApplied(t *testing.T) {
 		// A backfilled row newer than anything applied.
 		{"accounts", "UPDATE", "6", 11, 20},
 	}
-	require.Empty(t, staleAgainstApplied(good, ledger, versions))
+	require.Empty(t, staleAgainstApplied(good, ledger, versions, nil))
 	// Transaction 4 (version 12) applied at 30, but the target took a stale chunk row instead.
 	bad := append(slices.Clone(good), histChange{"accounts", "UPDATE", "5", 10, 30})
-	v := staleAgainstApplied(bad, ledger, versions)
+	v := staleAgainstApplied(bad, ledger, versions, nil)
 	require.Len(t, v, 1)
 	require.Contains(t, v[0], `target history: I2: accounts key "5" took version 10, older than version 12 that source transaction 4`)
+	// Unless the table had left the publication before it (at 25), and was not re-backfilled
+	// since: its changes were in no slot, and the chunk could not be told of transaction 4's.
+	dropped := unpublished(bad, []pubDrop{{"accounts", 25}})
+	require.Empty(t, staleAgainstApplied(bad, ledger, versions, dropped))
+	// Its re-backfill (a refresh on the target, at 28) ends the exemption.
+	refreshed := append(slices.Clone(bad[:len(bad)-1]), histChange{"accounts", "TRUNCATE", "", 0, 28}, bad[len(bad)-1])
+	require.Len(t, staleAgainstApplied(refreshed, ledger, versions, unpublished(refreshed, []pubDrop{{"accounts", 25}})), 1)
+	// Another table's drop exempts nothing here.
+	require.Len(t, staleAgainstApplied(bad, ledger, versions, unpublished(bad, []pubDrop{{"items", 25}})), 1)
 }
