@@ -262,29 +262,55 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		return err
 	}
 	defer stream.Close(context.WithoutCancel(ctx))
-
-	transport, err := e.cfg.Watermarks.Resolve(stream.System().ServerVersion)
+	s, err := e.prepareRun(ctx, conn, stream, from)
 	if err != nil {
 		return err
+	}
+	return e.runGoroutines(ctx, conn, stream, s)
+}
+
+// runSetup is what a run starts from: its watermark writer, the position and tables resolved
+// against the server, and the chunk reader.
+type runSetup struct {
+	writer *watermark.Writer
+	pos    *Position
+	tables map[string]*chunker.Table
+	reader *chunker.Reader
+}
+
+// prepareRun makes the watermarks' transport ready (the signal table in the publication, when it
+// is the table transport), resolves the position against the server and its tables (prepare),
+// and opens the chunk reader on conn.
+func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, from *Position) (*runSetup, error) {
+	transport, err := e.cfg.Watermarks.Resolve(stream.System().ServerVersion)
+	if err != nil {
+		return nil, err
 	}
 	wcfg := watermark.Config{Transport: transport, Table: e.cfg.SignalTable, Slot: e.cfg.Source.Slot, Publication: e.cfg.Source.Publication, Timeout: e.cfg.WatermarkTimeout}
 	if err := watermark.Ensure(ctx, conn, wcfg, e.log); err != nil {
-		return err
+		return nil, err
 	}
 	writer, err := watermark.New(wcfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pos, tables, err := e.prepare(ctx, conn, stream, from)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	reader, err := chunker.NewReader(conn, e.cfg.Chunker)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return &runSetup{writer: writer, pos: pos, tables: tables, reader: reader}, nil
+}
 
-	core := newCore(writer.Config(), pos, tables)
+// runGoroutines runs the stream, the chunk worker and the merge loop, each on its goroutine, and
+// waits for all three. The stream's goroutine owns the replication connection, the worker owns
+// conn; the merge loop owns the core and the sink.
+func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, s *runSetup) error {
+	pos, tables := s.pos, s.tables
+	core := newCore(s.writer.Config(), pos, tables)
 	core.noGuard, core.noEviction = e.cfg.Faults.noGuard(), e.cfg.Faults.noEviction()
 	core.rereadPartial = e.cfg.RereadPartial
 	// The engine's goroutines run until the merge loop is done, not until ctx ends: when ctx
@@ -295,7 +321,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	in := make(chan any, 1024)
 	verdicts := make(chan verdict, 8)
 	wake := make(chan wakeup, 1)
-	w := &worker{cfg: &e.cfg, conn: conn, reader: reader, writer: writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger(),
+	w := &worker{cfg: &e.cfg, conn: conn, reader: s.reader, writer: s.writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger(),
 		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
 		p := pos.Tables[name]
@@ -317,7 +343,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		}
 		return err
 	})
-	err = g.Wait()
+	err := g.Wait()
 	if errors.Is(err, errFinished) || errors.Is(context.Cause(runCtx), errFinished) && (err == nil || errors.Is(err, context.Canceled)) {
 		err = nil
 	}
