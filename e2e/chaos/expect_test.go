@@ -305,3 +305,12 @@ func TestStaleAgainstApplied(t *testing.T) {
 	// Another table's drop exempts nothing here.
 	require.Len(t, staleAgainstApplied(bad, ledger, versions, unpublished(bad, []pubDrop{{"items", 25}})), 1)
 }
+
+// TestSameState: a state the second read re-emits as it was given (its statistics aside) claims
+// nothing; one with another position does.
+func TestSameState(t *testing.T) {
+	given := []byte(`[{"type":"GLOBAL","global":{"shared_state":{"lsn":10}},"sourceStats":{"recordCount":5}}]`)
+	require.True(t, sameState([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}},"sourceStats":{"recordCount":0}}`), given))
+	require.False(t, sameState([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":11}},"sourceStats":{"recordCount":0}}`), given))
+	require.False(t, sameState([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}}}`), nil), "a read given no state has none to repeat")
+}

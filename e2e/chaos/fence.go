@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -98,6 +99,7 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 	}
 	args := []string{"read", "--config", c.config, "--catalog", c.catalog}
 	c.mu.Lock()
+	given := c.state
 	if c.state != nil {
 		path := filepath.Join(r.cfg.Dir, "state-second.json")
 		if err := os.WriteFile(path, c.state, 0o600); err != nil {
@@ -126,7 +128,8 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		for sc.Scan() {
 			var m struct {
-				Type  string `json:"type"`
+				Type  string          `json:"type"`
+				State json.RawMessage `json:"state"`
 				Trace struct {
 					Type  string `json:"type"`
 					Error struct {
@@ -138,8 +141,8 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				continue
 			}
-			if m.Type == "STATE" {
-				n++
+			if m.Type == "STATE" && !sameState(m.State, given) {
+				n++ // a state of its own: progress the read claims
 			}
 			if m.Type == "TRACE" && m.Trace.Type == "ERROR" {
 				tr.set(m.Trace.Error.FailureType, m.Trace.Error.Message)
@@ -173,6 +176,23 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 	default:
 		return "a second read refused: " + firstLine(why)
 	}
+}
+
+// sameState reports whether a STATE message's state is the one the read was given (given: the
+// state file's array of one), its statistics left aside. A read re-emits the state it was given
+// while it has nothing newer (its heartbeat, while it waits for a slot in use, say): that claims
+// no progress, and committing it again changes nothing.
+func sameState(state json.RawMessage, given []byte) bool {
+	var in []map[string]any
+	var out map[string]any
+	if json.Unmarshal(given, &in) != nil || len(in) != 1 || json.Unmarshal(state, &out) != nil {
+		return false
+	}
+	for _, m := range []map[string]any{in[0], out} {
+		delete(m, "sourceStats")
+		delete(m, "destinationStats")
+	}
+	return reflect.DeepEqual(in[0], out)
 }
 
 // slotHolder returns the pid of the walsender that holds the run's slot, 0 when none does.
