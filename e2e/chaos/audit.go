@@ -5,11 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
@@ -252,9 +252,12 @@ func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error
 	}
 	out := historyViolations(r.sch, changes, ledger, d)
 	r.mu.Lock()
-	drops := slices.Clone(r.pubDrops)
+	var drops []pubDrop
+	for _, d := range r.pubDrops {
+		drops = append(drops, *d)
+	}
 	r.mu.Unlock()
-	out = append(out, staleAgainstApplied(changes, ledger, w, unpublished(changes, drops))...)
+	out = append(out, staleAgainstApplied(changes, ledger, w, unreceived(drops))...)
 	return out, len(changes), nil
 }
 
@@ -307,9 +310,8 @@ func historyViolations(schema string, changes []histChange, ledger []ledgerEntry
 // version going back. ledger gives the target transaction's time of each applied source
 // transaction; versions the versions each wrote.
 //
-// exempt says which rows are not judged: a table's rows between its drop from the publication
-// and its re-backfill (unpublished).
-func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions map[uint32][]written, exempt func(tbl string, at int64) bool) []string {
+// unseen says which versions are left out: those the engine could not receive (unreceived).
+func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions map[uint32][]written, unseen func(tbl string, commit pglogrepl.LSN) bool) []string {
 	ledger = slices.Clone(ledger)
 	slices.SortStableFunc(ledger, func(a, b ledgerEntry) int { return cmp.Compare(a.at, b.at) })
 	newest := map[string]int64{}   // by table and key: the newest version applied
@@ -335,7 +337,11 @@ func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions ma
 		}
 		i = end
 		for ; next < len(ledger) && ledger[next].at <= at; next++ {
+			commit, _ := pglogrepl.ParseLSN(ledger[next].lsn)
 			for _, w := range versions[ledger[next].xid] {
+				if unseen != nil && unseen(w.tbl, commit) {
+					continue
+				}
 				id := w.tbl + "\x00" + w.key
 				if w.ver > newest[id] {
 					newest[id], by[id] = w.ver, ledger[next]
@@ -344,7 +350,7 @@ func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions ma
 		}
 		for _, id := range order {
 			c := last[id]
-			if c.op != "INSERT" && c.op != "UPDATE" || exempt != nil && exempt(c.tbl, c.at) {
+			if c.op != "INSERT" && c.op != "UPDATE" {
 				continue
 			}
 			if v, ok := newest[id]; ok && c.ver < v {
@@ -363,35 +369,23 @@ func staleAgainstApplied(changes []histChange, ledger []ledgerEntry, versions ma
 	return out
 }
 
-// pubDrop is a table's drop from the publication (its short name; the time in microseconds).
+// pubDrop is a publication fault's span of WAL (its commit LSNs from lo to hi) in which a
+// table's (its short name) changes may be in no slot.
 type pubDrop struct {
-	table string
-	at    int64
+	table  string
+	lo, hi pglogrepl.LSN
 }
 
-// unpublished returns which target rows the publication faults exempt from staleAgainstApplied:
-// those of a table from its drop until the target's next refresh of it (the re-backfill, a
-// TRUNCATE in its history). Meanwhile the table's changes are in no slot, and a chunk read of it
-// cannot be told of the changes made in its window: its rows may be older than what the
-// transactions applied with them wrote. The capture stops within its watch interval, and the
-// re-backfill the error asks for rewrites the table (docs/operations.md); the oracle then
-// compares the target with the source.
-func unpublished(changes []histChange, drops []pubDrop) func(tbl string, at int64) bool {
-	type window struct{ from, to int64 }
-	windows := map[string][]window{}
-	for _, d := range drops {
-		w := window{from: d.at, to: math.MaxInt64}
-		for _, c := range changes {
-			if c.tbl == d.table && c.op == "TRUNCATE" && c.at >= d.at {
-				w.to = c.at
-				break
-			}
-		}
-		windows[d.table] = append(windows[d.table], w)
-	}
-	return func(tbl string, at int64) bool {
-		for _, w := range windows[tbl] {
-			if at >= w.from && at < w.to {
+// unreceived returns which versions staleAgainstApplied leaves out: those of a table that a
+// source transaction committed while the table was out of the publication (a pubDrop's span).
+// The engine never received them, so a chunk read meanwhile cannot have been told of them; the
+// capture stops within its watch interval, the re-backfill the error asks for rewrites the table,
+// and the final comparison with the source covers it. Every other version still judges every
+// row, whenever the target applied it.
+func unreceived(drops []pubDrop) func(tbl string, commit pglogrepl.LSN) bool {
+	return func(tbl string, commit pglogrepl.LSN) bool {
+		for _, d := range drops {
+			if d.table == tbl && commit >= d.lo && commit <= d.hi {
 				return true
 			}
 		}

@@ -96,6 +96,7 @@ type Report struct {
 	// walsender or connection to end, a commit stall that could not hold a backend, a restart
 	// that failed...): they are not effective.
 	Void        map[string]int
+	Unmet       []string       // InTurn: the kinds that had not taken effect when the run ran out of time
 	Stops       map[string]int // clear stops with the cause a fault explains, by fault kind
 	Remedies    map[string]int // what followed them: "undo KIND", "rebackfill TABLE" (or all), "reset TABLE" (Airbyte)
 	Starts      int            // capture processes started
@@ -144,6 +145,9 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, ", without effect: %s", formatCounts(r.Void))
 	}
 	fmt.Fprintln(w)
+	if len(r.Unmet) > 0 {
+		fmt.Fprintf(w, "in turn, never took effect: %s\n", strings.Join(r.Unmet, ", "))
+	}
 	if len(r.Stops) > 0 || len(r.Remedies) > 0 {
 		fmt.Fprintf(w, "stopped with the expected cause: %d (%s); remedies: %s\n", sum(r.Stops), formatCounts(r.Stops), formatCounts(r.Remedies))
 	}
@@ -234,7 +238,8 @@ type run struct {
 	violations    []string       // found while the run goes on
 	exps          []*expectation // the stops the faults may cause
 	auditFrom     int64          // the PostgreSQL target's audit covers txlog ids above (a restore raises it)
-	pubDrops      []pubDrop      // the publication faults' drops, for the target history
+	pubDrops      []*pubDrop     // the publication faults' spans, for the target history
+	unmet         []string       // InTurn: kinds that never took effect
 	sup           *supervisor
 	journal       *os.File // Dir/journal.log: the faults, the capture's runs and how they ended
 }
@@ -345,6 +350,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.report.Duration = time.Since(start)
 	r.mu.Lock()
 	r.report.Faults, r.report.Void, r.report.Stops, r.report.Remedies = r.faults, r.void, r.stops, r.remedies
+	r.report.Unmet = r.unmet
 	r.report.OtherFailures = r.otherFailures
 	r.mu.Unlock()
 	if err != nil {

@@ -3,11 +3,13 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -223,15 +225,30 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 	}
 	pub := pgx.Identifier{r.slot}.Sanitize()
 	name := r.schema.name(t)
+	// The WAL span in which the table's changes may be in no slot: from before the drop to after
+	// it is added back (whoever adds it back: the fault's end or an early remedy). The target
+	// history leaves the versions committed in it out (staleAgainstApplied).
+	lo, lerr := r.currentLSN(ctx)
+	drop := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
 	e := r.expect("publication", r.sch+"."+t, true, func(ctx context.Context) error {
-		return r.undoExec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+name)
+		err := r.undoExec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+name)
+		if hi, herr := r.currentLSN(ctx); err == nil && herr == nil {
+			r.mu.Lock()
+			drop.hi = hi
+			r.mu.Unlock()
+		}
+		return err
 	}, causePublication, causeNotInPub)
+	if lerr != nil {
+		r.forget(e)
+		return noEffect + lerr.Error()
+	}
 	if err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLE `+name); err != nil {
 		r.forget(e)
 		return noEffect + err.Error()
 	}
 	r.mu.Lock()
-	r.pubDrops = append(r.pubDrops, pubDrop{table: t, at: time.Now().UnixMicro()})
+	r.pubDrops = append(r.pubDrops, drop)
 	r.mu.Unlock()
 	what := "dropped " + name + " from the publication for " + d.String() + r.killMidway(kill)
 	e.hold(ctx, d)
@@ -357,6 +374,14 @@ func (r *run) restoreFault(ctx context.Context, d time.Duration) string {
 		r.violate("restore: %v", err)
 	}
 	if r.cfg.Mode == Postgres && switchpoint != 0 {
+		// The WAL positions past the switchpoint come again on the new timeline: a publication
+		// fault's span there was of the lost history.
+		r.mu.Lock()
+		r.pubDrops = slices.DeleteFunc(r.pubDrops, func(d *pubDrop) bool { return d.lo >= switchpoint })
+		for _, d := range r.pubDrops {
+			d.hi = min(d.hi, switchpoint)
+		}
+		r.mu.Unlock()
 		if err := r.forgetLostHistory(bg, switchpoint); err != nil {
 			r.violate("restore: the audit ledger: %v", err)
 		}
@@ -404,6 +429,15 @@ func (r *run) addOnTarget(ctx context.Context, table string) error {
 }
 
 // queryString runs a query of one text value on the source.
+// currentLSN reads the source's current WAL insert position.
+func (r *run) currentLSN(ctx context.Context) (pglogrepl.LSN, error) {
+	s, err := r.queryString(ctx, `SELECT pg_current_wal_lsn()::text`)
+	if err != nil {
+		return 0, err
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
 func (r *run) queryString(ctx context.Context, sql string) (string, error) {
 	conn, err := pgx.Connect(ctx, r.dsn)
 	if err != nil {

@@ -295,22 +295,24 @@ func TestStaleAgainstApplied(t *testing.T) {
 	v := staleAgainstApplied(bad, ledger, versions, nil)
 	require.Len(t, v, 1)
 	require.Contains(t, v[0], `target history: I2: accounts key "5" took version 10, older than version 12 that source transaction 4`)
-	// Unless the table had left the publication before it (at 25), and was not re-backfilled
-	// since: its changes were in no slot, and the chunk could not be told of transaction 4's.
-	dropped := unpublished(bad, []pubDrop{{"accounts", 25}})
-	require.Empty(t, staleAgainstApplied(bad, ledger, versions, dropped))
-	// Its re-backfill (a refresh on the target, at 28) ends the exemption.
-	refreshed := append(slices.Clone(bad[:len(bad)-1]), histChange{"accounts", "TRUNCATE", "", 0, 28}, bad[len(bad)-1])
-	require.Len(t, staleAgainstApplied(refreshed, ledger, versions, unpublished(refreshed, []pubDrop{{"accounts", 25}})), 1)
-	// Another table's drop exempts nothing here.
-	require.Len(t, staleAgainstApplied(bad, ledger, versions, unpublished(bad, []pubDrop{{"items", 25}})), 1)
+	// Unless transaction 4 committed while the table was out of the publication: the engine never
+	// received its version, so the chunk could not be told of it.
+	require.Empty(t, staleAgainstApplied(bad, ledger, versions, unreceived([]pubDrop{{"accounts", 4, 4}})))
+	// A span before it leaves transaction 4's version in: the stale row is still caught, however
+	// late the target applied it.
+	require.Len(t, staleAgainstApplied(bad, ledger, versions, unreceived([]pubDrop{{"accounts", 1, 3}})), 1)
+	// Another table's span leaves nothing of this one out.
+	require.Len(t, staleAgainstApplied(bad, ledger, versions, unreceived([]pubDrop{{"items", 1, 10}})), 1)
 }
 
-// TestSameState: a state the second read re-emits as it was given (its statistics aside) claims
-// nothing; one with another position does.
-func TestSameState(t *testing.T) {
-	given := []byte(`[{"type":"GLOBAL","global":{"shared_state":{"lsn":10}},"sourceStats":{"recordCount":5}}]`)
-	require.True(t, sameState([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}},"sourceStats":{"recordCount":0}}`), given))
-	require.False(t, sameState([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":11}},"sourceStats":{"recordCount":0}}`), given))
-	require.False(t, sameState([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}}}`), nil), "a read given no state has none to repeat")
+// TestClaimsProgress: a state the second read re-emits with the position it was given and no
+// records before it claims nothing, whatever its streams' entries say; another position, or
+// records, do; and with no state given, a state without a position claims nothing.
+func TestClaimsProgress(t *testing.T) {
+	given := []byte(`[{"type":"GLOBAL","global":{"shared_state":{"lsn":10},"stream_states":[{"a":1}]},"sourceStats":{"recordCount":5}}]`)
+	require.False(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10},"stream_states":[{"a":1},{"b":"refresh"}]},"sourceStats":{"recordCount":0}}`), given))
+	require.True(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":11}},"sourceStats":{"recordCount":0}}`), given))
+	require.True(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}},"sourceStats":{"recordCount":3}}`), given), "records before it")
+	require.False(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":null,"stream_states":[]}}`), nil))
+	require.True(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}}}`), nil), "a position of its own")
 }

@@ -150,11 +150,13 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 	for turn := 0; ctx.Err() == nil; {
 		wait := time.Duration(math.Min(math.Max(r.rng.ExpFloat64()*mean, mean/10), 3*mean))
 		if met := !r.cfg.InTurn || turn >= len(turns); (met && time.Now().Add(wait).After(end)) || time.Now().Add(wait).After(last) {
-			if met {
-				sleep(ctx, time.Until(end))
-			} else {
-				r.note("in turn: the duration ran out with %d of %d kinds taken effect", turn, len(turns))
+			if !met {
+				r.mu.Lock()
+				r.unmet = slices.Clone(turns[turn:])
+				r.mu.Unlock()
+				r.note("in turn: the run ran out of time with %d of %d kinds taken effect; never: %s", turn, len(turns), strings.Join(turns[turn:], ", "))
 			}
+			sleep(ctx, time.Until(end))
 			return
 		}
 		sleep(ctx, wait)

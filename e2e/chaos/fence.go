@@ -115,7 +115,11 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 	if err != nil {
 		return noEffect + err.Error()
 	}
-	states := make(chan int, 1)
+	type claims struct {
+		n        int  // states of its own: progress the second read claims
+		tookOver bool // when it claimed the first, the first's walsender no longer held the slot
+	}
+	states := make(chan claims, 1)
 	tr := &errTrace{}
 	p, err := spawn(cmd, nil)
 	if err != nil {
@@ -123,7 +127,7 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 	}
 	p.trace = tr
 	go func() {
-		n := 0
+		var cl claims
 		sc := bufio.NewScanner(out)
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		for sc.Scan() {
@@ -141,14 +145,18 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				continue
 			}
-			if m.Type == "STATE" && !sameState(m.State, given) {
-				n++ // a state of its own: progress the read claims
+			if m.Type == "STATE" && claimsProgress(m.State, given) {
+				if cl.n++; cl.n == 1 {
+					// Two readers at once, or a next read? Who holds the slot now says.
+					held, err := r.slotHeldBy(ctx, holder)
+					cl.tookOver = err == nil && !held
+				}
 			}
 			if m.Type == "TRACE" && m.Trace.Type == "ERROR" {
 				tr.set(m.Trace.Error.FailureType, m.Trace.Error.Message)
 			}
 		}
-		states <- n
+		states <- cl
 	}()
 	t := time.NewTimer(3 * secondWait)
 	defer t.Stop()
@@ -158,15 +166,16 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 		p.kill()
 		<-p.done
 	}
-	n := <-states
+	cl := <-states
+	n := cl.n
 	why := p.failure()
 	switch {
-	case n > 0 && r.exec(ctx, `SELECT 1 FROM pg_stat_activity WHERE pid = $1`, holder) == 0:
-		// The first read's walsender ended while the read was frozen: it had already let the
-		// slot go (the end of its round, its Terminate sent just before the freeze), and the
-		// second read, waiting for a slot in use (replicator.DefaultInUseWait), took it over as a
-		// next read would. Not two readers at once.
-		return noEffect + fmt.Sprintf("the first read was letting the slot go as it was frozen (its walsender ended); the second took it over and committed %d states", n)
+	case n > 0 && cl.tookOver:
+		// When the second read claimed progress, the first read's walsender no longer held the
+		// slot: the first (frozen) had already let it go (the end of its round, its Terminate sent
+		// just before the freeze), and the second, waiting for a slot in use
+		// (replicator.DefaultInUseWait), took it over as a next read would. Not two readers at once.
+		return noEffect + fmt.Sprintf("the first read was letting the slot go as it was frozen; the second took it over and committed %d states", n)
 	case n > 0:
 		r.violate("second capture: a second read of the slot of a running one committed %d states", n)
 		return fmt.Sprintf("a second read committed %d states", n)
@@ -178,21 +187,60 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 	}
 }
 
-// sameState reports whether a STATE message's state is the one the read was given (given: the
-// state file's array of one), its statistics left aside. A read re-emits the state it was given
-// while it has nothing newer (its heartbeat, while it waits for a slot in use, say): that claims
-// no progress, and committing it again changes nothing.
-func sameState(state json.RawMessage, given []byte) bool {
-	var in []map[string]any
-	var out map[string]any
-	if json.Unmarshal(given, &in) != nil || len(in) != 1 || json.Unmarshal(state, &out) != nil {
-		return false
+// claimsProgress reports whether a STATE message's state claims progress beyond the state the
+// read was given (given: the state file's array of one state, nil for none): records before it
+// (its sourceStats), or another shared_state (the position). A read re-emits the position it was
+// given while it has nothing newer (its heartbeat, while it waits for a slot in use, say), its
+// streams' entries as it reads them (a reset stream marked to start over): that claims nothing,
+// and committing it again changes nothing.
+func claimsProgress(state json.RawMessage, given []byte) bool {
+	var out struct {
+		Global struct {
+			Shared json.RawMessage `json:"shared_state"`
+		} `json:"global"`
+		SourceStats struct {
+			RecordCount float64 `json:"recordCount"`
+		} `json:"sourceStats"`
 	}
-	for _, m := range []map[string]any{in[0], out} {
-		delete(m, "sourceStats")
-		delete(m, "destinationStats")
+	if json.Unmarshal(state, &out) != nil {
+		return true
 	}
-	return reflect.DeepEqual(in[0], out)
+	if out.SourceStats.RecordCount > 0 {
+		return true
+	}
+	var in []struct {
+		Global struct {
+			Shared json.RawMessage `json:"shared_state"`
+		} `json:"global"`
+	}
+	var givenShared any
+	if given != nil {
+		if json.Unmarshal(given, &in) != nil || len(in) != 1 {
+			return true
+		}
+		if len(in[0].Global.Shared) > 0 && json.Unmarshal(in[0].Global.Shared, &givenShared) != nil {
+			return true
+		}
+	}
+	var shared any
+	if len(out.Global.Shared) > 0 && json.Unmarshal(out.Global.Shared, &shared) != nil {
+		return true
+	}
+	return !reflect.DeepEqual(shared, givenShared)
+}
+
+// slotHeldBy reports whether the walsender pid still holds the run's slot.
+func (r *run) slotHeldBy(ctx context.Context, pid int32) (bool, error) {
+	conn, err := pgx.Connect(ctx, r.dsn)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var active *int32
+	if err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, r.slot).Scan(&active); err != nil {
+		return false, err
+	}
+	return active != nil && *active == pid, nil
 }
 
 // slotHolder returns the pid of the walsender that holds the run's slot, 0 when none does.
