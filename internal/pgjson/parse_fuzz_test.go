@@ -27,6 +27,37 @@ func isPGSpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
 }
 
+// appendQuoted appends e in double quotes, its quotes and backslashes escaped: by a backslash
+// (array_out, hstore_out), or doubled (record_out).
+func appendQuoted(b, e []byte, doubled bool) []byte {
+	b = append(b, '"')
+	for _, c := range e {
+		if c == '"' || c == '\\' {
+			if doubled {
+				b = append(b, c)
+			} else {
+				b = append(b, '\\')
+			}
+		}
+		b = append(b, c)
+	}
+	return append(b, '"')
+}
+
+// needsQuotes reports whether an element must be quoted: when empty, or holding a byte of
+// special or a space.
+func needsQuotes(e []byte, special string) bool {
+	if len(e) == 0 {
+		return true
+	}
+	for _, c := range e {
+		if strings.IndexByte(special, c) >= 0 || isPGSpace(c) {
+			return true
+		}
+	}
+	return false
+}
+
 // arrayOut prints a one-dimensional array as array_out does with delimiter ','.
 func arrayOut(elems [][]byte) []byte {
 	b := []byte{'{'}
@@ -34,26 +65,14 @@ func arrayOut(elems [][]byte) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if e == nil {
+		switch {
+		case e == nil:
 			b = append(b, "NULL"...)
-			continue
-		}
-		quote := len(e) == 0 || strings.EqualFold(string(e), "NULL")
-		for _, c := range e {
-			quote = quote || c == ',' || c == '{' || c == '}' || c == '"' || c == '\\' || isPGSpace(c)
-		}
-		if !quote {
+		case needsQuotes(e, `,{}"\`) || strings.EqualFold(string(e), "NULL"):
+			b = appendQuoted(b, e, false)
+		default:
 			b = append(b, e...)
-			continue
 		}
-		b = append(b, '"')
-		for _, c := range e {
-			if c == '"' || c == '\\' {
-				b = append(b, '\\')
-			}
-			b = append(b, c)
-		}
-		b = append(b, '"')
 	}
 	return append(b, '}')
 }
@@ -66,25 +85,13 @@ func recordOut(elems [][]byte) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if e == nil {
-			continue
-		}
-		quote := len(e) == 0
-		for _, c := range e {
-			quote = quote || c == '"' || c == '\\' || c == '(' || c == ')' || c == ',' || isPGSpace(c)
-		}
-		if !quote {
+		switch {
+		case e == nil:
+		case needsQuotes(e, `"\(),`):
+			b = appendQuoted(b, e, true)
+		default:
 			b = append(b, e...)
-			continue
 		}
-		b = append(b, '"')
-		for _, c := range e {
-			if c == '"' || c == '\\' {
-				b = append(b, c)
-			}
-			b = append(b, c)
-		}
-		b = append(b, '"')
 	}
 	return append(b, ')')
 }
@@ -93,26 +100,16 @@ func recordOut(elems [][]byte) []byte {
 // a NULL value is NULL.
 func hstoreOut(keys, vals [][]byte) []byte {
 	var b []byte
-	q := func(s []byte) {
-		b = append(b, '"')
-		for _, c := range s {
-			if c == '"' || c == '\\' {
-				b = append(b, '\\')
-			}
-			b = append(b, c)
-		}
-		b = append(b, '"')
-	}
 	for i := range keys {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		q(keys[i])
+		b = appendQuoted(b, keys[i], false)
 		b = append(b, "=>"...)
 		if vals[i] == nil {
 			b = append(b, "NULL"...)
 		} else {
-			q(vals[i])
+			b = appendQuoted(b, vals[i], false)
 		}
 	}
 	return b
@@ -182,4 +179,18 @@ func FuzzParsersRoundTrip(f *testing.F) {
 		sameElems(t, "hstore keys", printed, keys, gk)
 		sameElems(t, "hstore values", printed, vals, gv)
 	})
+}
+
+// TestPrinters: the printers write what PostgreSQL writes for the same elements.
+func TestPrinters(t *testing.T) {
+	elems := [][]byte{[]byte("a b"), nil, {}, []byte(`q"\`), []byte("null"), []byte("x")}
+	if got := string(arrayOut(elems)); got != `{"a b",NULL,"","q\"\\","null",x}` {
+		t.Errorf("arrayOut: %s", got)
+	}
+	if got := string(recordOut(elems)); got != `("a b",,"","q""\\",null,x)` {
+		t.Errorf("recordOut: %s", got)
+	}
+	if got := string(hstoreOut([][]byte{[]byte(`k"`), []byte("n")}, [][]byte{[]byte(`v\`), nil})); got != `"k\""=>"v\\", "n"=>NULL` {
+		t.Errorf("hstoreOut: %s", got)
+	}
 }
