@@ -209,7 +209,7 @@ func (s *Stream) Run(ctx context.Context, from pglogrepl.LSN, fn func(context.Co
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("replication stream already ran; open a new one")
 	}
-	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize())}
+	args := []string{"proto_version '1'", "publication_names " + pgconf.QuoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize())}
 	if s.sys.ServerVersion >= 140000 {
 		args = append(args, "messages 'true'")
 	}
@@ -385,15 +385,31 @@ func (s *Stream) Close(ctx context.Context) error {
 // the server process of a consumer that just died ends once the server notices. A slot still in
 // use after that is left to checkSlot to refuse.
 func waitSlotFree(ctx context.Context, conn *pgx.Conn, slot string, wait time.Duration) error {
-	deadline := time.Now().Add(wait)
-	for {
+	err := UntilFree(ctx, wait, func() (bool, error) {
 		var active bool
 		err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !active) || (err == nil && !time.Now().Before(deadline)) {
-			return nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return true, nil
 		}
-		if err != nil {
-			return fmt.Errorf("read replication slot %q: %w", slot, err)
+		return !active, err
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("read replication slot %q: %w", slot, err)
+	}
+	return err
+}
+
+// UntilFree calls try every 100 ms until it reports the resource free or fails, for up to wait
+// (DefaultInUseWait for a capture's own resources): a capture killed a moment ago holds its slot,
+// and a sync its target's locks, through server processes that end only when the server notices
+// the closed connection, and a restart right after (a supervisor's, or an operator's) must not
+// fail on them. A live holder is still there after the wait; the caller refuses it.
+func UntilFree(ctx context.Context, wait time.Duration, try func() (free bool, err error)) error {
+	deadline := time.Now().Add(wait)
+	for {
+		free, err := try()
+		if free || err != nil || !time.Now().Before(deadline) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -402,9 +418,5 @@ func waitSlotFree(ctx context.Context, conn *pgx.Conn, slot string, wait time.Du
 		}
 	}
 }
-
-// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings is on in every
-// supported server).
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }

@@ -2,10 +2,8 @@ package sink
 
 import (
 	"context"
-	"time"
 
 	"github.com/tidemark/tidemark/merge"
-	"github.com/tidemark/tidemark/replicator"
 )
 
 // Sink receives the engine's output: events, and the checkpoints that cover them. It is the
@@ -38,23 +36,3 @@ type Output interface {
 
 // A Sink is what the engine takes.
 var _ merge.Sink = Sink(nil)
-
-// UntilFree calls try until it reports the resource free, for up to replicator.DefaultInUseWait:
-// a sync killed a moment ago holds its slot and its target lock through server processes that
-// end only when the server notices the closed connection, and a restart right after (a
-// supervisor's, or an operator's) must not fail on them. A live holder is still refused, after
-// the wait.
-func UntilFree(ctx context.Context, try func() (free bool, err error)) error {
-	deadline := time.Now().Add(replicator.DefaultInUseWait)
-	for {
-		free, err := try()
-		if free || err != nil || !time.Now().Before(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}

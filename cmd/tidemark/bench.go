@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgserver"
@@ -129,12 +130,12 @@ func (b *bench) run(ctx context.Context) error {
 		return err
 	}
 	b.dsn = srv.DSN("bench")
-	conn, err := connectPinned(ctx, b.dsn)
+	conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	typeConn, err := connectPinned(ctx, b.dsn)
+	typeConn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 	if err != nil {
 		return err
 	}
@@ -370,7 +371,7 @@ func (b *bench) backfillOf(ctx context.Context, table string, sink merge.Sink, l
 	start := time.Now()
 	err = eng.Run(ctx, nil)
 	d := time.Since(start)
-	conn, cerr := connectPinned(ctx, b.dsn)
+	conn, cerr := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 	if cerr == nil {
 		_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
 		conn.Close(ctx)
@@ -399,7 +400,7 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	if err := execAll(ctx, tdsn, `CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`); err != nil {
 		return 0, err
 	}
-	conn, err := connectPinned(ctx, tdsn)
+	conn, err := pgconf.OpenDefaultSSL(ctx, tdsn, "tidemark")
 	if err != nil {
 		return 0, err
 	}
@@ -436,12 +437,12 @@ func (b *bench) syncPostgres(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
-	tgt, err := connectPinned(ctx, b.srv.DSN(db))
+	tgt, err := pgconf.OpenDefaultSSL(ctx, b.srv.DSN(db), "tidemark")
 	if err != nil {
 		return 0, err
 	}
 	defer tgt.Close(context.WithoutCancel(ctx))
-	src, err := connectPinned(ctx, b.dsn)
+	src, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 	if err != nil {
 		return 0, err
 	}
@@ -459,7 +460,7 @@ func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		conn, err := connectPinned(ctx, b.dsn)
+		conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 		if err != nil {
 			return
 		}
@@ -673,7 +674,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 			}
 		}
 	}
-	conn, err := connectPinned(ctx, b.dsn)
+	conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 	if err != nil {
 		return 0, 0, err
 	}

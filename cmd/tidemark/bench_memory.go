@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
@@ -238,7 +239,7 @@ func countLines(path string) (lines, size int64, err error) {
 }
 
 func queryRow(ctx context.Context, dsn, sql string, dst ...any) error {
-	conn, err := connectPinned(ctx, dsn)
+	conn, err := pgconf.OpenDefaultSSL(ctx, dsn, "tidemark")
 	if err != nil {
 		return err
 	}

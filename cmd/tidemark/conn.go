@@ -1,31 +1,11 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"os"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/watermark"
 )
-
-// connectPinned opens a query connection with the pinned session settings. A connection string
-// that sets no sslmode gets the one of pgconf.DefaultSSLMode (disable for this machine,
-// verify-full elsewhere), never pgx's prefer, and a failure of that choice says how to make
-// another.
-func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	dsn, rule, err := pgconf.DefaultSSLMode(dsn)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := pgconf.Open(ctx, dsn, "tidemark")
-	if err != nil {
-		return nil, rule.Explain(err)
-	}
-	return conn, nil
-}
 
 // The defaults the commands share.
 const (

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgserver"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -53,12 +54,12 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
-	srcConn, err := connectPinned(ctx, src)
+	srcConn, err := pgconf.OpenDefaultSSL(ctx, src, "tidemark")
 	if err != nil {
 		return err
 	}
 	defer srcConn.Close(context.WithoutCancel(ctx))
-	tgtConn, err := connectPinned(ctx, tgt)
+	tgtConn, err := pgconf.OpenDefaultSSL(ctx, tgt, "tidemark")
 	if err != nil {
 		return err
 	}
@@ -282,7 +283,7 @@ func demoWatch(ctx context.Context, stats *syncStats, src *pgx.Conn, live time.D
 
 // demoWorkload writes to the demo tables at rate transactions per second until ctx ends.
 func demoWorkload(ctx context.Context, dsn string, rows, rate int) (int, error) {
-	conn, err := connectPinned(ctx, dsn)
+	conn, err := pgconf.OpenDefaultSSL(ctx, dsn, "tidemark")
 	if err != nil {
 		return 0, err
 	}

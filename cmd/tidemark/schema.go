@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
 )
 
@@ -24,7 +25,7 @@ func runSchema(ctx context.Context, args []string, e *env) error {
 		fs.Usage()
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	conn, err := connectPinned(ctx, *source)
+	conn, err := pgconf.OpenDefaultSSL(ctx, *source, "tidemark")
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/term"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
@@ -78,7 +79,7 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 		}
 		pos, where, at = cp.Position, *checkpoint, cp.Time
 	case *target != "":
-		tc, err := connectPinned(ctx, *target)
+		tc, err := pgconf.OpenDefaultSSL(ctx, *target, "tidemark")
 		if err != nil {
 			return fmt.Errorf("target: %w", err)
 		}
@@ -131,7 +132,7 @@ func connectSource(ctx context.Context, fs *flag.FlagSet, source string) (*pgx.C
 		fs.Usage()
 		return nil, fmt.Errorf("%w: --source is required", errUsage)
 	}
-	return connectPinned(ctx, source)
+	return pgconf.OpenDefaultSSL(ctx, source, "tidemark")
 }
 
 // runCleanup drops what one capture owns, and nothing another capture or a DBA may still use.
@@ -242,7 +243,7 @@ func planCleanup(ctx context.Context, conn *pgx.Conn, slot, pub string, sig pgx.
 		return nil, fmt.Errorf("replication slot %q is in use by server process %d: stop the capture first; nothing dropped", slot, pid)
 	default:
 		p.steps = append(p.steps, cleanupStep{
-			show: fmt.Sprintf("SELECT pg_drop_replication_slot(%s);", quoteLiteral(slot)),
+			show: fmt.Sprintf("SELECT pg_drop_replication_slot(%s);", pgconf.QuoteLiteral(slot)),
 			sql:  `SELECT pg_drop_replication_slot($1)`, args: []any{slot}, what: fmt.Sprintf("drop slot %q", slot),
 		})
 	}
@@ -311,11 +312,8 @@ func planCleanup(ctx context.Context, conn *pgx.Conn, slot, pub string, sig pgx.
 		return p, nil
 	}
 	p.steps = append(p.steps, cleanupStep{
-		show: fmt.Sprintf("DELETE FROM %s WHERE slot = %s;  -- only this slot's row: %s", name, quoteLiteral(slot), why),
+		show: fmt.Sprintf("DELETE FROM %s WHERE slot = %s;  -- only this slot's row: %s", name, pgconf.QuoteLiteral(slot), why),
 		sql:  "DELETE FROM " + name + " WHERE slot = $1", args: []any{slot}, what: "delete the slot's row of signal table " + name,
 	})
 	return p, nil
 }
-
-// quoteLiteral quotes s as an SQL string literal, for statements printed for an operator.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

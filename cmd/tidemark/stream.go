@@ -195,7 +195,7 @@ func rowJSON(rel *replicator.Relation, t replicator.Tuple) (map[string]any, []st
 
 // execAll runs statements in order on one connection.
 func execAll(ctx context.Context, dsn string, stmts ...string) error {
-	conn, err := connectPinned(ctx, dsn)
+	conn, err := pgconf.OpenDefaultSSL(ctx, dsn, "tidemark")
 	if err != nil {
 		return err
 	}

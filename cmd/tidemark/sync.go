@@ -33,13 +33,13 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		fs.Usage()
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
-	srcConn, err := connectPinned(ctx, *f.source)
+	srcConn, err := pgconf.OpenDefaultSSL(ctx, *f.source, "tidemark")
 	if err != nil {
 		return err
 	}
 	defer srcConn.Close(context.WithoutCancel(ctx))
 	// The engine opens its own connections: give it the connection string with the sslmode
-	// connectPinned used.
+	// OpenDefaultSSL used.
 	srcDSN, _, err := pgconf.DefaultSSLMode(*f.source)
 	if err != nil {
 		return err
@@ -155,7 +155,7 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn) (
 		}
 		return js, pos, func() { _ = js.Close(context.WithoutCancel(ctx)) }, nil
 	}
-	tgt, err := connectPinned(ctx, *f.to)
+	tgt, err := pgconf.OpenDefaultSSL(ctx, *f.to, "tidemark")
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("target: %w", err)
 	}
@@ -210,7 +210,7 @@ func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.S
 	if err != nil {
 		return err
 	}
-	pollConn, err := connectPinned(ctx, source)
+	pollConn, err := pgconf.OpenDefaultSSL(ctx, source, "tidemark")
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func withRebackfillHint(err error) error {
 func slotIdle(ctx context.Context, conn *pgx.Conn, slot string) error {
 	var pid *int32
 	idle := false
-	err := sink.UntilFree(ctx, func() (bool, error) {
+	err := replicator.UntilFree(ctx, replicator.DefaultInUseWait, func() (bool, error) {
 		err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot).Scan(&pid)
 		idle = errors.Is(err, pgx.ErrNoRows)
 		if idle {

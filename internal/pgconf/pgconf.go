@@ -63,6 +63,10 @@ var Settings = map[string]string{
 	"standard_conforming_strings": "on",
 }
 
+// QuoteLiteral quotes s as an SQL string literal, its quotes doubled: right on every connection
+// Tidemark opens, which pins standard_conforming_strings on (backslashes are themselves).
+func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 // ErrPinned reports a connection on which a pinned setting did not take its value.
 var ErrPinned = errors.New("a pinned session setting was overridden")
 
@@ -133,6 +137,21 @@ func Open(ctx context.Context, dsn, application string, options ...func(*pgconn.
 		}
 	}
 	return Connect(ctx, cfg)
+}
+
+// OpenDefaultSSL opens a query connection to dsn as Open does, with the sslmode DefaultSSLMode
+// chooses when dsn chooses none (disable for this machine, verify-full elsewhere, never pgx's
+// prefer); a failure that choice can have caused says how to make another (SSLRule.Explain).
+func OpenDefaultSSL(ctx context.Context, dsn, application string) (*pgx.Conn, error) {
+	dsn, rule, err := DefaultSSLMode(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := Open(ctx, dsn, application)
+	if err != nil {
+		return nil, rule.Explain(err)
+	}
+	return conn, nil
 }
 
 // verifySQL reads every pinned setting in one round trip; it runs on replication connections too

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // TestSinkCheckpointFence: the checkpoint row moves only from the position the sink read or
@@ -19,7 +20,7 @@ func TestSinkCheckpointFence(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	ctx := context.Background()
 	tgtDSN, other := targetDatabase(t, db)
-	tgt, err := connectPinned(ctx, tgtDSN)
+	tgt, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	defer tgt.Close(ctx)
 	sink, from, err := Open(ctx, tgt, db.Conn, Options{ID: "fence", Log: zerolog.Nop()})
@@ -54,7 +55,7 @@ func TestSinkCheckpointDurable(t *testing.T) {
 		CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO seen VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$;
 		CREATE TRIGGER note BEFORE INSERT OR UPDATE ON tidemark_checkpoint FOR EACH ROW EXECUTE FUNCTION note()`)
 	require.NoError(t, err)
-	tgt, err := connectPinned(ctx, tgtDSN)
+	tgt, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	defer tgt.Close(ctx)
 	sink, _, err := Open(ctx, tgt, db.Conn, Options{ID: "durable", Log: zerolog.Nop()})
@@ -79,14 +80,14 @@ func TestCheckpointOfAnotherSchema(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	ctx := context.Background()
 	tgtDSN, _ := targetDatabase(t, db)
-	tgt, err := connectPinned(ctx, tgtDSN)
+	tgt, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	sink, _, err := Open(ctx, tgt, db.Conn, Options{ID: "schemas", Schema: "copy1", Log: zerolog.Nop()})
 	require.NoError(t, err)
 	require.NoError(t, sink.Checkpoint(ctx, position(0x1000)))
 	sink.Close(ctx)
 	tgt.Close(ctx) // the run ends: its locks go with its connection
-	tgt2, err := connectPinned(ctx, tgtDSN)
+	tgt2, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	defer tgt2.Close(ctx)
 	_, _, err = Open(ctx, tgt2, db.Conn, Options{ID: "schemas", Schema: "copy2", Log: zerolog.Nop()})
@@ -102,14 +103,14 @@ func TestSecondOpenRefused(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	ctx := context.Background()
 	tgtDSN, other := targetDatabase(t, db)
-	first, err := connectPinned(ctx, tgtDSN)
+	first, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	s, _, err := Open(ctx, first, db.Conn, Options{ID: "one", Log: zerolog.Nop()})
 	require.NoError(t, err)
 	require.NoError(t, s.Checkpoint(ctx, position(0x1000)))
 	pid := first.PgConn().PID()
 
-	second, err := connectPinned(ctx, tgtDSN)
+	second, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	defer second.Close(ctx)
 	_, _, err = Open(ctx, second, db.Conn, Options{ID: "one", Log: zerolog.Nop()})

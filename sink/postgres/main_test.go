@@ -10,26 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
-	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
 )
 
 var server *e2e.Server
 
 func TestMain(m *testing.M) { os.Exit(e2e.Main(m, &server)) }
-
-// connectPinned opens a connection with the pinned session settings, as the CLI does.
-func connectPinned(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	dsn, rule, err := pgconf.DefaultSSLMode(dsn)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := pgconf.Open(ctx, dsn, "tidemark")
-	if err != nil {
-		return nil, rule.Explain(err)
-	}
-	return conn, nil
-}
 
 // targetDatabase creates a target database beside the test's, and returns its connection string
 // and a connection to it for the test's own queries.

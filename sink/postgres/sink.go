@@ -196,7 +196,7 @@ func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *mer
 func (s *Sink) lock(ctx context.Context, key, what string) error {
 	var got bool
 	var holder *int32
-	err := sink.UntilFree(ctx, func() (bool, error) {
+	err := replicator.UntilFree(ctx, replicator.DefaultInUseWait, func() (bool, error) {
 		holder = nil
 		err := s.target.QueryRow(ctx, LockSQL, key).Scan(&got, &holder)
 		return got, err
@@ -372,13 +372,7 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 		s.tx = nil
 		return fmt.Errorf("the target's checkpoint %q changed under this sync (another tidemark sync wrote it): this one's changes since its last checkpoint are rolled back; run one sync per checkpoint", s.id)
 	}
-	err = s.tx.Commit(ctx)
-	s.tx = nil
-	if err != nil {
-		return fmt.Errorf("commit target transaction: %w", err)
-	}
-	s.lastPos = b
-	return nil
+	return s.commit(ctx, b)
 }
 
 // checkpointApart is Checkpoint broken on purpose (faults.CheckpointApart): the position is
@@ -398,12 +392,17 @@ func (s *Sink) checkpointApart(ctx context.Context, pos *merge.Position) error {
 	if err := s.flush(ctx); err != nil {
 		return err
 	}
-	err = s.tx.Commit(ctx)
+	return s.commit(ctx, b)
+}
+
+// commit commits the open target transaction, which carries the checkpoint at pos.
+func (s *Sink) commit(ctx context.Context, pos []byte) error {
+	err := s.tx.Commit(ctx)
 	s.tx = nil
 	if err != nil {
 		return fmt.Errorf("commit target transaction: %w", err)
 	}
-	s.lastPos = b
+	s.lastPos = pos
 	return nil
 }
 

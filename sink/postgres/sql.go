@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // The SQL the sink runs, built by pure functions (no connection), golden-tested
@@ -24,10 +26,6 @@ func QuoteAll(names []string) []string {
 	}
 	return q
 }
-
-// QuoteLiteral quotes s as an SQL string literal (standard_conforming_strings on, which every
-// connection pins).
-func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // The sink's own tables on the target.
 var (
@@ -211,7 +209,7 @@ func AlterTypeSQL(table, column, typ string) string {
 func AddColumnSQL(table, column, typ string, def *string) string {
 	d := ""
 	if def != nil {
-		d = " DEFAULT " + QuoteLiteral(*def) + "::" + typ
+		d = " DEFAULT " + pgconf.QuoteLiteral(*def) + "::" + typ
 	}
 	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s%s", table, Quote(column), typ, d)
 }
