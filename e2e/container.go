@@ -253,6 +253,14 @@ func startContainerFromEnv(ctx context.Context, kind string, log zerolog.Logger)
 	return s, nil
 }
 
+// EnvLong, set to 1, runs the long tests too: the chaos harness's whole matrix (every break in
+// every mode, a fixed seed beside the random one). The default run keeps every package within
+// its budget (README: under 300 s each on a quiet machine).
+const EnvLong = "TIDEMARK_TEST_LONG"
+
+// Long reports whether the long tests run (EnvLong).
+func Long() bool { return os.Getenv(EnvLong) == "1" }
+
 // InCI reports whether the CI environment variable says this is a CI run, where the suite must
 // fail rather than skip when it has no PostgreSQL.
 func InCI() bool {

@@ -90,12 +90,17 @@ func concurrently(t *testing.T, cfgs []chaos.Config) []*chaos.Report {
 	return reps
 }
 
-// TestChaos runs each mode under the default, fence and target faults for a fixed seed and a random one (printed: replay
-// it with tidemark chaos --mode M --seed N); the oracle finds nothing wrong.
+// TestChaos runs each mode under the default, fence and target faults for a random seed
+// (printed: replay it with tidemark chaos --mode M --seed N) and, in the long run
+// (TIDEMARK_TEST_LONG=1), a fixed one too; the oracle finds nothing wrong.
 func TestChaos(t *testing.T) {
 	random := randomSeed()
 	t.Logf("random seed %d", random)
-	for _, seed := range []uint64{1, random} {
+	seeds := []uint64{random}
+	if e2e.Long() {
+		seeds = []uint64{1, random}
+	}
+	for _, seed := range seeds {
 		var cfgs []chaos.Config
 		for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
 			cfg := config(t, mode, seed)
@@ -156,16 +161,31 @@ func TestChaosDDL(t *testing.T) {
 	}
 }
 
+// defaultBreakMode is the mode each break runs in by default: every mode meets one, and the
+// package stays within its budget (README). The long run (TIDEMARK_TEST_LONG=1) runs every break
+// in every mode it applies to.
+var defaultBreakMode = map[string]chaos.Mode{
+	"no-eviction": chaos.JSONL, "ack-ahead": chaos.Postgres, "no-guard": chaos.Airbyte,
+	"checkpoint-apart": chaos.Postgres, "no-truncate": chaos.JSONL, "no-fence": chaos.Postgres,
+}
+
 // TestChaosCatchesBrokenEngines: the harness is only worth something if it fails a broken
 // capture. Each break (chaos.Breaks: the engine's, and the sinks' checkpoint committed apart from
-// its data, a resume without cutting the output, no fence) is run in each mode it applies to,
-// under the faults that provoke it, and must be reported with the violation it causes (a run
-// that merely failed, which a crash would also do, is not enough). Run one with -run
-// 'TestChaosCatchesBrokenEngines/MODE/BREAK'.
+// its data, a resume without cutting the output, no fence) is run under the faults that provoke
+// it, in one mode by default (defaultBreakMode) and in each mode it applies to in the long run,
+// and must be reported with a violation it can cause (a run that merely failed, which a crash
+// would also do, is not enough). Run one with -run 'TestChaosCatchesBrokenEngines/MODE/BREAK'
+// (with TIDEMARK_TEST_LONG=1 for a mode not run by default).
 func TestChaosCatchesBrokenEngines(t *testing.T) {
 	t.Parallel()
 	for _, name := range chaos.Breaks() {
+		mode, ok := defaultBreakMode[name]
+		require.True(t, ok, "break %s has no default mode", name)
+		require.Contains(t, chaos.BreakModes(name), mode, "break %s", name)
 		for _, mode := range chaos.BreakModes(name) {
+			if !e2e.Long() && mode != defaultBreakMode[name] {
+				continue
+			}
 			t.Run(string(mode)+"/"+name, func(t *testing.T) {
 				if mode != chaos.Postgres || name != "no-eviction" {
 					// That one runs first, alone (see below): a capture slowed by the runs
@@ -204,19 +224,16 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 					// Its stale rows need a stall to meet a chunk's window (PostgreSQL: and to be
 					// left at a target checkpoint): most runs find some (1 to 41 seen), not all. Up
 					// to two more seeds; the harness must catch it in one.
-					for seed := uint64(6); rep.OK() && seed <= 7; seed++ {
+					for seed := uint64(6); len(chaos.BreakCaught(name, rep.Violations)) == 0 && seed <= 7; seed++ {
 						t.Logf("seed %d found nothing wrong; seed %d", cfg.Seed, seed)
 						cfg.Seed, cfg.Dir = seed, t.TempDir()
 						rep = concurrently(t, []chaos.Config{cfg})[0]
 					}
 				}
-				require.False(t, rep.OK(), "the harness must catch the broken capture (%s, %s)", name, mode)
-				want := chaos.BreakViolation(name, mode)
-				found := false
-				for _, v := range rep.Violations {
-					found = found || strings.HasPrefix(v, want)
-				}
-				require.True(t, found, "%s, %s: a violation starting %q; got:\n%s", name, mode, want, strings.Join(rep.Violations, "\n"))
+				caught := chaos.BreakCaught(name, rep.Violations)
+				require.NotEmpty(t, caught, "%s, %s: the harness must catch the broken capture with a violation it can cause (%s); got:\n%s",
+					name, mode, strings.Join(chaos.BreakCauses(name), " "), strings.Join(rep.Violations, "\n"))
+				t.Logf("caught: %s", caught[0])
 			})
 		}
 	}
