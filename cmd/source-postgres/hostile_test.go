@@ -1,0 +1,51 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestHostileFunctionsGainNothing reproduces the privilege escalation of a role with CREATE on
+// public (CVE-2018-1058's pattern) through the connector: a function public.unnest(int2vector),
+// which matches the call that reads a primary key's columns better than the builtin
+// unnest(anyarray), would run as the connector's role (here a superuser) in check, discover and
+// read. None may call it: the role stays without privileges.
+func TestHostileFunctionsGainNothing(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	e.db.Exec(`INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 10) g`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	role := "mallory_" + e.db.Name
+	e.db.Exec(`CREATE ROLE ` + role + ` LOGIN NOSUPERUSER`)
+	e.db.Exec(`GRANT CREATE ON SCHEMA public TO ` + role)
+	t.Cleanup(func() {
+		e.db.Exec(`DROP OWNED BY ` + role)
+		e.db.Exec(`DROP ROLE ` + role)
+	})
+	e.db.Exec(fmt.Sprintf(`SET ROLE %[1]s;
+		CREATE FUNCTION public.unnest(int2vector) RETURNS SETOF smallint LANGUAGE plpgsql AS $f$
+		BEGIN
+			IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+				EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+			END IF;
+			RETURN QUERY SELECT pg_catalog.unnest($1::pg_catalog.int2[]);
+		END $f$;
+		RESET ROLE`, role))
+	super := func() bool {
+		var s bool
+		require.NoError(t, e.db.Connect().QueryRow(t.Context(), `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&s))
+		return s
+	}
+	status, msg := e.checkStatus()
+	require.Equal(t, "SUCCEEDED", status, msg)
+	require.False(t, super(), "check ran the function planted in public")
+	r := e.run("discover", "--config", e.config())
+	require.Equal(t, 0, r.code, tail(r.stderr))
+	require.False(t, super(), "discover ran the function planted in public")
+	r = e.read(e.catalog("t"), nil)
+	require.Equal(t, 0, r.code, tail(r.stderr))
+	require.Len(t, r.records(), 10)
+	require.False(t, super(), "read ran the function planted in public")
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// hostileRole creates a role without privileges but CREATE on schema public of the databases
+// given (PostgreSQL's default for databases created on 14 and older), and returns its name.
+func hostileRole(t *testing.T, name string, dsns ...string) string {
+	ctx := context.Background()
+	admin, err := server.Admin(ctx)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+	_, err = admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{name}.Sanitize()+" LOGIN NOSUPERUSER")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := server.Admin(context.Background())
+		if err == nil {
+			defer c.Close(context.Background())
+			for _, dsn := range dsns {
+				if d, err := pgx.Connect(context.Background(), dsn); err == nil {
+					_, _ = d.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{name}.Sanitize())
+					d.Close(context.Background())
+				}
+			}
+			_, _ = c.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+		}
+	})
+	for _, dsn := range dsns {
+		c, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, "GRANT CREATE ON SCHEMA public TO "+pgx.Identifier{name}.Sanitize())
+		c.Close(ctx)
+		require.NoError(t, err)
+	}
+	return name
+}
+
+// plant creates, as role, a function in public whose body makes role a superuser when the
+// caller is one, then does what the builtin does (body: the builtin's call, on $1, $2...).
+func plant(t *testing.T, dsn, role, signature, returns, body string) {
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, fmt.Sprintf(`SET ROLE %[1]s;
+		CREATE FUNCTION public.%[2]s RETURNS %[3]s LANGUAGE plpgsql AS $f$
+		BEGIN
+			IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+				EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+			END IF;
+			%[4]s;
+		END $f$;
+		RESET ROLE`, pgx.Identifier{role}.Sanitize(), signature, returns, body))
+	require.NoError(t, err)
+}
+
+func isSuperuser(t *testing.T, role string) bool {
+	ctx := context.Background()
+	admin, err := server.Admin(ctx)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var super bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&super))
+	return super
+}
+
+// TestHostileFunctionsGainNothing reproduces the privilege escalation of a role with CREATE on
+// public (CVE-2018-1058's pattern): a function in public whose argument types match a call of
+// Tidemark's better than the builtin's would run, as Tidemark's role (here a superuser), on the
+// source (unnest(int2vector), called to read a key's columns) and on the target
+// (hashtextextended(text, integer), called to take the sink's advisory lock). The sync must not
+// call them: the role stays without privileges.
+func TestHostileFunctionsGainNothing(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE h (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO h SELECT g, md5(g::text) FROM generate_series(1, 100) g`)
+	tgtDSN, _ := targetDatabase(t, db)
+	role := hostileRole(t, "mallory_"+db.Name, db.DSN, tgtDSN)
+	plant(t, db.DSN, role, "unnest(int2vector)", "SETOF smallint", "RETURN QUERY SELECT pg_catalog.unnest($1::pg_catalog.int2[])")
+	plant(t, tgtDSN, role, "hashtextextended(text, integer)", "bigint", "RETURN pg_catalog.hashtextextended($1, $2::pg_catalog.int8)")
+
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.h", "--to", tgtDSN, "--stop-when-caught-up"}, e), errOut.String())
+	require.False(t, isSuperuser(t, role), "a function planted in public ran as the sync's role and made %s a superuser", role)
+}
