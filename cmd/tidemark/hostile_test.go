@@ -93,3 +93,54 @@ func TestHostileFunctionsGainNothing(t *testing.T) {
 		"--tables", "public.h", "--to", tgtDSN, "--stop-when-caught-up"}, e), errOut.String())
 	require.False(t, isSuperuser(t, role), "a function planted in public ran as the sync's role and made %s a superuser", role)
 }
+
+// TestHostileOwnTables reproduces the sink's own tables trusted blindly: a role with CREATE on
+// public creates public.tidemark_checkpoint (and public.tidemark_applied) first, with a trigger
+// whose function makes it a superuser when a superuser writes the table. The sync must refuse
+// the tables, say why and how to fix them, and write nothing to them.
+func TestHostileOwnTables(t *testing.T) {
+	for _, table := range []string{"tidemark_checkpoint", "tidemark_applied"} {
+		t.Run(table, func(t *testing.T) {
+			db := e2e.NewTestDB(t, server)
+			db.Exec(`CREATE TABLE h (id int PRIMARY KEY, v text)`)
+			db.Exec(`INSERT INTO h SELECT g, md5(g::text) FROM generate_series(1, 10) g`)
+			// Changes streamed after the slot: the audit ledger gets a row for each.
+			db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE h`)
+			db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+			db.Exec(`INSERT INTO h VALUES (11, 'live')`)
+			db.Exec(`UPDATE h SET v = 'changed' WHERE id = 1`)
+			tgtDSN, tgt := targetDatabase(t, db)
+			role := hostileRole(t, "mallory_"+db.Name, tgtDSN)
+			ctx := context.Background()
+			create := map[string]string{
+				"tidemark_checkpoint": `CREATE TABLE public.tidemark_checkpoint (id text PRIMARY KEY, position jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), target_schema text NOT NULL DEFAULT '')`,
+				"tidemark_applied":    `CREATE TABLE public.tidemark_applied (commit_lsn pg_lsn PRIMARY KEY, xid bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
+			}[table]
+			_, err := tgt.Exec(ctx, fmt.Sprintf(`SET ROLE %[1]s;
+				%[3]s;
+				GRANT ALL ON public.%[2]s TO PUBLIC;
+				CREATE FUNCTION public.escalate() RETURNS trigger LANGUAGE plpgsql AS $f$
+				BEGIN
+					IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+						EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+					END IF;
+					RETURN NEW;
+				END $f$;
+				CREATE TRIGGER escalate BEFORE INSERT OR UPDATE ON public.%[2]s FOR EACH ROW EXECUTE FUNCTION public.escalate();
+				RESET ROLE`, pgx.Identifier{role}.Sanitize(), table, create))
+			require.NoError(t, err)
+
+			e, _, errOut := testEnv(t)
+			code := run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+				"--tables", "public.h", "--to", tgtDSN, "--audit", "--stop-when-caught-up"}, e)
+			require.False(t, isSuperuser(t, role), "the trigger of %s's %s ran as the sync's role", role, table)
+			require.Equal(t, 1, code, errOut.String())
+			require.Contains(t, errOut.String(), `"public"."`+table+`" is refused`)
+			require.Contains(t, errOut.String(), fmt.Sprintf(`owned by role "%s"`, role))
+			require.Contains(t, errOut.String(), `DROP TRIGGER "escalate" ON "public"."`+table+`";`)
+			var n int
+			require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*) FROM public.`+table).Scan(&n))
+			require.Zero(t, n, "nothing written to the refused table")
+		})
+	}
+}
