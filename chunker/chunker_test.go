@@ -20,17 +20,34 @@ func table(keys ...int) *Table {
 		{Name: "tenant", TypeOID: 2950, BaseOID: 2950}, {Name: "id", TypeOID: 20, BaseOID: 20}, {Name: `we"ird`, TypeOID: 25, BaseOID: 25},
 	}}
 	t.Key = keys
+	for _, k := range keys {
+		t.KeyOps = append(t.KeyOps, CatalogOps([]string{"inet", "bigint", "text"}[k]))
+	}
 	return t
 }
 
-// TestSQLGolden: the chunk queries of a single and a composite key, with quoted identifiers and
-// bound parameters.
+// citextTable is table with its first column's type from an extension in public.
+func citextTable(keys ...int) *Table {
+	t := table(keys...)
+	for i, k := range keys {
+		if k == 0 {
+			t.KeyOps[i] = Ops{Less: "OPERATOR(public.<)", LessEq: "OPERATOR(public.<=)", Eq: "OPERATOR(public.=)",
+				GreaterEq: "OPERATOR(public.>=)", Greater: "OPERATOR(public.>)", Type: "public.citext"}
+		}
+	}
+	return t
+}
+
+// TestSQLGolden: the chunk queries of a single and a composite key, with quoted identifiers,
+// bound parameters and the key columns' own operators (a citext key's from public; a composite
+// key with operators in two schemas compared column by column).
 func TestSQLGolden(t *testing.T) {
 	var b strings.Builder
 	for _, tc := range []struct {
 		name string
 		t    *Table
-	}{{"single key", table(1)}, {"composite key", table(0, 1)}} {
+	}{{"single key", table(1)}, {"composite key", table(0, 1)}, {"citext key", citextTable(0)},
+		{"composite key, operators in two schemas", citextTable(0, 1)}} {
 		fmt.Fprintf(&b, "# %s\n", tc.name)
 		for _, q := range []struct {
 			name         string

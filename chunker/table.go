@@ -27,6 +27,7 @@ type Table struct {
 	OID             uint32   // pg_class OID
 	Columns         []Column // columns in attribute order
 	Key             []int    // indexes into Columns of the key columns, in key order
+	KeyOps          []Ops    // the comparison operators of each key column, in key order
 	KeySource       string   // "primary key", "replica identity index" or "key override"
 	ReplicaIdentity byte     // relreplident: 'd', 'f', 'i' or 'n'
 	PubColumns      []string // the publication's column list; nil when it publishes every column
@@ -92,6 +93,9 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		return nil, err
 	}
 	if err := t.chooseKey(ctx, conn, override, notNull, deterministic); err != nil {
+		return nil, err
+	}
+	if err := t.readOps(ctx, conn); err != nil {
 		return nil, err
 	}
 	// Not being published is reported after the key's problems, which adding the table to the

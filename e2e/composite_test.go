@@ -54,7 +54,7 @@ func TestCompositeTypeChanged(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var oid uint32
-	require.NoError(t, conn.QueryRow(ctx, `SELECT 'pair'::regtype::oid`).Scan(&oid))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT 'public.pair'::regtype::oid`).Scan(&oid))
 	// A registry that loaded the type before it changed, as a capture running all along has.
 	stale := pgjson.NewRegistry(conn)
 	staleType, err := stale.Type(ctx, oid)

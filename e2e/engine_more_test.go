@@ -231,7 +231,7 @@ func TestHighWatermarkFails(t *testing.T) {
 		name, cond string
 		snapshots  int // the row updated inside chunk 2's window is read again when chunk 2 is redone
 	}{
-		{"once", `NEW.kind = 'H' AND NEW.chunk = 2 AND nextval('mark_failures') = 1`, 29},
+		{"once", `NEW.kind = 'H' AND NEW.chunk = 2 AND nextval('public.mark_failures') = 1`, 29},
 		{"always", `NEW.kind = 'H' AND NEW.chunk = 2`, 30},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

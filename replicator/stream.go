@@ -76,7 +76,7 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 		return nil, err
 	}
 
-	s.conn, err = pgconn.ConnectConfig(ctx, rcfg)
+	s.conn, err = pgconf.DialReplication(ctx, rcfg)
 	if err != nil {
 		return nil, connectError("source "+pgconf.Describe(rcfg)+" for replication", qcfg.User, err)
 	}
@@ -92,7 +92,7 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 // preflight checks the server, the slot and the publication over an ordinary connection, where
 // values can be bound parameters, and creates what it is allowed to create.
 func (s *Stream) preflight(ctx context.Context, qcfg *pgx.ConnConfig) error {
-	conn, err := pgx.ConnectConfig(ctx, qcfg)
+	conn, err := pgconf.Dial(ctx, qcfg)
 	if err != nil {
 		return connectError("source "+pgconf.Describe(&qcfg.Config), qcfg.User, err)
 	}

@@ -8,13 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/internal/pgtrust"
 )
 
 // Transport is how marks reach the change stream.
@@ -236,7 +236,7 @@ func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Lo
 	if !exists {
 		if _, err := conn.Exec(ctx, create); err != nil && !createdConcurrently(err) {
 			if isPrivilege(err) {
-				return fmt.Errorf("%w: %s does not exist and this role may not create it (%w); a DBA should run:\n  %s;\n  GRANT SELECT, INSERT, UPDATE ON %s TO %s;",
+				return fmt.Errorf("%w: %s does not exist and this role may not create it (%w); a DBA should run:\n  %s;\n  ALTER TABLE %s OWNER TO %s;",
 					ErrSetup, name, err, create, name, quoteIdent(conn.Config().User))
 			}
 			return fmt.Errorf("create signal table %s: %w", name, err)
@@ -290,50 +290,17 @@ func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Lo
 	return nil
 }
 
-// checkTrusted refuses a signal table that someone other than this role could turn against it.
-// Every mark is an INSERT or UPDATE by this role, so a trigger (or a rule) on the table runs
-// code of its author's choosing with this role's rights (REPLICATION, SELECT on the captured
-// tables, or a superuser's), and could also change or forge marks, corrupting the backfill. So
-// the table may carry no trigger and no rule, and its owner must be a role that could not gain
-// anything that way, because it can already act as this role: this role itself, or a superuser.
-// Membership in the owner is not enough: every other member of that role could add a trigger.
-// A table a DBA (superuser) created and granted is therefore accepted, one an application role
-// created, in a schema where everybody may create, is not.
+// checkTrusted refuses a signal table that someone other than this role could turn against it
+// (pgtrust.Own). Every mark is an INSERT or UPDATE by this role, so a trigger, a rule or a
+// policy on the table runs code of its author's choosing with this role's rights (REPLICATION,
+// SELECT on the captured tables, or a superuser's), and could also change or forge marks,
+// corrupting the backfill. So the table must be this role's own, carrying nothing Tidemark did
+// not create; a DBA who creates it for a role that may not gives it to that role (OWNER TO).
 func checkTrusted(ctx context.Context, conn *pgx.Conn, name string) error {
-	var owner, self string
-	var superuser bool
-	var triggers, rules []string
-	err := conn.QueryRow(ctx, `SELECT r.rolname::text, current_user::text, r.rolsuper,
-			array(SELECT tgname::text FROM pg_trigger WHERE tgrelid = c.oid AND NOT tgisinternal ORDER BY tgname),
-			array(SELECT rulename::text FROM pg_rewrite WHERE ev_class = c.oid ORDER BY rulename)
-		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = to_regclass($1)`, name).
-		Scan(&owner, &self, &superuser, &triggers, &rules)
-	if err != nil {
-		return fmt.Errorf("read the owner and triggers of signal table %s: %w", name, err)
+	if err := pgtrust.Own(ctx, conn, "signal table", name); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
-	var problems, fixes []string
-	if owner != self && !superuser {
-		problems = append(problems, fmt.Sprintf("it is owned by role %s, which is neither this role (%s) nor a superuser, "+
-			"and could add a trigger that runs with this role's rights on every mark", quoteIdent(owner), quoteIdent(self)))
-		fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s OWNER TO %s;", name, quoteIdent(self)))
-	}
-	if len(triggers) > 0 {
-		problems = append(problems, fmt.Sprintf("it has triggers (%s), which would run with this role's rights on every mark", strings.Join(triggers, ", ")))
-		for _, t := range triggers {
-			fixes = append(fixes, fmt.Sprintf("DROP TRIGGER %s ON %s;", quoteIdent(t), name))
-		}
-	}
-	if len(rules) > 0 {
-		problems = append(problems, fmt.Sprintf("it has rules (%s), which would rewrite every mark", strings.Join(rules, ", ")))
-		for _, r := range rules {
-			fixes = append(fixes, fmt.Sprintf("DROP RULE %s ON %s;", quoteIdent(r), name))
-		}
-	}
-	if len(problems) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %s is refused: %s; after checking that nothing else relies on them, its owner or a superuser should run:\n  %s\nor choose another signal table",
-		ErrSetup, name, strings.Join(problems, "; "), strings.Join(fixes, "\n  "))
+	return nil
 }
 
 // createdConcurrently reports the error of a CREATE TABLE IF NOT EXISTS that raced another

@@ -263,3 +263,21 @@ func TestLegacySSLFlag(t *testing.T) {
 	require.Equal(t, "FAILED", status)
 	require.Contains(t, msg, "TLS")
 }
+
+// TestCheckHeartbeatQuery: the heartbeat_action_query runs on a connection whose search_path is
+// pg_catalog only (docs/security.md), so one that names its table without a schema, as Airbyte's
+// setup guide writes it, fails check with the fix; written schema-qualified, it passes.
+func TestCheckHeartbeatQuery(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`CREATE TABLE airbyte_heartbeat (id int PRIMARY KEY, at timestamptz)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	e.cdc()["heartbeat_action_query"] = `INSERT INTO airbyte_heartbeat VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = excluded.at`
+	status, msg := e.checkStatus()
+	require.Equal(t, "FAILED", status, msg)
+	require.Contains(t, msg, `relation "airbyte_heartbeat" does not exist`)
+	require.Contains(t, msg, "INSERT INTO public.airbyte_heartbeat (...)")
+	e.cdc()["heartbeat_action_query"] = `INSERT INTO public.airbyte_heartbeat VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = excluded.at`
+	status, msg = e.checkStatus()
+	require.Equal(t, "SUCCEEDED", status, msg)
+}

@@ -172,3 +172,13 @@ func primaryKey(ctx context.Context, conn *pgx.Conn, r relation) ([]string, erro
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// columnOps reads the comparison operators of column name of the relation with OID rel
+// (chunker.Ops): its type's own, schema-qualified, since search_path is pinned to pg_catalog.
+func columnOps(ctx context.Context, conn *pgx.Conn, rel uint32, name string) (chunker.Ops, error) {
+	var typ uint32
+	if err := conn.QueryRow(ctx, `SELECT atttypid FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped`, rel, name).Scan(&typ); err != nil {
+		return chunker.Ops{}, fmt.Errorf("read the type of column %q: %w", name, err)
+	}
+	return chunker.ReadOps(ctx, conn, typ)
+}

@@ -44,7 +44,7 @@ func TestHostileFunctionsGainNothing(t *testing.T) {
 	r := e.run("discover", "--config", e.config())
 	require.Equal(t, 0, r.code, tail(r.stderr))
 	require.False(t, super(), "discover ran the function planted in public")
-	r = e.read(e.catalog("t"), nil)
+	r = e.read(e.catalog("public.t"), nil)
 	require.Equal(t, 0, r.code, tail(r.stderr))
 	require.Len(t, r.records(), 10)
 	require.False(t, super(), "read ran the function planted in public")

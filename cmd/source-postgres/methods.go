@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/merge"
 )
@@ -185,9 +185,11 @@ func cursorText(v json.RawMessage) (string, bool) {
 
 // methodStream is what a Standard or Xmin read knows of one stream's relation.
 type methodStream struct {
-	kind byte     // relkind
-	oid  uint32   // pg_class OID
-	key  []string // primary key columns, in key order; nil without one
+	kind   byte          // relkind
+	oid    uint32        // pg_class OID
+	key    []string      // primary key columns, in key order; nil without one
+	keyOps []chunker.Ops // their comparison operators
+	cursor chunker.Ops   // Standard: the cursor column's comparison operators
 }
 
 // prepareMethods checks every incremental stream of a Standard or Xmin read before anything is
@@ -211,6 +213,13 @@ func (r *reader) prepareMethods(ctx context.Context, in *inputState) error {
 		if ms.kind == 'r' || ms.kind == 'p' {
 			if ms.key, err = primaryKey(ctx, r.conn, relation{schema: st.schema, name: st.name}); err != nil {
 				return err
+			}
+			for _, k := range ms.key {
+				ops, err := columnOps(ctx, r.conn, ms.oid, k)
+				if err != nil {
+					return fmt.Errorf("stream %s: primary key column %q: %w", st.key(), k, err)
+				}
+				ms.keyOps = append(ms.keyOps, ops)
 			}
 		}
 		switch method {
@@ -305,8 +314,8 @@ func (r *reader) checkCursor(ctx context.Context, st *readStream) error {
 	c := st.cursor[0]
 	id := pgx.Identifier{st.schema, st.name}.Sanitize()
 	var notNull bool
-	var attnum int
-	err := r.conn.QueryRow(ctx, `SELECT attnotnull, attnum FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped`, id, c).Scan(&notNull, &attnum)
+	var typ uint32
+	err := r.conn.QueryRow(ctx, `SELECT attnotnull, atttypid FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped`, id, c).Scan(&notNull, &typ)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return configErrorf("stream %s: its cursor field %q is not a column of %s; refresh the source schema and choose another cursor", st.key(), c, id)
 	}
@@ -314,10 +323,11 @@ func (r *reader) checkCursor(ctx context.Context, st *readStream) error {
 		return fmt.Errorf("look up the cursor column of %s: %w", st.key(), err)
 	}
 	col := pgx.Identifier{c}.Sanitize()
-	if _, err := r.conn.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s WHERE %s = %s ORDER BY %s LIMIT 0`, id, col, col, col)); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "42883" || pgErr.Code == "42804") {
-			return configErrorf("stream %s: its cursor field %q has no ordering (%s); choose a cursor column of an ordered type, such as a timestamp or a number", st.key(), c, pgErr.Message)
+	// The cursor is compared with its type's own operators (those ORDER BY sorts with),
+	// schema-qualified: search_path is pinned to pg_catalog (internal/pgconf).
+	if st.method.cursor, err = chunker.ReadOps(ctx, r.conn, typ); err != nil {
+		if errors.Is(err, chunker.ErrNoOrdering) {
+			return configErrorf("stream %s: its cursor field %q has no ordering (%v); choose a cursor column of an ordered type, such as a timestamp or a number", st.key(), c, err)
 		}
 		return fmt.Errorf("check the cursor column of %s: %w", st.key(), err)
 	}
@@ -353,8 +363,8 @@ func (r *reader) cursorRead(ctx context.Context, st *readStream) error {
 		var cur *string
 		var n int64
 		col := pgx.Identifier{st.cursor[0]}.Sanitize()
-		q := fmt.Sprintf(`WITH m AS (SELECT %s AS c FROM %s WHERE %s IS NOT NULL ORDER BY 1 DESC LIMIT 1) SELECT c::text, (SELECT count(*) FROM %s WHERE %s = m.c) FROM m`,
-			col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, pgx.Identifier{st.schema, st.name}.Sanitize(), col)
+		q := fmt.Sprintf(`WITH m AS (SELECT %s AS c FROM %s WHERE %s IS NOT NULL ORDER BY 1 DESC LIMIT 1) SELECT c::text, (SELECT count(*) FROM %s WHERE %s %s m.c) FROM m`,
+			col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, ms.cursor.Eq)
 		var c string
 		switch err := r.conn.QueryRow(ctx, q).Scan(&c, &n); {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -414,23 +424,24 @@ func (r *reader) cursorScan(ctx context.Context, st *readStream) (err error) {
 		// they were all read; otherwise (rows came with the same value, or the read stopped
 		// among them), or when the state has no count (Airbyte's Kotlin connector writes none),
 		// they are read again.
-		op := ">="
+		ops := st.method.cursor
+		op := ops.GreaterEq
 		if m.CursorRecordCount > 0 {
-			op = ">"
-			res := conn.ExecParams(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s = $1`, rel, col), [][]byte{[]byte(*m.Cursor)}, nil, nil, nil).Read()
+			op = ops.Greater
+			res := conn.ExecParams(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s %s $1`, rel, col, ops.Eq), [][]byte{[]byte(*m.Cursor)}, nil, nil, nil).Read()
 			if res.Err != nil {
 				return fmt.Errorf("count the rows of %s at its cursor: %w", st.key(), res.Err)
 			}
 			if len(res.Rows) != 1 || string(res.Rows[0][0]) != strconv.FormatInt(m.CursorRecordCount, 10) {
-				op = ">="
+				op = ops.GreaterEq
 			}
 		}
 		where = fmt.Sprintf(" WHERE %s %s $1", col, op)
 		args = [][]byte{[]byte(*m.Cursor)}
 	}
 	// The last column tells a row whose cursor differs from the one before (under the type's
-	// equality, the one ORDER BY groups by).
-	q := fmt.Sprintf(`SELECT r.*, r.%s IS DISTINCT FROM lag(r.%s) OVER (ORDER BY r.%s) FROM %s AS r%s ORDER BY r.%s`, col, col, col, rel, where, col)
+	// equality, the one ORDER BY groups by; the cursor is never NULL, checkCursor).
+	q := fmt.Sprintf(`SELECT r.*, coalesce(NOT (r.%s %s lag(r.%s) OVER (ORDER BY r.%s)), true) FROM %s AS r%s ORDER BY r.%s`, col, st.method.cursor.Eq, col, col, rel, where, col)
 	w := r.newRecordWriter(st)
 	var group *string // the value of the rows being read
 	var count int64
@@ -570,13 +581,6 @@ func (r *reader) keysetScan(ctx context.Context, st *readStream, filter string) 
 		keys[i] = pgx.Identifier{k}.Sanitize()
 		desc[i] = keys[i] + " DESC"
 	}
-	tuple := func(first int) (string, string) {
-		ps := make([]string, len(keys))
-		for i := range ps {
-			ps[i] = "$" + strconv.Itoa(first+i)
-		}
-		return "(" + strings.Join(keys, ", ") + ")", "(" + strings.Join(ps, ", ") + ")"
-	}
 	if p.MaxKey == nil && !p.Done {
 		// The scan's upper bound: rows with a later key came after it began, and the next read
 		// has them.
@@ -596,14 +600,12 @@ func (r *reader) keysetScan(ctx context.Context, st *readStream, filter string) 
 		var where []string
 		var args [][]byte
 		if p.Cursor != nil {
-			k, ps := tuple(len(args) + 1)
-			where = append(where, k+" > "+ps)
+			where = append(where, chunker.KeyAfter(ms.key, ms.keyOps, len(args)+1))
 			for _, v := range p.Cursor {
 				args = append(args, []byte(v))
 			}
 		}
-		k, ps := tuple(len(args) + 1)
-		where = append(where, k+" <= "+ps)
+		where = append(where, chunker.KeyUpTo(ms.key, ms.keyOps, len(args)+1))
 		for _, v := range p.MaxKey {
 			args = append(args, []byte(v))
 		}

@@ -460,6 +460,9 @@ func (s *source) heartbeatQuery(ctx context.Context, q string) {
 	defer t.Stop()
 	for {
 		if _, err := conn.Exec(ctx, q); err != nil && ctx.Err() == nil {
+			if perr := heartbeatPlan(ctx, conn, q); perr != nil {
+				err = perr
+			}
 			s.log.Warn().Err(err).Msg("heartbeat_action_query failed")
 		}
 		select {

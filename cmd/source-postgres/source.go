@@ -108,7 +108,7 @@ func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.ConnectConfig(ctx, c)
+	conn, err := pgconf.Dial(ctx, c)
 	if err != nil {
 		return nil, connectError(s.cfg, err)
 	}
@@ -155,7 +155,7 @@ func (s *source) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := pgx.ConnectConfig(ctx, c)
+	conn, err := pgconf.Dial(ctx, c)
 	if err != nil {
 		return connectError(s.cfg, err)
 	}
@@ -174,6 +174,11 @@ func (s *source) check(ctx context.Context) error {
 		Watermarks: s.cfg.watermarks(), SignalTable: sig,
 	})
 	problems := preflight.Problems(findings)
+	if q := rm.HeartbeatActionQuery; q != "" {
+		if err := heartbeatPlan(ctx, conn, q); err != nil {
+			problems = append(problems, preflight.Finding{What: err.Error()})
+		}
+	}
 	if len(problems) == 0 {
 		return nil
 	}
@@ -186,6 +191,19 @@ func (s *source) check(ctx context.Context) error {
 		}
 	}
 	return &configError{errors.New(b.String())}
+}
+
+// heartbeatPlan checks that the heartbeat_action_query names what it uses so that it resolves
+// on Tidemark's connections, whose search_path is pg_catalog only (internal/pgconf): it plans
+// the query (EXPLAIN, which runs nothing) and reports a table, function or type it cannot find
+// with the fix. Other failures are left to the read, which logs them as Airbyte's connector does.
+func heartbeatPlan(ctx context.Context, conn *pgx.Conn, q string) error {
+	_, err := conn.Exec(ctx, "EXPLAIN "+q)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.UndefinedFunction || pgErr.Code == pgerrcode.UndefinedObject) {
+		return fmt.Errorf("heartbeat_action_query cannot run: %s; Tidemark runs it with search_path = %s, so that no other role's function can take the place of a builtin (docs/security.md): name its tables, and any function or type of your own, with their schema, such as INSERT INTO public.airbyte_heartbeat (...) VALUES (...)", pgErr.Message, pgconf.SearchPath)
+	}
+	return nil
 }
 
 // checkQueries checks what a Standard or Xmin read needs: a server Tidemark supports, and SELECT

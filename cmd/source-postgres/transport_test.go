@@ -118,7 +118,7 @@ func sslServer(t *testing.T, clientCN string) (*e2e.Server, *certs) {
 func (e *env) sslSeen(t *testing.T) (bool, string) {
 	e.db.Exec(`CREATE TABLE IF NOT EXISTS seen (ssl bool, client_dn text)`)
 	e.db.Exec(`TRUNCATE seen`)
-	e.cdc()["heartbeat_action_query"] = `INSERT INTO seen SELECT ssl, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()`
+	e.cdc()["heartbeat_action_query"] = `INSERT INTO public.seen SELECT ssl, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()`
 	cat := e.catalog("public.t")
 	e.read(cat, nil)
 	var ssl bool

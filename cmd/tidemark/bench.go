@@ -159,20 +159,20 @@ func (b *bench) prepare(ctx context.Context, conn *pgx.Conn) error {
 	b.printf("# %s\n", version)
 	start := time.Now()
 	for _, s := range []string{
-		`CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
-		fmt.Sprintf(`INSERT INTO bench_rows SELECT g, g %% 1000, md5(g::text) || repeat('x', 20 + g %% 40), now() - g * interval '1 second',
+		`CREATE TABLE public.bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
+		fmt.Sprintf(`INSERT INTO public.bench_rows SELECT g, g %% 1000, md5(g::text) || repeat('x', 20 + g %% 40), now() - g * interval '1 second',
 			(g * 1.0001)::numeric(20, 4), jsonb_build_object('a', g, 'b', md5(g::text)) FROM generate_series(1, %d) g`, b.rows),
-		`CREATE TABLE bench_live (id bigserial PRIMARY KEY, sent timestamptz NOT NULL DEFAULT clock_timestamp())`,
-		`VACUUM ANALYZE bench_rows`,
-		`CREATE PUBLICATION bench FOR TABLE bench_rows, bench_live`,
-		`SELECT count(*) FROM bench_rows`,
+		`CREATE TABLE public.bench_live (id bigserial PRIMARY KEY, sent timestamptz NOT NULL DEFAULT clock_timestamp())`,
+		`VACUUM ANALYZE public.bench_rows`,
+		`CREATE PUBLICATION bench FOR TABLE public.bench_rows, public.bench_live`,
+		`SELECT count(*) FROM public.bench_rows`,
 	} {
 		if _, err := conn.Exec(ctx, s); err != nil {
 			return fmt.Errorf("prepare: %w", err)
 		}
 	}
 	var heapMB float64
-	_ = conn.QueryRow(ctx, `SELECT pg_table_size('bench_rows') / 1e6`).Scan(&heapMB)
+	_ = conn.QueryRow(ctx, `SELECT pg_table_size('public.bench_rows') / 1e6`).Scan(&heapMB)
 	b.printf("# bench_rows: %d rows, heap %.1f MB, built in %s\n", b.rows, heapMB, time.Since(start).Round(time.Second))
 	return nil
 }
@@ -181,7 +181,7 @@ func (b *bench) prepare(ctx context.Context, conn *pgx.Conn) error {
 // Tidemark's backfill of the same table, encoded and not.
 func (b *bench) scans(ctx context.Context) error {
 	var err error
-	b.copyS, err = b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY bench_rows TO STDOUT`, &b.copyMB) })
+	b.copyS, err = b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY public.bench_rows TO STDOUT`, &b.copyMB) })
 	if err != nil {
 		return err
 	}
@@ -246,7 +246,7 @@ func (b *bench) syncs(ctx context.Context) error {
 
 // memory shows that memory does not grow with the table: the same backfill of a fifth of it.
 func (b *bench) memory(ctx context.Context) error {
-	if err := execAll(ctx, b.dsn, fmt.Sprintf(`CREATE TABLE bench_fifth AS SELECT * FROM bench_rows WHERE id <= %d; ALTER TABLE bench_fifth ADD PRIMARY KEY (id); ALTER PUBLICATION bench ADD TABLE bench_fifth`, b.rows/5)); err != nil {
+	if err := execAll(ctx, b.dsn, fmt.Sprintf(`CREATE TABLE public.bench_fifth AS SELECT * FROM public.bench_rows WHERE id <= %d; ALTER TABLE public.bench_fifth ADD PRIMARY KEY (id); ALTER PUBLICATION bench ADD TABLE public.bench_fifth`, b.rows/5)); err != nil {
 		return err
 	}
 	var fifthPeak uint64
@@ -390,14 +390,14 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	}
 	defer b.srv.DropDatabase(context.WithoutCancel(ctx), db)
 	slot := fmt.Sprintf("bench_sub_%d", b.slots)
-	if err := execAll(ctx, b.dsn, `CREATE PUBLICATION bench_rows_only FOR TABLE bench_rows`); err != nil && !pgerr.DuplicateObject(err) {
+	if err := execAll(ctx, b.dsn, `CREATE PUBLICATION bench_rows_only FOR TABLE public.bench_rows`); err != nil && !pgerr.DuplicateObject(err) {
 		return 0, err
 	}
 	if err := execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot)); err != nil {
 		return 0, err
 	}
 	tdsn := b.srv.DSN(db)
-	if err := execAll(ctx, tdsn, `CREATE TABLE bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`); err != nil {
+	if err := execAll(ctx, tdsn, `CREATE TABLE public.bench_rows (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`); err != nil {
 		return 0, err
 	}
 	conn, err := pgconf.OpenDefaultSSL(ctx, tdsn, "tidemark")
@@ -472,7 +472,7 @@ func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				_, _ = conn.Exec(ctx, `INSERT INTO bench_live DEFAULT VALUES`)
+				_, _ = conn.Exec(ctx, `INSERT INTO public.bench_live DEFAULT VALUES`)
 			}
 		}
 	})
@@ -657,7 +657,7 @@ func (b *bench) airbyteRead(ctx context.Context, mb *float64, rss *int64) (time.
 // times pg_recvlogical and Tidemark reading them (each the median of the repetitions, on slots
 // of their own).
 func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err error) {
-	if err := execAll(ctx, b.dsn, `CREATE TABLE bench_stream (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz); CREATE PUBLICATION bench_stream FOR TABLE bench_stream`); err != nil {
+	if err := execAll(ctx, b.dsn, `CREATE TABLE public.bench_stream (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz); CREATE PUBLICATION bench_stream FOR TABLE public.bench_stream`); err != nil {
 		return 0, 0, err
 	}
 	var recvSlots, tmSlots []string
@@ -680,7 +680,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	for from := 1; from <= b.changes; from += 1000 {
-		if _, err := conn.Exec(ctx, `INSERT INTO bench_stream SELECT g, md5(g::text), g * 1.5, now() FROM generate_series($1::int, $2::int) g`, from, min(from+999, b.changes)); err != nil {
+		if _, err := conn.Exec(ctx, `INSERT INTO public.bench_stream SELECT g, md5(g::text), g * 1.5, now() FROM generate_series($1::int, $2::int) g`, from, min(from+999, b.changes)); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -65,11 +65,11 @@ func (b *memoryBench) run(ctx context.Context) error {
 func (b *memoryBench) largeTransaction(ctx context.Context, dir string) error {
 	start := time.Now()
 	if err := execAll(ctx, b.dsn,
-		`CREATE TABLE bench_tx (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
-		`CREATE PUBLICATION bench_tx FOR TABLE bench_tx`,
+		`CREATE TABLE public.bench_tx (id bigint PRIMARY KEY, k int, v text, ts timestamptz, n numeric, j jsonb)`,
+		`CREATE PUBLICATION bench_tx FOR TABLE public.bench_tx`,
 		`SELECT pg_create_logical_replication_slot('bench_tx_pg', 'pgoutput')`,
 		`SELECT pg_create_logical_replication_slot('bench_tx_jsonl', 'pgoutput')`,
-		fmt.Sprintf(`INSERT INTO bench_tx SELECT g, g %% 1000, md5(g::text) || repeat('x', 20 + g %% 40), now() - g * interval '1 second',
+		fmt.Sprintf(`INSERT INTO public.bench_tx SELECT g, g %% 1000, md5(g::text) || repeat('x', 20 + g %% 40), now() - g * interval '1 second',
 			(g * 1.0001)::numeric(20, 4), jsonb_build_object('a', g, 'b', md5(g::text)) FROM generate_series(1, %d) g`, b.txRows),
 	); err != nil {
 		return fmt.Errorf("prepare the large transaction: %w", err)
@@ -86,7 +86,7 @@ func (b *memoryBench) largeTransaction(ctx context.Context, dir string) error {
 		"memory.tx_jsonl", "(the same transaction, to JSON lines)"); err != nil {
 		return err
 	}
-	return execAll(ctx, b.dsn, `DROP TABLE bench_tx`, `CHECKPOINT`)
+	return execAll(ctx, b.dsn, `DROP TABLE public.bench_tx`, `CHECKPOINT`)
 }
 
 // wideTable measures rows of wideMB each, backfilled with the default chunk size: what a chunk
@@ -94,17 +94,17 @@ func (b *memoryBench) largeTransaction(ctx context.Context, dir string) error {
 func (b *memoryBench) wideTable(ctx context.Context, dir string) error {
 	start := time.Now()
 	if err := execAll(ctx, b.dsn,
-		`CREATE TABLE bench_wide (id int PRIMARY KEY, v text)`,
+		`CREATE TABLE public.bench_wide (id int PRIMARY KEY, v text)`,
 		// Incompressible text: the rows take their size on disk too, as real wide rows do.
-		fmt.Sprintf(`INSERT INTO bench_wide SELECT g, (SELECT string_agg(md5(g::text || '.' || i), '') FROM generate_series(1, %d) i)
+		fmt.Sprintf(`INSERT INTO public.bench_wide SELECT g, (SELECT string_agg(md5(g::text || '.' || i), '') FROM generate_series(1, %d) i)
 			FROM generate_series(1, %d) g`, b.wideMB<<20/32, b.wideRows),
-		`VACUUM ANALYZE bench_wide`,
-		`CREATE PUBLICATION bench_wide FOR TABLE bench_wide`,
+		`VACUUM ANALYZE public.bench_wide`,
+		`CREATE PUBLICATION bench_wide FOR TABLE public.bench_wide`,
 	); err != nil {
 		return fmt.Errorf("prepare the wide table: %w", err)
 	}
 	var heapMB float64
-	_ = queryRow(ctx, b.dsn, `SELECT pg_table_size('bench_wide') / 1e6`, &heapMB)
+	_ = queryRow(ctx, b.dsn, `SELECT pg_table_size('public.bench_wide') / 1e6`, &heapMB)
 	b.printf("# bench_wide: %d rows of %d MB, %.0f MB on disk, built in %s\n", b.wideRows, b.wideMB, heapMB, time.Since(start).Round(time.Second))
 	wide := []string{"--tables", "public.bench_wide", "--publication", "bench_wide"}
 	if err := b.toPostgres(ctx, "bench_wide", append(wide, "--slot", "bench_wide_pg"), b.wideRows,
@@ -127,7 +127,7 @@ func (b *memoryBench) toPostgres(ctx context.Context, table string, args []strin
 		return err
 	}
 	var n int64
-	if err := queryRow(ctx, b.srv.DSN(tgt), `SELECT count(*) FROM `+table, &n); err != nil {
+	if err := queryRow(ctx, b.srv.DSN(tgt), `SELECT count(*) FROM public.`+table, &n); err != nil {
 		return err
 	}
 	if err := b.srv.DropDatabase(ctx, tgt); err != nil {

@@ -21,11 +21,11 @@ import (
 
 // demoTables are the demo's source tables.
 var demoTables = []string{
-	`CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled')`,
-	`CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text, country char(2), created timestamptz NOT NULL DEFAULT now())`,
-	`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL, status order_status NOT NULL, total numeric(12,2) NOT NULL,
+	`CREATE TYPE public.order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled')`,
+	`CREATE TABLE public.customers (id bigint PRIMARY KEY, name text NOT NULL, email text, country char(2), created timestamptz NOT NULL DEFAULT now())`,
+	`CREATE TABLE public.orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL, status public.order_status NOT NULL, total numeric(12,2) NOT NULL,
 		items jsonb, tags text[], placed timestamptz NOT NULL, updated timestamptz NOT NULL DEFAULT clock_timestamp())`,
-	`CREATE TABLE products (sku text PRIMARY KEY, title text NOT NULL, price money, weight real, photo bytea)`,
+	`CREATE TABLE public.products (sku text PRIMARY KEY, title text NOT NULL, price money, weight real, photo bytea)`,
 }
 
 func runDemo(ctx context.Context, args []string, e *env) error {
@@ -103,14 +103,14 @@ func createDemoData(ctx context.Context, e *env, srv *pgserver.Server, rows int)
 	fmt.Fprintf(e.stderr, "Creating the demo tables: %d orders, %d customers, %d products...\n", rows, rows/20, 1000)
 	stmts := append([]string{}, demoTables...)
 	stmts = append(stmts,
-		fmt.Sprintf(`INSERT INTO customers (id, name, email, country) SELECT g, 'Customer ' || g, 'c' || g || '@example.com', (ARRAY['FR','DE','US','JP','BR'])[1 + g %% 5]
+		fmt.Sprintf(`INSERT INTO public.customers (id, name, email, country) SELECT g, 'Customer ' || g, 'c' || g || '@example.com', (ARRAY['FR','DE','US','JP','BR'])[1 + g %% 5]
 			FROM generate_series(1, %d) g`, max(rows/20, 1)),
-		fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, items, tags, placed) SELECT g, 1 + g %% %d, (ARRAY['new','paid','shipped','cancelled'])[1 + g %% 4]::order_status,
+		fmt.Sprintf(`INSERT INTO public.orders (id, customer_id, status, total, items, tags, placed) SELECT g, 1 + g %% %d, (ARRAY['new','paid','shipped','cancelled'])[1 + g %% 4]::public.order_status,
 			(g %% 10000) / 100.0, jsonb_build_object('sku', 'SKU-' || g %% 1000, 'qty', 1 + g %% 5), ARRAY['demo', 'batch-' || g %% 7], now() - g * interval '1 minute'
 			FROM generate_series(1, %d) g`, max(rows/20, 1), rows),
-		`INSERT INTO products SELECT 'SKU-' || g, 'Product ' || g, g * 1.25, g / 3.0, decode(md5(g::text), 'hex') FROM generate_series(0, 999) g`,
+		`INSERT INTO public.products SELECT 'SKU-' || g, 'Product ' || g, g * 1.25, g / 3.0, decode(md5(g::text), 'hex') FROM generate_series(0, 999) g`,
 		`ANALYZE`,
-		`CREATE PUBLICATION demo FOR TABLE customers, orders, products`,
+		`CREATE PUBLICATION demo FOR TABLE public.customers, public.orders, public.products`,
 		`SELECT pg_create_logical_replication_slot('demo', 'pgoutput')`,
 	)
 	if err := execAll(ctx, src, stmts...); err != nil {
@@ -190,7 +190,7 @@ func verifyDemo(ctx context.Context, e *env, srcConn, tgtConn *pgx.Conn) (bool, 
 	for _, t := range []string{"customers", "orders", "products"} {
 		var n, m int64
 		var srcSum, tgtSum string
-		q := fmt.Sprintf(`SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM %s t`, t)
+		q := fmt.Sprintf(`SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM public.%s t`, t)
 		if err := srcConn.QueryRow(ctx, q).Scan(&n, &srcSum); err != nil {
 			return false, err
 		}
@@ -302,17 +302,17 @@ func demoWorkload(ctx context.Context, dsn string, rows, rate int) (int, error) 
 		var stmts []string
 		switch k := r.IntN(10); {
 		case k < 4:
-			stmts = append(stmts, fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, items, placed) VALUES (%d, %d, 'new', %d.%02d, '{"live": true}', now())`,
+			stmts = append(stmts, fmt.Sprintf(`INSERT INTO public.orders (id, customer_id, status, total, items, placed) VALUES (%d, %d, 'new', %d.%02d, '{"live": true}', now())`,
 				next, 1+r.IntN(max(rows/20, 1)), r.IntN(500), r.IntN(100)))
 			next++
 		case k < 8:
-			stmts = append(stmts, fmt.Sprintf(`UPDATE orders SET status = 'paid', total = total + 1, updated = clock_timestamp() WHERE id = %d`, 1+r.IntN(rows)))
+			stmts = append(stmts, fmt.Sprintf(`UPDATE public.orders SET status = 'paid', total = total + 1, updated = clock_timestamp() WHERE id = %d`, 1+r.IntN(rows)))
 		case k < 9:
-			stmts = append(stmts, fmt.Sprintf(`DELETE FROM orders WHERE id = %d`, 1+r.IntN(rows)))
+			stmts = append(stmts, fmt.Sprintf(`DELETE FROM public.orders WHERE id = %d`, 1+r.IntN(rows)))
 		default:
 			c := int64(rows/20) + next
-			stmts = append(stmts, fmt.Sprintf(`INSERT INTO customers (id, name) VALUES (%d, 'New customer')`, c),
-				fmt.Sprintf(`INSERT INTO orders (id, customer_id, status, total, placed) VALUES (%d, %d, 'new', 9.99, now())`, next, c))
+			stmts = append(stmts, fmt.Sprintf(`INSERT INTO public.customers (id, name) VALUES (%d, 'New customer')`, c),
+				fmt.Sprintf(`INSERT INTO public.orders (id, customer_id, status, total, placed) VALUES (%d, %d, 'new', 9.99, now())`, next, c))
 			next++
 		}
 		if _, err := conn.Exec(ctx, "BEGIN; "+joinStmts(stmts)+"; COMMIT"); err != nil {

@@ -125,3 +125,54 @@ func TestArchitectureTable(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectionsGoThroughPgconf: every connection the binaries open pins the session settings
+// (search_path among them: docs/security.md), because internal/pgconf opens it. This checks, in
+// the source of every package either binary links (go list -deps), that no call opens one
+// another way: pgx.Connect or ConnectConfig, pgconn.Connect, ConnectConfig or
+// ConnectWithOptions, or a pgxpool. pgconf.Dial and DialReplication refuse a configuration that
+// did not go through pgconf.Pin.
+func TestConnectionsGoThroughPgconf(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}} {{.Dir}}{{end}}", ".", "../source-postgres").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	banned := map[string][]string{"pgx": {"Connect", "ConnectConfig"}, "pgconn": {"Connect", "ConnectConfig", "ConnectWithOptions"}}
+	var bad []string
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, dir, ok := strings.Cut(line, " ")
+		if !ok || !strings.HasPrefix(path, "github.com/tidemark/tidemark/") || path == "github.com/tidemark/tidemark/internal/pgconf" {
+			continue
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked++
+			for _, l := range strings.Split(string(src), "\n") {
+				if strings.Contains(l, "pgxpool") {
+					bad = append(bad, f+": "+strings.TrimSpace(l))
+				}
+				for pkg, fns := range banned {
+					for _, fn := range fns {
+						if strings.Contains(l, pkg+"."+fn+"(") {
+							bad = append(bad, f+": "+strings.TrimSpace(l))
+						}
+					}
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d files checked: the package list is wrong", checked)
+	}
+	if len(bad) > 0 {
+		t.Errorf("connections opened without internal/pgconf (use pgconf.Open, Connect, Dial or DialReplication):\n%s", strings.Join(bad, "\n"))
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // What the oracle reads beside the output: the versions the source's deletes removed (its
@@ -32,7 +33,7 @@ func deathKey(table, key string, xid uint32) string {
 // (deleted, inserted again, deleted), the oldest version: whichever of its deletes a record
 // follows, the key comes back newer than that.
 func (r *run) readDeaths(ctx context.Context) (deaths, error) {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +116,7 @@ var historyTables = map[string]string{
 
 func newTargetHistory(ctx context.Context, target, data string, log zerolog.Logger) (*targetHistory, error) {
 	h := &targetHistory{schema: data + "_history", data: data, log: log}
-	conn, err := pgx.Connect(ctx, target)
+	conn, err := pgconf.Open(ctx, target, "tidemark-chaos")
 	if err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}
@@ -164,7 +165,7 @@ func (h *targetHistory) attachSeen(ctx context.Context, target string) {
 	if h.watched {
 		return
 	}
-	conn, err := pgx.Connect(ctx, target)
+	conn, err := pgconf.Open(ctx, target, "tidemark-chaos")
 	if err != nil {
 		return
 	}
@@ -205,7 +206,7 @@ type written struct {
 // against the source transactions applied up to it (staleAgainstApplied), and returns the
 // violations and the number of changes.
 func (h *targetHistory) check(ctx context.Context, r *run) ([]string, int, error) {
-	conn, err := pgx.Connect(ctx, r.target)
+	conn, err := pgconf.Open(ctx, r.target, "tidemark-chaos")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -396,7 +397,7 @@ func unreceived(drops []pubDrop) func(tbl string, commit pglogrepl.LSN) bool {
 // readVersions reads the versions each source transaction wrote (PostgreSQL mode), by the low
 // 32 bits of its id.
 func (r *run) readVersions(ctx context.Context) (map[uint32][]written, error) {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +422,7 @@ func (r *run) readVersions(ctx context.Context) (map[uint32][]written, error) {
 // with the target's audit ledger: every source transaction after from (its txlog id) was applied
 // once; the ones missing are named.
 func (r *run) auditLedger(ctx context.Context, from int64) ([]string, error) {
-	src, err := pgx.Connect(ctx, r.dsn)
+	src, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return nil, err
 	}
@@ -441,7 +442,7 @@ func (r *run) auditLedger(ctx context.Context, from int64) ([]string, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	tgt, err := pgx.Connect(ctx, r.target)
+	tgt, err := pgconf.Open(ctx, r.target, "tidemark-chaos")
 	if err != nil {
 		return nil, err
 	}

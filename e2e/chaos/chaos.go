@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgserver"
 )
@@ -406,7 +407,7 @@ func (r *run) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("source: %w", err)
 	}
-	conn, err := pgx.ConnectConfig(ctx, pc)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return fmt.Errorf("connect to the source: %w", err)
 	}
@@ -502,7 +503,7 @@ func (r *run) close(ctx context.Context) {
 	if r.cfg.Keep || r.dsn == "" {
 		return
 	}
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return
 	}
@@ -521,7 +522,7 @@ func (r *run) close(ctx context.Context) {
 		_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+r.schema.moved+` CASCADE`)
 	}
 	if r.target != "" && r.cfg.Mode == Postgres {
-		if tc, err := pgx.Connect(ctx, r.target); err == nil {
+		if tc, err := pgconf.Open(ctx, r.target, "tidemark-chaos"); err == nil {
 			_, _ = tc.Exec(ctx, `DROP SCHEMA IF EXISTS `+r.sch+` CASCADE`)
 			if r.hist != nil {
 				r.hist.drop(ctx, tc)
@@ -679,7 +680,7 @@ func lastLines(s string, n int) string {
 func (r *run) ensureServer(ctx context.Context) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		conn, err := pgx.Connect(ctx, r.dsn)
+		conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 		if err == nil {
 			conn.Close(ctx)
 			return nil

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
@@ -72,7 +73,7 @@ func (r *run) pickTable(rng *rand.Rand, candidates ...string) string {
 
 // ddlExec runs a statement of a fault on the source, with a bounded wait for its locks.
 func (r *run) ddlExec(ctx context.Context, sql string, args ...any) error {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return err
 	}
@@ -415,7 +416,7 @@ func (r *run) restoreFault(ctx context.Context, d time.Duration) string {
 // addOnTarget adds to the PostgreSQL target's table every column the harness added to it on
 // the source, when missing, as the sync's stop says to when a column was dropped, not renamed.
 func (r *run) addOnTarget(ctx context.Context, table string) error {
-	conn, err := pgx.Connect(ctx, r.target)
+	conn, err := pgconf.Open(ctx, r.target, "tidemark-chaos")
 	if err != nil {
 		return err
 	}
@@ -439,7 +440,7 @@ func (r *run) currentLSN(ctx context.Context) (pglogrepl.LSN, error) {
 }
 
 func (r *run) queryString(ctx context.Context, sql string) (string, error) {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return "", err
 	}
@@ -539,7 +540,7 @@ func (r *run) afterRestore(ctx context.Context, lastVer string) error {
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return err
 	}
@@ -562,7 +563,7 @@ func (r *run) afterRestore(ctx context.Context, lastVer string) error {
 // timelineSwitch returns the restored server's timeline and where its history forked from the
 // one before (the last line of its timeline history file).
 func (r *run) timelineSwitch(ctx context.Context) (int32, pglogrepl.LSN, error) {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -593,7 +594,7 @@ func (r *run) timelineSwitch(ctx context.Context) (int32, pglogrepl.LSN, error) 
 // restore dropped (committed at or after switchpoint): the new timeline's commits take their
 // positions again, and the ledger would refuse them.
 func (r *run) forgetLostHistory(ctx context.Context, switchpoint pglogrepl.LSN) error {
-	conn, err := pgx.Connect(ctx, r.target)
+	conn, err := pgconf.Open(ctx, r.target, "tidemark-chaos")
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // The faults, with their weights in the schedule and their family. restart, commit-stall,
@@ -252,7 +253,7 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 // the commit is not visible yet (Position.Invisible), and its chunks must wait for it.
 func (r *run) commitStall(ctx context.Context, d time.Duration, acrossRestart bool) string {
 	bg := context.WithoutCancel(ctx)
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return noEffect + err.Error()
 	}
@@ -362,7 +363,7 @@ func (r *run) commitStall(ctx context.Context, d time.Duration, acrossRestart bo
 
 // walPosition returns the source's current WAL write position (0 when it cannot be read).
 func (r *run) walPosition(ctx context.Context) pglogrepl.LSN {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return 0
 	}
@@ -377,7 +378,7 @@ func (r *run) walPosition(ctx context.Context) pglogrepl.LSN {
 
 // exec runs a statement on the source, directly, and returns the rows it affected or returned.
 func (r *run) exec(ctx context.Context, sql string, args ...any) int64 {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return 0
 	}

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // The second-capture fault: a second capture started against the slot and the output of the
@@ -231,7 +231,7 @@ func claimsProgress(state json.RawMessage, given []byte) bool {
 
 // slotHeldBy reports whether the walsender pid still holds the run's slot.
 func (r *run) slotHeldBy(ctx context.Context, pid int32) (bool, error) {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return false, err
 	}
@@ -245,7 +245,7 @@ func (r *run) slotHeldBy(ctx context.Context, pid int32) (bool, error) {
 
 // slotHolder returns the pid of the walsender that holds the run's slot, 0 when none does.
 func (r *run) slotHolder(ctx context.Context) int32 {
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return 0
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/sink/jsonl/line"
 )
 
@@ -182,7 +183,7 @@ func (c *syncCapture) checkpoint(ctx context.Context) (*checkpointInfo, error) {
 		}
 		return parsePosition(f.Position)
 	}
-	conn, err := pgx.Connect(ctx, c.r.target)
+	conn, err := pgconf.Open(ctx, c.r.target, "tidemark-chaos")
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +202,7 @@ func (c *syncCapture) checkpoint(ctx context.Context) (*checkpointInfo, error) {
 func (c *syncCapture) slow(ctx context.Context, d time.Duration) string {
 	if c.toPG {
 		// The target is slow: a lock holds its writes.
-		conn, err := pgx.Connect(ctx, c.r.target)
+		conn, err := pgconf.Open(ctx, c.r.target, "tidemark-chaos")
 		if err != nil {
 			return "target unreachable"
 		}
@@ -330,7 +331,7 @@ func (c *syncCapture) verifyPG(ctx context.Context, rep *Report) error {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("I1: target %s differs from the source: %s", name, d))
 		}
 	}
-	conn, err := pgx.Connect(ctx, c.r.target)
+	conn, err := pgconf.Open(ctx, c.r.target, "tidemark-chaos")
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // The workload lives in its own schema (one per run: SchemaPrefix and the run's id). Every row
@@ -181,7 +183,7 @@ func (w *workload) connection(ctx context.Context, rng *rand.Rand, long bool) {
 	}()
 	for ctx.Err() == nil {
 		if conn == nil || conn.IsClosed() {
-			c, err := pgx.Connect(ctx, w.dsn)
+			c, err := pgconf.Open(ctx, w.dsn, "tidemark-chaos")
 			if err != nil {
 				sleep(ctx, 200*time.Millisecond)
 				continue

@@ -381,7 +381,7 @@ func sourceRows(ctx context.Context, dsn, schema, table string, key []string, as
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgconf.Dial(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -11,4 +11,9 @@
 //     to its checkpoint;
 //   - NoFence: no lock of the output, its checkpoint or the target table; JSON lines is cut back
 //     to its checkpoint before the slot is checked.
+//
+// And one switch that breaks no engine but the defence against other database roles:
+//
+//   - Unpinned: connections do not pin search_path (internal/pgconf), so that the test of planted
+//     shadowing functions and operators can show them firing without the pin (docs/security.md).
 package faults

@@ -4,3 +4,7 @@ package faults
 
 // The sinks' breaks (faults.go): never in this build.
 const CheckpointApart, NoTruncate, NoFence = false, false, false
+
+// Unpinned leaves search_path out of the settings every connection pins (internal/pgconf): never
+// in this build.
+const Unpinned = false

@@ -19,6 +19,16 @@
 // the target as a string literal, and a target database with it off would read the default's
 // backslashes as escapes, giving the target's existing rows another value than the source's.
 //
+// search_path is pinned to pg_catalog, then pg_temp, as pg_dump does (CVE-2018-1058): a role
+// with CREATE on a schema of the default path (public, on databases created before PostgreSQL
+// 15) can create there a function or operator whose argument types match a call better than the
+// builtin's, and PostgreSQL would then run it, as Tidemark's role, for an unqualified call. With
+// only pg_catalog searched (pg_temp last: it is never searched for functions and operators, and
+// last for relations), every builtin resolves to itself; every object of Tidemark's or of the
+// user's is named schema-qualified; and a comparison of a key whose type lives in another schema
+// (citext) names its operator, OPERATOR(schema.op), from the type's default btree operator class
+// (chunker.KeyOps), so that it sorts as ORDER BY does.
+//
 // # How a pin can be lost, and why it cannot here
 //
 // Setting names are case-insensitive on the server, but the startup parameters are a map on the
@@ -45,6 +55,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/tidemark/tidemark/internal/faults"
 )
 
 // Settings are the session settings pinned on every connection Tidemark opens, with the value the
@@ -61,6 +73,22 @@ var Settings = map[string]string{
 	// Literals the sinks write into SQL (a column's default copied to the target) read a
 	// backslash as itself, whatever the target database's default.
 	"standard_conforming_strings": "on",
+	// Only builtins resolve unqualified names (see the package comment); the text of reg*
+	// values is schema-qualified outside pg_catalog, alike on every connection.
+	"search_path": SearchPath,
+}
+
+// SearchPath is the search_path every connection pins.
+const SearchPath = "pg_catalog, pg_temp"
+
+// pinned is Settings without what a test build's control run leaves out (faults.Unpinned).
+func pinned() map[string]string {
+	if !faults.Unpinned {
+		return Settings
+	}
+	out := maps.Clone(Settings)
+	delete(out, "search_path")
+	return out
 }
 
 // QuoteLiteral quotes s as an SQL string literal, its quotes doubled: right on every connection
@@ -78,6 +106,7 @@ func Pin(cfg *pgconn.Config, application string) {
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
 	}
+	settings := pinned()
 	for k := range cfg.RuntimeParams {
 		for name := range Settings {
 			if strings.EqualFold(k, name) {
@@ -85,7 +114,7 @@ func Pin(cfg *pgconn.Config, application string) {
 			}
 		}
 	}
-	for k, v := range Settings {
+	for k, v := range settings {
 		cfg.RuntimeParams[k] = v
 	}
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok && application != "" {
@@ -114,10 +143,43 @@ func Parse(dsn, application string) (*pgx.ConnConfig, error) {
 	return cfg, nil
 }
 
+// ErrNotPinned reports a connection configuration that did not go through Pin: a defect of the
+// caller, refused before anything is sent.
+var ErrNotPinned = errors.New("connection configuration without the pinned session settings")
+
+// Dial opens a query connection of cfg, which must come from Parse or have gone through Pin
+// (ErrNotPinned otherwise): with Connect, Open and DialReplication, the only ways Tidemark opens a
+// connection (a test checks that no other package calls pgx or pgconn to connect). Its error is
+// pgx's.
+func Dial(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	if err := isPinned(&cfg.Config); err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// DialReplication opens a connection of cfg at the protocol level (a replication connection),
+// under the same rule as Dial.
+func DialReplication(ctx context.Context, cfg *pgconn.Config) (*pgconn.PgConn, error) {
+	if err := isPinned(cfg); err != nil {
+		return nil, err
+	}
+	return pgconn.ConnectConfig(ctx, cfg)
+}
+
+func isPinned(cfg *pgconn.Config) error {
+	for k, v := range pinned() {
+		if cfg.RuntimeParams[k] != v {
+			return fmt.Errorf("%w (%s)", ErrNotPinned, k)
+		}
+	}
+	return nil
+}
+
 // Connect opens a query connection of cfg (from Parse: its settings pinned and verified). An
 // error names the server, database and user, never the password.
 func Connect(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := Dial(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", Describe(&cfg.Config), err)
 	}
@@ -176,8 +238,12 @@ func Verify(ctx context.Context, c *pgconn.PgConn) error {
 		return errors.New("read the session settings: no row")
 	}
 	row := results[0].Rows[0]
+	settings := pinned()
 	var bad []string
 	for i, name := range verifyNames {
+		if _, ok := settings[name]; !ok {
+			continue
+		}
 		if got := string(row[i]); got != Settings[name] {
 			bad = append(bad, fmt.Sprintf("%s is %q, not %q", name, got, Settings[name]))
 		}

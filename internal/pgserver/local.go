@@ -17,8 +17,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // DefaultSettings returns the server settings of a local cluster before Options.Settings, which
@@ -255,7 +256,7 @@ func (c *localCluster) start(ctx context.Context) error {
 			return fmt.Errorf("postgres exited during start-up (%v): %s", err, tailFile(logPath, 15))
 		default:
 		}
-		conn, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", c.dir, c.port))
+		conn, err := pgconf.Open(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", c.dir, c.port), "tidemark-server")
 		if err == nil {
 			conn.Close(ctx)
 			return nil

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
 // ErrUnsupported reports an operation the server's kind cannot do (restarting an external server).
@@ -123,7 +125,7 @@ func DSN(host string, port int, user, password, db string) string {
 
 // Admin connects to the server's administrative database as the superuser.
 func (s *Server) Admin(ctx context.Context) (*pgx.Conn, error) {
-	return pgx.Connect(ctx, s.DSN(s.adminDB))
+	return pgconf.Open(ctx, s.DSN(s.adminDB), "tidemark-server")
 }
 
 // CreateDatabase creates database name, replacing one of that name left by an earlier run.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
 )
 
 // TestSinkCheckpointFence: the checkpoint row moves only from the position the sink read or
@@ -30,48 +32,63 @@ func TestSinkCheckpointFence(t *testing.T) {
 	require.NoError(t, sink.Checkpoint(ctx, position(0x1000)))
 	require.NoError(t, sink.Checkpoint(ctx, position(0x2000)))
 	// Another writer moves the checkpoint (as one that ran while this one was frozen would).
-	_, err = other.Exec(ctx, `UPDATE tidemark_checkpoint SET position = jsonb_set(position, '{lsn}', '"0/9000"') WHERE id = 'fence'`)
+	_, err = other.Exec(ctx, `UPDATE public.tidemark_checkpoint SET position = jsonb_set(position, '{lsn}', '"0/9000"') WHERE id = 'fence'`)
 	require.NoError(t, err)
 	err = sink.Checkpoint(ctx, position(0x3000))
 	require.Error(t, err)
 	require.ErrorContains(t, err, "changed under this sync")
 	var lsn string
-	require.NoError(t, other.QueryRow(ctx, `SELECT position->>'lsn' FROM tidemark_checkpoint WHERE id = 'fence'`).Scan(&lsn))
+	require.NoError(t, other.QueryRow(ctx, `SELECT position->>'lsn' FROM public.tidemark_checkpoint WHERE id = 'fence'`).Scan(&lsn))
 	require.Equal(t, "0/9000", lsn, "the other writer's checkpoint stands")
 }
 
 // TestSinkCheckpointDurable: the transaction that carries a checkpoint commits with
 // synchronous_commit on, whatever the target's setting: the slot is confirmed to it right after,
 // and a commit that a crash of the target could take back would lose those changes for good.
+// A trigger on the target table (its owner, and the trigger function's, the test's superuser,
+// which the sink trusts) records the setting each write of a checkpoint's transaction sees.
 func TestSinkCheckpointDurable(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	db.Exec(`INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 10) g`)
+	db.Exec(`UPDATE t SET v = 'x' WHERE id = 3`)
 	ctx := context.Background()
 	tgtDSN, other := targetDatabase(t, db)
 	_, err := other.Exec(ctx, `ALTER DATABASE `+db.Name+`_tgt SET synchronous_commit = off`)
 	require.NoError(t, err)
-	// A pre-created checkpoint table whose trigger records the setting of each checkpoint.
-	_, err = other.Exec(ctx, `CREATE TABLE seen (setting text);
-		CREATE TABLE tidemark_checkpoint (id text PRIMARY KEY, position jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
-		CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO seen VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$;
-		CREATE TRIGGER note BEFORE INSERT OR UPDATE ON tidemark_checkpoint FOR EACH ROW EXECUTE FUNCTION note()`)
+	_, err = other.Exec(ctx, `CREATE TABLE public.seen (setting text);
+		CREATE TABLE public.t (id int PRIMARY KEY, v text);
+		CREATE FUNCTION public.note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO public.seen VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$;
+		CREATE TRIGGER note BEFORE INSERT OR UPDATE ON public.t FOR EACH ROW EXECUTE FUNCTION public.note()`)
 	require.NoError(t, err)
 	tgt, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
 	require.NoError(t, err)
 	defer tgt.Close(ctx)
-	sink, _, err := Open(ctx, tgt, db.Conn, Options{ID: "durable", Log: zerolog.Nop()})
+	src, err := pgconf.OpenDefaultSSL(ctx, db.DSN, "tidemark")
+	require.NoError(t, err)
+	defer src.Close(ctx)
+	sink, _, err := Open(ctx, tgt, src, Options{ID: "durable", Log: zerolog.Nop()})
 	require.NoError(t, err)
 	defer sink.Close(ctx)
-	require.NoError(t, sink.Checkpoint(ctx, position(0x1000)))
-	require.NoError(t, sink.Checkpoint(ctx, position(0x2000)))
+	eng, err := merge.New(merge.Config{
+		Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+		Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
+		AckCheckpoints:   true,
+		StopWhenCaughtUp: true,
+	}, sink, zerolog.Nop())
+	require.NoError(t, err)
+	require.NoError(t, eng.Run(ctx, nil))
 	var settings []string
-	rows, err := other.Query(ctx, `SELECT setting FROM seen`)
+	rows, err := other.Query(ctx, `SELECT DISTINCT setting FROM public.seen`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var s string
 		require.NoError(t, rows.Scan(&s))
 		settings = append(settings, s)
 	}
-	require.Equal(t, []string{"on", "on"}, settings)
+	require.Equal(t, []string{"on"}, settings)
 }
 
 // TestCheckpointOfAnotherSchema: a checkpoint names the target schema it was written for; one

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -15,8 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/faults"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/internal/pgtrust"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink"
@@ -81,7 +85,9 @@ type targetTable struct {
 	cols  map[string]bool   // columns the target has
 	types map[string]string // their types (format_type, with modifiers)
 	bases map[string]string // their types without modifiers
+	oids  map[string]uint32 // their type OIDs
 	key   []string          // key columns
+	keyEq []string          // the equality operator of each key column's type (chunker.Ops)
 	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
 	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
 	overriding bool
@@ -150,14 +156,19 @@ func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *mer
 		}
 	}
 	if faults.CheckpointApart {
-		c, err := pgx.ConnectConfig(ctx, target.Config().Copy())
+		c, err := pgconf.Dial(ctx, target.Config().Copy())
 		if err != nil {
 			return nil, nil, fmt.Errorf("target: %w", err)
 		}
 		s.apart = c
 	}
+	// The checkpoint table and the ledger are created "if not exists": anyone who could create
+	// them first is refused (pgtrust.Own) before either is read or written.
 	if _, err := target.Exec(ctx, CheckpointTableSQL(s.cpName)); err != nil {
 		return nil, nil, fmt.Errorf("create the target's checkpoint table %s: %w", s.cpName, err)
+	}
+	if err := pgtrust.Own(ctx, target, "the target's checkpoint table", s.cpName); err != nil {
+		return nil, nil, err
 	}
 	if _, err := target.Exec(ctx, CheckpointColumnsSQL(s.cpName)); err != nil {
 		return nil, nil, fmt.Errorf("update the target's checkpoint table %s: %w", s.cpName, err)
@@ -166,6 +177,9 @@ func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *mer
 		s.ledger = LedgerTable
 		if _, err := target.Exec(ctx, LedgerTableSQL(s.ledger)); err != nil {
 			return nil, nil, fmt.Errorf("create the target's audit ledger %s: %w", s.ledger, err)
+		}
+		if err := pgtrust.Own(ctx, target, "the target's audit ledger", s.ledger); err != nil {
+			return nil, nil, err
 		}
 	}
 	var raw []byte
@@ -488,7 +502,7 @@ func (s *Sink) apply(ctx context.Context, b *tableBatch) error {
 		if err := s.copyRows(ctx, t, t.stage, keyNames, deletes); err != nil {
 			return err
 		}
-		if _, err := s.tx.Exec(ctx, DeleteSQL(t.ident, t.stage, keyNames)); err != nil {
+		if _, err := s.tx.Exec(ctx, DeleteSQL(t.ident, t.stage, keyNames, t.keyEq)); err != nil {
 			return fmt.Errorf("delete %d rows from %s: %w", len(deletes), t.ident, err)
 		}
 		if _, err := s.tx.Exec(ctx, TruncateSQL(t.stage)); err != nil {
@@ -641,7 +655,7 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 	if s.schema != "" {
 		schema = s.schema
 	}
-	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}}
+	t := &targetTable{ident: pgx.Identifier{schema, c.Table}.Sanitize(), cols: map[string]bool{}, types: map[string]string{}, bases: map[string]string{}, oids: map[string]uint32{}}
 	// One capture per target table, whatever its checkpoint: two would overwrite each other.
 	if !faults.NoFence {
 		if err := s.lock(ctx, "table "+t.ident, "table "+t.ident); err != nil {
@@ -660,6 +674,9 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 			return nil, err
 		}
 	} else {
+		if err := pgtrust.Table(ctx, s.tx, "target table", t.ident); err != nil {
+			return nil, err
+		}
 		if err := s.checkKey(ctx, t); err != nil {
 			return nil, err
 		}
@@ -669,6 +686,18 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 		if err := s.reconcile(ctx, t, nil, c); err != nil {
 			return nil, err
 		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(t.oids)) {
+		if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(n), t.ident), t.oids[n]); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range t.key {
+		ops, err := chunker.ReadOps(ctx, s.tx, t.oids[k])
+		if err != nil {
+			return nil, fmt.Errorf("target table %s, key column %s: %w", t.ident, k, err)
+		}
+		t.keyEq = append(t.keyEq, ops.Eq)
 	}
 	t.columns = c
 	t.stage = StageTable(len(s.tables))
@@ -740,11 +769,12 @@ func (s *Sink) readTarget(ctx context.Context, t *targetTable) (bool, error) {
 	var always []string // non-key columns GENERATED ALWAYS AS IDENTITY
 	for rows.Next() {
 		var name, typ, base, identity string
-		if err := rows.Scan(&name, &typ, &base, &identity); err != nil {
+		var oid uint32
+		if err := rows.Scan(&name, &typ, &base, &identity, &oid); err != nil {
 			return false, fmt.Errorf("read target table %s: %w", t.ident, err)
 		}
 		n++
-		t.cols[name], t.types[name], t.bases[name] = true, typ, base
+		t.cols[name], t.types[name], t.bases[name], t.oids[name] = true, typ, base, oid
 		if identity == "a" {
 			if slices.Contains(t.key, name) {
 				t.overriding = true
@@ -927,10 +957,14 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 	}
 	t.cols[name], t.types[name] = true, typ
 	var base string
-	if err := s.tx.QueryRow(ctx, TargetBaseTypeSQL, t.ident, name).Scan(&base); err != nil {
+	var oid uint32
+	if err := s.tx.QueryRow(ctx, TargetBaseTypeSQL, t.ident, name).Scan(&base, &oid); err != nil {
 		return fmt.Errorf("read column %s of %s on the target: %w", name, t.ident, err)
 	}
-	t.bases[name] = base
+	if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(name), t.ident), oid); err != nil {
+		return err
+	}
+	t.bases[name], t.oids[name] = base, oid
 	s.log.Info().Str("table", t.ident).Str("column", name).Msg("target column added")
 	return nil
 }

@@ -241,9 +241,9 @@ func TestAddColumnDefaultKeepsBackslashes(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	want := `a\b\\c'd`
-	_, err = conn.Exec(ctx, AddColumnSQL(`"t"`, "p", "text", &want))
+	_, err = conn.Exec(ctx, AddColumnSQL(`"public"."t"`, "p", "text", &want))
 	require.NoError(t, err)
 	var got string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT p FROM t WHERE id = 1`).Scan(&got))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT p FROM public.t WHERE id = 1`).Scan(&got))
 	require.Equal(t, want, got)
 }

@@ -113,8 +113,8 @@ const (
 		AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text) FROM pg_attribute a
 			WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey[0:i.indnkeyatts - 1])) = $2::text[])`
 	// TargetColumnsSQL: the stored columns of table $1: name, type with and without modifiers,
-	// identity.
-	TargetColumnsSQL = `SELECT attname, format_type(atttypid, atttypmod), format_type(atttypid, NULL), attidentity::text
+	// identity, type OID.
+	TargetColumnsSQL = `SELECT attname, format_type(atttypid, atttypmod), format_type(atttypid, NULL), attidentity::text, atttypid
 		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''`
 	// ForeignKeysSQL: the foreign keys from or to table $1, and the table each is on.
 	ForeignKeysSQL = `SELECT conname::text, conrelid::regclass::text FROM pg_constraint
@@ -128,8 +128,8 @@ const (
 	SourceColumnDefaultSQL = `SELECT d.adbin IS NOT NULL, a.atthasmissing, a.attmissingval::text
 		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2`
-	// TargetBaseTypeSQL: the type without modifiers of column $2 of table $1.
-	TargetBaseTypeSQL = `SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`
+	// TargetBaseTypeSQL: the type without modifiers of column $2 of table $1, and its OID.
+	TargetBaseTypeSQL = `SELECT format_type(atttypid, NULL), atttypid FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`
 )
 
 // MissingValueSQL reads the one element of an attmissingval array ($1, its text) of type typ as
@@ -166,11 +166,13 @@ func CopySQL(table string, names []string) string {
 	return "COPY " + table + " (" + strings.Join(QuoteAll(names), ", ") + ") FROM STDIN"
 }
 
-// DeleteSQL deletes from table the rows whose key (the columns key) the staging table holds.
-func DeleteSQL(table, stage string, key []string) string {
+// DeleteSQL deletes from table the rows whose key (the columns key) the staging table holds,
+// each key column compared with eq, its type's own equality (chunker.Ops: OPERATOR(schema.=),
+// the one its index is built with, whatever search_path says).
+func DeleteSQL(table, stage string, key, eq []string) string {
 	conds := make([]string, len(key))
 	for i, q := range QuoteAll(key) {
-		conds[i] = "t." + q + " = s." + q
+		conds[i] = "t." + q + " " + eq[i] + " s." + q
 	}
 	return "DELETE FROM " + table + " t USING " + stage + " s WHERE " + strings.Join(conds, " AND ")
 }
@@ -248,8 +250,9 @@ func ConvertTypeFix(table, column, typ string) string {
 }
 
 // StageTable is the quoted name of the session's staging table number n (temporary: each
-// session has its own).
-func StageTable(n int) string { return Quote(fmt.Sprintf("tidemark_stage_%d", n)) }
+// session has its own, in its pg_temp schema, named so that no table of another schema can be
+// taken for it).
+func StageTable(n int) string { return "pg_temp." + Quote(fmt.Sprintf("tidemark_stage_%d", n)) }
 
 // The savepoint a direct copy of backfilled rows is undone to when a key is already there.
 const (

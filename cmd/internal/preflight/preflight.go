@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/internal/pgtrust"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -120,7 +121,7 @@ func (d *doctor) run(ctx context.Context, cfg *pgx.ConnConfig) {
 	pgconf.Pin(&cfg.Config, "tidemark-preflight")
 	d.user = cfg.User
 	who := pgconf.Describe(&cfg.Config)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgconf.Dial(ctx, cfg)
 	if err != nil {
 		d.problem(fmt.Sprintf("cannot connect to %s: %v", who, err), connectFix(err, cfg.User)...)
 		return
@@ -259,7 +260,7 @@ func (d *doctor) checkRole(ctx context.Context, conn *pgx.Conn) {
 func (d *doctor) checkReplicationConnection(ctx context.Context, cfg *pgx.ConnConfig) {
 	rcfg := cfg.Config.Copy()
 	rcfg.RuntimeParams["replication"] = "database"
-	conn, err := pgconn.ConnectConfig(ctx, rcfg)
+	conn, err := pgconf.DialReplication(ctx, rcfg)
 	if err != nil {
 		fix := []string{fmt.Sprintf("allow replication connections in pg_hba.conf: host replication %s <client address> scram-sha-256, then SELECT pg_reload_conf();", d.user)}
 		if pgerr.Privilege(err) {
@@ -383,6 +384,7 @@ func (d *doctor) checkSignalTable(ctx context.Context, conn *pgx.Conn) {
 	name := d.signal.Sanitize()
 	create := fmt.Sprintf(watermark.CreateTable, name) + ";"
 	grant := fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s;", name, pgx.Identifier{d.user}.Sanitize())
+	give := fmt.Sprintf("ALTER TABLE %s OWNER TO %s;", name, pgx.Identifier{d.user}.Sanitize())
 	addToPub := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), name)
 	var exists, canCreate bool
 	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, has_schema_privilege($2, 'CREATE')`, name, d.signal[0]).Scan(&exists, &canCreate)
@@ -395,8 +397,16 @@ func (d *doctor) checkSignalTable(ctx context.Context, conn *pgx.Conn) {
 			d.ok("signal table %s does not exist yet; Tidemark creates it", name)
 		} else {
 			d.problem(fmt.Sprintf("signal table %s does not exist, and this role may not create it", name),
-				append(strings.Split(create, "\n"), grant, addToPub)...)
+				append(strings.Split(create, "\n"), give, addToPub)...)
 		}
+		return
+	}
+	var refused *pgtrust.Refused
+	if err := pgtrust.Own(ctx, conn, "signal table", name); errors.As(err, &refused) {
+		d.problem(fmt.Sprintf("signal table %s is refused: %s", name, strings.Join(refused.Problems, "; ")), refused.Fixes...)
+		return
+	} else if err != nil {
+		d.problem(fmt.Sprintf("cannot check the signal table %s: %v", name, err))
 		return
 	}
 	var writable, inPub bool

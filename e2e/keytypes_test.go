@@ -1,0 +1,96 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
+)
+
+// TestKeysOfTypesOutsideCatalog: every connection pins search_path to pg_catalog (docs/security.md),
+// so a key whose type lives in another schema is compared with its own operators, named
+// OPERATOR(schema.op) from its default btree operator class (chunker.Ops), not with text's,
+// which a bare > would resolve to for citext: text orders 'B' before 'a', citext after, so a
+// keyset chunk would skip or repeat rows. Keys of citext, of a domain over citext, of an enum
+// declared out of alphabetical order, and a composite of citext and integer (whose operators are
+// in two schemas) are backfilled one row per chunk, with a change inside a window: every key
+// once, the output equal to the source, and each chunk read from the key's index.
+func TestKeysOfTypesOutsideCatalog(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE EXTENSION citext`)
+	db.Exec(`CREATE DOMAIN ci AS citext CHECK (VALUE <> '')`)
+	db.Exec(`CREATE TYPE mood AS ENUM ('zesty', 'happy', 'blue', 'angry')`)
+	db.Exec(`CREATE SEQUENCE ver`)
+	keys := []string{"a", "B", "c", "D", "e", "F", "g", "H"}
+	tables := map[string]string{
+		"c1": `CREATE TABLE c1 (k citext PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`,
+		"c2": `CREATE TABLE c2 (k ci PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`,
+		"c3": `CREATE TABLE c3 (k mood PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`,
+		"c4": `CREATE TABLE c4 (tenant citext, id int, v text, ver bigint NOT NULL DEFAULT nextval('ver'), PRIMARY KEY (tenant, id))`,
+	}
+	for _, name := range []string{"c1", "c2", "c3", "c4"} {
+		db.Exec(tables[name])
+	}
+	for _, k := range keys {
+		db.Exec(`INSERT INTO c1 (k, v) VALUES ($1, $2)`, k, k)
+		db.Exec(`INSERT INTO c2 (k, v) VALUES ($1, $2)`, k, k)
+		db.Exec(`INSERT INTO c4 (tenant, id, v) VALUES ($1, 1, $2), ($1, 2, $2)`, k, k)
+	}
+	for _, m := range []string{"angry", "blue", "happy", "zesty"} {
+		db.Exec(`INSERT INTO c3 (k, v) VALUES ($1, $2)`, m, m)
+	}
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE c1, c2, c3, c4`)
+	cfg := engineConfig(db, "public.c1", "public.c2", "public.c3", "public.c4")
+	cfg.ChunkSize = 1
+	cfg.Hooks.AfterSelect = onChunk(t, db, 3, `UPDATE c1 SET v = 'changed', ver = nextval('ver') WHERE k = 'D'`,
+		`UPDATE c4 SET v = 'changed', ver = nextval('ver') WHERE tenant = 'e' AND id = 2`)
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	verify(t, db, sink, "public.c1", "k")
+	verify(t, db, sink, "public.c2", "k")
+	verify(t, db, sink, "public.c3", "k")
+	verify(t, db, sink, "public.c4", "tenant", "id")
+	seen := map[string]int{}
+	for _, r := range sink.records {
+		if r.Op == "snapshot" {
+			seen[r.Table+" "+r.Key]++
+		}
+	}
+	for k, n := range seen {
+		require.Equal(t, 1, n, "%s read %d times", k, n)
+	}
+	require.Len(t, seen, len(keys)*4+4, "every key read once: %v", seen)
+
+	// Each chunk is read from the key's index, the first column bounding the scan.
+	ctx := context.Background()
+	conn, err := pgconf.Open(ctx, db.DSN, "tidemark-test")
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	r, err := chunker.NewReader(conn, chunker.Config{})
+	require.NoError(t, err)
+	db.Exec(`INSERT INTO c4 (tenant, id, v) SELECT 't' || g, g, 'x' FROM generate_series(1, 20000) g`)
+	db.Exec(`ANALYZE c4`)
+	for _, tc := range []struct {
+		table        string
+		after, upper []string
+		op           string
+	}{
+		{"c1", []string{"b"}, []string{"G"}, "OPERATOR(public.>)"},
+		{"c4", []string{"b", "1"}, []string{"t5000", "9"}, "OPERATOR(public.>=)"},
+	} {
+		tbl, err := chunker.Discover(ctx, conn, "public", tc.table, nil, db.Publication)
+		require.NoError(t, err)
+		plan, err := r.Explain(ctx, tbl, tc.after, tc.upper, 1000)
+		require.NoError(t, err)
+		require.Contains(t, plan, "Index Scan", "%s:\n%s", tc.table, plan)
+		require.NotContains(t, plan, "Sort", "%s:\n%s", tc.table, plan)
+		require.Contains(t, plan, "Index Cond", "%s:\n%s", tc.table, plan)
+		require.Contains(t, strings.ReplaceAll(chunker.ChunkSQL(tbl, true, true, 1000), `"`, ""), tc.op, fmt.Sprintf("%s's key compared with its type's own operator", tc.table))
+	}
+}
