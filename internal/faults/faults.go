@@ -15,5 +15,8 @@
 // And one switch that breaks no engine but the defence against other database roles:
 //
 //   - Unpinned: connections do not pin search_path (internal/pgconf), so that the test of planted
-//     shadowing functions and operators can show them firing without the pin (docs/security.md).
+//     shadowing functions and operators can show them firing without the pin (docs/security.md);
+//   - PlantSQL and ServerLogs: internal/pgserver plants them into the databases it creates and
+//     keeps the logs of the servers it removes, for the same test to reach the demo's and the
+//     bench's throwaway servers.
 package faults

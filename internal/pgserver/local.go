@@ -19,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/faults"
 	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
@@ -111,6 +112,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	s := &Server{kind: Local, host: "127.0.0.1", port: c.port, user: "postgres", password: password, adminDB: "postgres", log: opts.Log, local: c}
 	s.stop = func(ctx context.Context) error {
 		err := c.shutdown(ctx, syscall.SIGINT)
+		if keep := faults.ServerLogs(); keep != "" {
+			if b, rerr := os.ReadFile(filepath.Join(dir, "server.log")); rerr == nil {
+				_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("server-%d-%d.log", c.port, time.Now().UnixNano())), b, 0o600)
+			}
+		}
 		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
 			err = rerr
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/faults"
 	"github.com/tidemark/tidemark/internal/pgconf"
 )
 
@@ -101,6 +102,14 @@ func New(spec Spec) *Server {
 // Kind says where the server runs.
 func (s *Server) Kind() Kind { return s.kind }
 
+// LogFile is the server log of a local server ("" for any other).
+func (s *Server) LogFile() string {
+	if s.local == nil {
+		return ""
+	}
+	return filepath.Join(s.local.dir, "server.log")
+}
+
 // Port is the server's TCP port on Host.
 func (s *Server) Port() int { return s.port }
 
@@ -140,6 +149,24 @@ func (s *Server) CreateDatabase(ctx context.Context, name string) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return fmt.Errorf("create database %q: %w", name, err)
+	}
+	return s.plant(ctx, name)
+}
+
+// plant runs faults.PlantSQL in database name (a test build's planted-objects test; nothing in
+// the product's build).
+func (s *Server) plant(ctx context.Context, name string) error {
+	sql, err := faults.PlantSQL()
+	if err != nil || sql == "" {
+		return err
+	}
+	conn, err := pgconf.Open(ctx, s.DSN(name)+" application_name=planted-harness", "planted-harness")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("plant into database %q: %w", name, err)
 	}
 	return nil
 }

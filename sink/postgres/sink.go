@@ -908,6 +908,12 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 	if err := s.source.QueryRow(ctx, BaseTypeSQL, c.Types[i]).Scan(&base); err != nil {
 		return fmt.Errorf("read the type of column %s of %s.%s on the source: %w", name, c.Schema, c.Table, err)
 	}
+	if base != t.bases[name] && unqualified(base) == unqualified(t.bases[name]) {
+		// Types are named schema-qualified (search_path is pinned to pg_catalog): an extension
+		// installed in one schema on the source and another on the target.
+		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: a type of the same name in another schema (an extension installed in another schema?); Tidemark uses the source's type, schema-qualified: install it in schema %s on the target too, or create the target table with the source's type, then run the sync again",
+			name, c.Schema, c.Table, base, t.bases[name], t.ident, strings.TrimSuffix(base, "."+unqualified(base)))
+	}
 	if base != t.bases[name] {
 		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again",
 			name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
@@ -923,6 +929,23 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 	s.log.Info().Str("table", t.ident).Str("column", name).Str("was", t.types[name]).Str("now", typ).Msg("target column type changed as on the source")
 	t.types[name] = typ
 	return nil
+}
+
+// unqualified is a type's name (format_type's text) without its schema.
+func unqualified(typ string) string {
+	// format_type quotes a name that needs it; a schema-qualified one has a dot outside quotes.
+	inQuote := false
+	for i := 0; i < len(typ); i++ {
+		switch {
+		case typ[i] == '"':
+			inQuote = !inQuote
+		case typ[i] == '.' && !inQuote:
+			return typ[i+1:]
+		case typ[i] == '(' && !inQuote:
+			return typ
+		}
+	}
+	return typ
 }
 
 // addColumn adds a column of the source to the target, with the value the source's existing

@@ -76,3 +76,14 @@ func TestSQLGolden(t *testing.T) {
 	require.NoError(t, err, "run go test ./sink/postgres -run TestSQLGolden -update")
 	require.Equal(t, string(want), b.String())
 }
+
+func TestUnqualified(t *testing.T) {
+	for in, want := range map[string]string{
+		"public.citext": "citext", `"my schema"."my.type"`: `"my.type"`, "integer": "integer",
+		"numeric(12,2)": "numeric(12,2)", `"a.b"`: `"a.b"`, "ext.mood[]": "mood[]",
+	} {
+		if got := unqualified(in); got != want {
+			t.Errorf("unqualified(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
