@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,4 +50,37 @@ func TestHostileFunctionsGainNothing(t *testing.T) {
 	require.Equal(t, 0, r.code, tail(r.stderr))
 	require.Len(t, r.records(), 10)
 	require.False(t, super(), "read ran the function planted in public")
+}
+
+// TestPrintedFixesAreSafeToPaste reproduces the injection through printed SQL: check prints the
+// statements that fix what it finds, for a DBA to paste into a session of theirs (here as a
+// superuser, with standard_conforming_strings on and off); a replication_slot written by
+// someone else must not make them do anything but what they say.
+func TestPrintedFixesAreSafeToPaste(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	role := "mallory_" + e.db.Name
+	e.db.Exec(`CREATE ROLE ` + role + ` LOGIN NOSUPERUSER`)
+	t.Cleanup(func() { e.db.Exec(`DROP ROLE ` + role) })
+	e.cfg["create_replication_slot"] = false // check then prints the statement that creates it
+	for _, slot := range []string{
+		"x', 'pgoutput'); ALTER ROLE " + role + " SUPERUSER; --",
+		`x\'', 'pgoutput'); ALTER ROLE ` + role + ` SUPERUSER; --`,
+	} {
+		e.cdc()["replication_slot"] = slot
+		_, msg := e.checkStatus()
+		// Every statement the message gives as a fix, run as the DBA would.
+		_, fixes, _ := strings.Cut(msg, "fix: ")
+		for _, stmt := range regexp.MustCompile(`(SELECT|ALTER|CREATE|GRANT)\b[^;]*;[^(]*`).FindAllString(fixes, -1) {
+			for _, scs := range []string{"on", "off"} {
+				c := e.db.Connect()
+				_, _ = c.Exec(t.Context(), "SET standard_conforming_strings = "+scs+"; "+stmt)
+				c.Close(t.Context())
+			}
+		}
+		var super bool
+		require.NoError(t, e.db.Connect().QueryRow(t.Context(), `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&super))
+		require.False(t, super, "a fix check printed for replication_slot %q made %s a superuser:\n%s", slot, role, msg)
+	}
 }
