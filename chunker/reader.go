@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // Config configures a Reader.
@@ -269,7 +269,7 @@ func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 	q := fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid, ',' ORDER BY attnum)
 		FROM pg_attribute WHERE attrelid = %d AND attnum > 0 AND NOT attisdropped AND attgenerated = ''),
 		(SELECT n.nspname = %s AND c.relname = %s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %d)`,
-		t.OID, pgconf.QuoteLiteral(t.Schema), pgconf.QuoteLiteral(t.Name), t.OID)
+		t.OID, sqlfix.Literal(t.Schema), sqlfix.Literal(t.Name), t.OID)
 	results, err := r.conn.PgConn().Exec(ctx, q).ReadAll()
 	if err != nil {
 		return Snapshot{}, err

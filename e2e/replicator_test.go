@@ -341,7 +341,7 @@ func TestOpenErrors(t *testing.T) {
 		_, err := openStream(t, db, nil)
 		require.ErrorIs(t, err, replicator.ErrSlotMissing)
 		require.Contains(t, err.Error(), fmt.Sprintf("replication slot %q does not exist", db.Slot))
-		require.Contains(t, err.Error(), fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", db.Slot))
+		require.Contains(t, err.Error(), fmt.Sprintf("SELECT pg_catalog.pg_create_logical_replication_slot('%s', 'pgoutput')", db.Slot))
 	})
 	t.Run("missing publication", func(t *testing.T) {
 		_, err := openStream(t, db, func(c *replicator.Config) {

@@ -50,14 +50,24 @@ type Config struct {
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
+// CheckSlotName refuses a name PostgreSQL would refuse for a replication slot (1 to 63
+// lower-case letters, digits and underscores): checked before anything uses the name, in a
+// query or in SQL printed for a DBA.
+func CheckSlotName(name string) error {
+	if !slotName.MatchString(name) {
+		return fmt.Errorf("replication slot name %q is invalid: use 1 to 63 lower-case letters, digits and underscores", name)
+	}
+	return nil
+}
+
 // Validate reports every problem of c at once.
 func (c *Config) Validate() error {
 	var errs []error
 	if c.DSN == "" {
 		errs = append(errs, errors.New("source connection string is empty"))
 	}
-	if !slotName.MatchString(c.Slot) {
-		errs = append(errs, fmt.Errorf("replication slot name %q is invalid: use 1 to 63 lower-case letters, digits and underscores", c.Slot))
+	if err := CheckSlotName(c.Slot); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Publication == "" {
 		errs = append(errs, errors.New("publication name is empty"))

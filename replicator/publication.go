@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // PublicationComment is the comment on a publication that Open created for slot
@@ -41,7 +41,7 @@ func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string
 		}
 		// The comment, in the same transaction, is how `tidemark cleanup` tells a publication
 		// created for this slot (which it may drop) from one a DBA or another capture created.
-		comment := "COMMENT ON PUBLICATION " + quoteIdent(name) + " IS " + pgconf.QuoteLiteral(PublicationComment(s.cfg.Slot))
+		comment := "COMMENT ON PUBLICATION " + quoteIdent(name) + " IS " + sqlfix.Literal(PublicationComment(s.cfg.Slot))
 		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, create); err != nil {
 				return err

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // SystemInfo is what IDENTIFY_SYSTEM and the server report about the source.
@@ -140,8 +141,8 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 		Scan(&plugin, &typ, &slotDB, &active, &pid, &walStatus, &confirmed, &restart)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !s.cfg.CreateSlot {
-			return fmt.Errorf("%w: replication slot %q does not exist in database %q; create it with: "+
-				"SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", ErrSlotMissing, name, db, name)
+			return fmt.Errorf("%w: replication slot %q does not exist in database %q; create it with: %s",
+				ErrSlotMissing, name, db, sqlfix.CreateSlot(name))
 		}
 		// Creation waits for the transactions running now to end; it exports no snapshot.
 		if err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&confirmed); err != nil {
@@ -162,7 +163,7 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 			return fmt.Errorf("%w: replication slot %q belongs to database %q, not %q; slots are per database: use another slot name", ErrSlotMismatch, name, slotDB, db)
 		case walStatus == "lost":
 			return fmt.Errorf("%w: replication slot %q lost WAL it needed (wal_status = lost, see max_slot_wal_keep_size); "+
-				"changes were missed: drop it with SELECT pg_drop_replication_slot('%s'); and start over with a full backfill", ErrSlotLost, name, name)
+				"changes were missed: drop it with %s and start over with a full backfill", ErrSlotLost, name, sqlfix.DropSlot(name))
 		case active:
 			return fmt.Errorf("%w: replication slot %q is used by server process %d (still after %s); stop the other consumer "+
 				"(or end a leftover session with SELECT pg_terminate_backend(%d);)", ErrSlotInUse, name, pid, max(s.cfg.InUseWait, 0), pid)
@@ -209,7 +210,8 @@ func (s *Stream) Run(ctx context.Context, from pglogrepl.LSN, fn func(context.Co
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("replication stream already ran; open a new one")
 	}
-	args := []string{"proto_version '1'", "publication_names " + pgconf.QuoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize())}
+	// The replication command's own grammar reads '' as a quote and a backslash as itself.
+	args := []string{"proto_version '1'", "publication_names '" + strings.ReplaceAll(sqlfix.Ident(s.cfg.Publication), "'", "''") + "'"}
 	if s.sys.ServerVersion >= 140000 {
 		args = append(args, "messages 'true'")
 	}
@@ -419,4 +421,4 @@ func UntilFree(ctx context.Context, wait time.Duration, try func() (free bool, e
 	}
 }
 
-func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+func quoteIdent(s string) string { return sqlfix.Ident(s) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgtrust"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // Transport is how marks reach the change stream.
@@ -314,7 +315,7 @@ func addedConcurrently(err error) bool { return pgerr.DuplicateObject(err) }
 
 func isPrivilege(err error) bool { return pgerr.Privilege(err) }
 
-func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+func quoteIdent(s string) string { return sqlfix.Ident(s) }
 
 // Writer writes marks on a query connection it does not own.
 type Writer struct {

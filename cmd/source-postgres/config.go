@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -311,6 +312,8 @@ func (c *config) checkReplication() error {
 	case "CDC":
 		if r.ReplicationSlot == "" {
 			errs = append(errs, errors.New("replication_method CDC needs replication_slot"))
+		} else if err := replicator.CheckSlotName(r.ReplicationSlot); err != nil {
+			errs = append(errs, fmt.Errorf("replication_method.replication_slot: %w", err))
 		}
 		if r.Publication == "" {
 			errs = append(errs, errors.New("replication_method CDC needs publication"))

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -349,7 +350,7 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 func lostSlot(rm *replicationMethod) error {
 	slot := rm.ReplicationSlot
 	what := fmt.Sprintf("replication slot %q is invalidated: it lost WAL it still needed (wal_status = lost; see max_slot_wal_keep_size), so the changes it held are gone and it can stream nothing more. "+
-		"Tidemark drops no slot: drop it and create it again, with SELECT pg_drop_replication_slot('%s'); SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, slot, slot)
+		"Tidemark drops no slot: drop it and create it again, with %s %s", slot, sqlfix.DropSlot(slot), sqlfix.CreateSlot(slot))
 	if rm.InvalidCDCCursorBehaviour == invalidCursorResync {
 		return configErrorf("%s The next sync then backfills every stream from the new slot on its own (invalid_cdc_cursor_position_behavior: %s)", what, invalidCursorResync)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark/tidemark/cmd/internal/preflight"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // source is one run of the connector against the configured database.
@@ -230,12 +231,11 @@ func (s *source) checkQueries(ctx context.Context, conn *pgx.Conn) error {
 		if err != nil {
 			return fmt.Errorf("check schema %q: %w", schema, err)
 		}
-		id := pgx.Identifier{schema}.Sanitize()
 		switch {
 		case !exists:
 			problems = append(problems, fmt.Sprintf("schema %q does not exist; fix: correct schemas in the config", schema))
 		case !usage:
-			problems = append(problems, fmt.Sprintf("role %q may not use schema %q; fix: GRANT USAGE ON SCHEMA %s TO %s;", user, schema, id, pgx.Identifier{user}.Sanitize()))
+			problems = append(problems, fmt.Sprintf("role %q may not use schema %q; fix: %s", user, schema, sqlfix.GrantUsage(schema, user)))
 		default:
 			readable += n
 		}
@@ -243,7 +243,7 @@ func (s *source) checkQueries(ctx context.Context, conn *pgx.Conn) error {
 	if readable == 0 && len(problems) == 0 {
 		var grants []string
 		for _, schema := range s.cfg.Schemas {
-			grants = append(grants, fmt.Sprintf("GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s;", pgx.Identifier{schema}.Sanitize(), pgx.Identifier{user}.Sanitize()))
+			grants = append(grants, sqlfix.GrantSelectAll(schema, user))
 		}
 		problems = append(problems, fmt.Sprintf("role %q may read no table or view in schemas %s; fix: %s", user, strings.Join(s.cfg.Schemas, ", "), strings.Join(grants, " ")))
 	}

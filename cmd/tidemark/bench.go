@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgserver"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
@@ -393,7 +394,7 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	if err := execAll(ctx, b.dsn, `CREATE PUBLICATION bench_rows_only FOR TABLE public.bench_rows`); err != nil && !pgerr.DuplicateObject(err) {
 		return 0, err
 	}
-	if err := execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot)); err != nil {
+	if err := execAll(ctx, b.dsn, sqlfix.CreateSlot(slot)); err != nil {
 		return 0, err
 	}
 	tdsn := b.srv.DSN(db)
@@ -425,7 +426,7 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	_, _ = conn.Exec(ctx, `ALTER SUBSCRIPTION sub DISABLE`)
 	_, _ = conn.Exec(ctx, `ALTER SUBSCRIPTION sub SET (slot_name = NONE)`)
 	_, _ = conn.Exec(ctx, `DROP SUBSCRIPTION sub`)
-	_ = execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_drop_replication_slot('%s')`, slot))
+	_ = execAll(ctx, b.dsn, sqlfix.DropSlot(slot))
 	return d, nil
 }
 
@@ -649,7 +650,7 @@ func (b *bench) airbyteRead(ctx context.Context, mb *float64, rss *int64) (time.
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		*rss = max(*rss, ru.Maxrss)
 	}
-	_ = execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_drop_replication_slot('%s')`, slot))
+	_ = execAll(ctx, b.dsn, sqlfix.DropSlot(slot))
 	return d, nil
 }
 
@@ -664,7 +665,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 	for i := range b.reps {
 		for _, kind := range []string{"recv", "tm"} {
 			slot := fmt.Sprintf("bench_stream_%s_%d", kind, i)
-			if err := execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot)); err != nil {
+			if err := execAll(ctx, b.dsn, sqlfix.CreateSlot(slot)); err != nil {
 				return 0, 0, err
 			}
 			if kind == "recv" {
@@ -729,7 +730,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 		return time.Since(start), nil
 	})
 	for _, slot := range append(recvSlots, tmSlots...) {
-		_ = execAll(ctx, b.dsn, fmt.Sprintf(`SELECT pg_drop_replication_slot('%s')`, slot))
+		_ = execAll(ctx, b.dsn, sqlfix.DropSlot(slot))
 	}
 	return recv, tm, err
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,5 +175,46 @@ func TestConnectionsGoThroughPgconf(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Errorf("connections opened without internal/pgconf (use pgconf.Open, Connect, Dial or DialReplication):\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+// TestLiteralsGoThroughSqlfix: a string put into SQL by hand ('%s') is how the printed fixes
+// carried an injection (a slot name with a quote in it, pasted by a DBA under
+// standard_conforming_strings off). Every literal the binaries build goes through
+// sqlfix.Literal; this checks the source of every package they link for the pattern. The
+// exceptions are not SQL statements: postgresql.conf lines, and the bench's subscription's
+// connection string (libpq's conninfo quoting, with its own escaping).
+func TestLiteralsGoThroughSqlfix(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}} {{.Dir}}{{end}}", ".", "../source-postgres").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	handBuilt := regexp.MustCompile(`'%[sv]'|\('"\s*\+|\+\s*"'\)`)
+	allowed := map[string]bool{"internal/pgserver/local.go": true, "cmd/tidemark/bench.go": true}
+	var bad []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, dir, ok := strings.Cut(line, " ")
+		if !ok || !strings.HasPrefix(path, "github.com/tidemark/tidemark/") || path == "github.com/tidemark/tidemark/internal/sqlfix" {
+			continue
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, f := range files {
+			rel := strings.TrimPrefix(path, "github.com/tidemark/tidemark/") + "/" + filepath.Base(f)
+			if strings.HasSuffix(f, "_test.go") || allowed[rel] {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, l := range strings.Split(string(src), "\n") {
+				if handBuilt.MatchString(l) {
+					bad = append(bad, fmt.Sprintf("%s:%d: %s", rel, i+1, strings.TrimSpace(l)))
+				}
+			}
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("string literals built by hand (use sqlfix.Literal):\n%s", strings.Join(bad, "\n"))
 	}
 }

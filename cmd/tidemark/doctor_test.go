@@ -145,7 +145,7 @@ func TestStatusAndCleanup(t *testing.T) {
 
 	e, stdout, _ = testEnv(t)
 	require.Equal(t, 2, run(context.Background(), []string{"cleanup", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication}, e))
-	require.Contains(t, stdout.String(), "SELECT pg_drop_replication_slot('"+db.Slot+"');")
+	require.Contains(t, stdout.String(), "SELECT pg_catalog.pg_drop_replication_slot('"+db.Slot+"');")
 	var slots int
 	require.NoError(t, db.Conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, db.Slot).Scan(&slots))
 	require.Equal(t, 1, slots, "nothing is dropped without confirmation")

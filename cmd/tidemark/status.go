@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
@@ -243,7 +244,7 @@ func planCleanup(ctx context.Context, conn *pgx.Conn, slot, pub string, sig pgx.
 		return nil, fmt.Errorf("replication slot %q is in use by server process %d: stop the capture first; nothing dropped", slot, pid)
 	default:
 		p.steps = append(p.steps, cleanupStep{
-			show: fmt.Sprintf("SELECT pg_drop_replication_slot(%s);", pgconf.QuoteLiteral(slot)),
+			show: sqlfix.DropSlot(slot),
 			sql:  `SELECT pg_drop_replication_slot($1)`, args: []any{slot}, what: fmt.Sprintf("drop slot %q", slot),
 		})
 	}
@@ -312,7 +313,7 @@ func planCleanup(ctx context.Context, conn *pgx.Conn, slot, pub string, sig pgx.
 		return p, nil
 	}
 	p.steps = append(p.steps, cleanupStep{
-		show: fmt.Sprintf("DELETE FROM %s WHERE slot = %s;  -- only this slot's row: %s", name, pgconf.QuoteLiteral(slot), why),
+		show: fmt.Sprintf("DELETE FROM %s WHERE slot = %s;  -- only this slot's row: %s", name, sqlfix.Literal(slot), why),
 		sql:  "DELETE FROM " + name + " WHERE slot = $1", args: []any{slot}, what: "delete the slot's row of signal table " + name,
 	})
 	return p, nil

@@ -38,6 +38,13 @@ func parse(fs *flag.FlagSet, args []string) error {
 		fs.Usage()
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
+	// A slot name goes into queries and into the SQL printed for a DBA: one PostgreSQL would
+	// refuse is refused here, before anything uses it.
+	if f := fs.Lookup("slot"); f != nil {
+		if err := replicator.CheckSlotName(f.Value.String()); err != nil {
+			return fmt.Errorf("%w: --slot: %w", errUsage, err)
+		}
+	}
 	return nil
 }
 

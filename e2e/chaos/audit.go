@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark/tidemark/e2e/oracle"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // What the oracle reads beside the output: the versions the source's deletes removed (its
@@ -129,7 +130,7 @@ func newTargetHistory(ctx context.Context, target, data string, log zerolog.Logg
 	for t, key := range historyTables {
 		// The columns are read by name when the trigger runs (the table is made by the sink).
 		row := func(r string) string {
-			return fmt.Sprintf(`INSERT INTO %s.rows (tbl, op, key, ver) VALUES ('%s', TG_OP, %s, %s.ver)`, h.schema, t, strings.ReplaceAll(key, "r.", r+"."), r)
+			return fmt.Sprintf(`INSERT INTO %s.rows (tbl, op, key, ver) VALUES (%s, TG_OP, %s, %s.ver)`, h.schema, sqlfix.Literal(t), strings.ReplaceAll(key, "r.", r+"."), r)
 		}
 		stmts = append(stmts, fmt.Sprintf(`CREATE FUNCTION %s.%s_row() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN
 			IF TG_OP = 'DELETE' THEN %s; ELSE %s; END IF; RETURN NULL; END $f$`, h.schema, t, row("OLD"), row("NEW")))

@@ -57,6 +57,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/tidemark/tidemark/internal/faults"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // Settings are the session settings pinned on every connection Tidemark opens, with the value the
@@ -90,10 +91,6 @@ func pinned() map[string]string {
 	delete(out, "search_path")
 	return out
 }
-
-// QuoteLiteral quotes s as an SQL string literal, its quotes doubled: right on every connection
-// Tidemark opens, which pins standard_conforming_strings on (backslashes are themselves).
-func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // ErrPinned reports a connection on which a pinned setting did not take its value.
 var ErrPinned = errors.New("a pinned session setting was overridden")
@@ -222,7 +219,7 @@ var verifySQL, verifyNames = func() (string, []string) {
 	names := slices.Sorted(maps.Keys(Settings))
 	var cols []string
 	for _, n := range names {
-		cols = append(cols, "current_setting('"+n+"')")
+		cols = append(cols, "current_setting("+sqlfix.Literal(n)+")")
 	}
 	return "SELECT " + strings.Join(cols, ", "), names
 }()

@@ -29,6 +29,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // ErrUntrusted reports an object refused because someone other than this role could run code
@@ -244,4 +246,4 @@ func Domain(ctx context.Context, q Rows, what string, typeOID uint32) error {
 	return refused(what, problems, fixes, "")
 }
 
-func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
+func ident(s string) string { return sqlfix.Ident(s) }

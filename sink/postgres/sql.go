@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // The SQL the sink runs, built by pure functions (no connection), golden-tested
@@ -15,8 +15,8 @@ import (
 // Sanitize); column names are given as they are and quoted here. Values are bound parameters,
 // except a default printed as a literal (AddColumnSQL).
 
-// Quote quotes an identifier.
-func Quote(name string) string { return pgx.Identifier{name}.Sanitize() }
+// Quote quotes an identifier (sqlfix.Ident: the statements the sink prints are pasted by people).
+func Quote(name string) string { return sqlfix.Ident(name) }
 
 // QuoteAll quotes each identifier.
 func QuoteAll(names []string) []string {
@@ -211,7 +211,7 @@ func AlterTypeSQL(table, column, typ string) string {
 func AddColumnSQL(table, column, typ string, def *string) string {
 	d := ""
 	if def != nil {
-		d = " DEFAULT " + pgconf.QuoteLiteral(*def) + "::" + typ
+		d = " DEFAULT " + sqlfix.Literal(*def) + "::" + typ
 	}
 	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s%s", table, Quote(column), typ, d)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgtrust"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -207,11 +208,11 @@ func (d *doctor) checkSlot(ctx context.Context, conn *pgx.Conn, maxSlots, usedSl
 		switch {
 		case !d.createSlot:
 			d.problem(fmt.Sprintf("replication slot %q does not exist", d.slot),
-				fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", d.slot))
+				sqlfix.CreateSlot(d.slot))
 		case usedSlots >= maxSlots:
 			d.problem(fmt.Sprintf("replication slot %q does not exist and all %d slots are taken (max_replication_slots)", d.slot, maxSlots),
 				fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d;  -- then restart PostgreSQL", maxSlots+5),
-				"or drop a slot nobody uses: SELECT pg_drop_replication_slot('<name>');")
+				"or drop a slot nobody uses: SELECT pg_catalog.pg_drop_replication_slot('<name>');")
 		default:
 			d.ok("replication slot %q does not exist yet; Tidemark creates it (%d of %d slots in use)", d.slot, usedSlots, maxSlots)
 		}
@@ -221,7 +222,7 @@ func (d *doctor) checkSlot(ctx context.Context, conn *pgx.Conn, maxSlots, usedSl
 		d.problem(fmt.Sprintf("replication slot %q uses the plugin %q, not pgoutput", d.slot, plugin), "use another slot name (--slot)")
 	case walStatus == "lost":
 		d.problem(fmt.Sprintf("replication slot %q is invalidated (wal_status = lost): changes were missed", d.slot),
-			fmt.Sprintf("SELECT pg_drop_replication_slot('%s');  -- then start over with a full backfill", d.slot))
+			sqlfix.DropSlot(d.slot)+"  -- then start over with a full backfill")
 	default:
 		state := "not in use"
 		if active {
@@ -230,7 +231,7 @@ func (d *doctor) checkSlot(ctx context.Context, conn *pgx.Conn, maxSlots, usedSl
 		d.ok("replication slot %q exists (pgoutput, %s), retains %s of WAL", d.slot, state, Bytes(retained))
 		if retained > 1<<30 {
 			d.warn(fmt.Sprintf("replication slot %q retains %s of WAL: its consumer is behind or stopped", d.slot, Bytes(retained)),
-				"start the capture, or drop the slot if it is abandoned: SELECT pg_drop_replication_slot('"+d.slot+"');")
+				"start the capture, or drop the slot if it is abandoned: "+sqlfix.DropSlot(d.slot))
 		}
 	}
 }
@@ -251,9 +252,9 @@ func (d *doctor) checkRole(ctx context.Context, conn *pgx.Conn) {
 		d.ok("role %q may replicate", d.user)
 	default:
 		d.problem(fmt.Sprintf("role %q lacks the REPLICATION attribute", d.user),
-			fmt.Sprintf("ALTER ROLE %s WITH REPLICATION;", pgx.Identifier{d.user}.Sanitize()),
-			fmt.Sprintf("Amazon RDS / Aurora: GRANT rds_replication TO %s;", pgx.Identifier{d.user}.Sanitize()),
-			fmt.Sprintf("Google Cloud SQL: ALTER USER %s WITH REPLICATION;", pgx.Identifier{d.user}.Sanitize()))
+			sqlfix.Replication(d.user),
+			"Amazon RDS / Aurora: GRANT rds_replication TO "+sqlfix.Ident(d.user)+";",
+			"Google Cloud SQL: "+sqlfix.Replication(d.user))
 	}
 }
 
@@ -280,15 +281,10 @@ func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
 	case errors.Is(err, pgx.ErrNoRows):
 		var canCreate bool
 		_ = conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&canCreate)
-		list := "<schema>.<table>, ..."
+		create := "CREATE PUBLICATION " + sqlfix.Ident(d.pub) + " FOR TABLE <schema>.<table>, ...;"
 		if len(d.tables) > 0 {
-			var names []string
-			for _, t := range d.tables {
-				names = append(names, t.Sanitize())
-			}
-			list = strings.Join(names, ", ")
+			create = sqlfix.CreatePublication(d.pub, d.tables...)
 		}
-		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), list)
 		switch {
 		case !d.createPub:
 			d.problem(fmt.Sprintf("publication %q does not exist", d.pub), create)
@@ -301,7 +297,7 @@ func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
 		d.problem(fmt.Sprintf("cannot read publication %q: %v", d.pub, err))
 	case !ins || !upd || !del || !trunc:
 		d.problem(fmt.Sprintf("publication %q does not publish every insert, update, delete and truncate", d.pub),
-			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pgx.Identifier{d.pub}.Sanitize()))
+			sqlfix.PublishAll(d.pub))
 	default:
 		d.ok("publication %q exists", d.pub)
 	}
@@ -327,7 +323,7 @@ func (d *doctor) checkTables(ctx context.Context, conn *pgx.Conn) {
 				err = errors.New("no SELECT privilege")
 			}
 			d.problem(fmt.Sprintf("table %s cannot be read: %v", name, err),
-				fmt.Sprintf("GRANT SELECT ON %s TO %s;  -- if the table exists", t.Sanitize(), pgx.Identifier{d.user}.Sanitize()))
+				sqlfix.GrantSelect(t, d.user)+"  -- if the table exists")
 			continue
 		}
 		_, err = chunker.Discover(ctx, conn, t[0], t[1], nil, d.pub)
@@ -341,12 +337,12 @@ func (d *doctor) checkTables(ctx context.Context, conn *pgx.Conn) {
 			}
 			if !d.createPub {
 				d.problem(fmt.Sprintf("table %s is not in publication %q", name, d.pub),
-					fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), t.Sanitize()))
+					sqlfix.AddTable(d.pub, t))
 			} else if d.ownsAll(ctx, conn) {
 				d.ok("table %s is not in publication %q yet; Tidemark adds it", name, d.pub)
 			} else {
 				d.problem(fmt.Sprintf("table %s is not in publication %q, and this role may not add it", name, d.pub),
-					fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), t.Sanitize()))
+					sqlfix.AddTable(d.pub, t))
 			}
 		case err != nil:
 			d.problem(fmt.Sprintf("table %s: %v", name, err))
@@ -374,7 +370,7 @@ func (d *doctor) checkWatermarks(ctx context.Context, conn *pgx.Conn, version in
 	}
 	if !ok {
 		d.problem("watermarks are logical messages, and this role may not call pg_logical_emit_message",
-			fmt.Sprintf("GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO %s;", pgx.Identifier{d.user}.Sanitize()))
+			sqlfix.GrantEmit(d.user))
 		return
 	}
 	d.ok("watermarks are logical messages (no signal table, no write privilege needed)")
@@ -383,9 +379,9 @@ func (d *doctor) checkWatermarks(ctx context.Context, conn *pgx.Conn, version in
 func (d *doctor) checkSignalTable(ctx context.Context, conn *pgx.Conn) {
 	name := d.signal.Sanitize()
 	create := fmt.Sprintf(watermark.CreateTable, name) + ";"
-	grant := fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s;", name, pgx.Identifier{d.user}.Sanitize())
-	give := fmt.Sprintf("ALTER TABLE %s OWNER TO %s;", name, pgx.Identifier{d.user}.Sanitize())
-	addToPub := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{d.pub}.Sanitize(), name)
+	grant := sqlfix.GrantWrite(d.signal, d.user)
+	give := sqlfix.OwnerTo(d.signal, d.user)
+	addToPub := sqlfix.AddTable(d.pub, d.signal)
 	var exists, canCreate bool
 	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, has_schema_privilege($2, 'CREATE')`, name, d.signal[0]).Scan(&exists, &canCreate)
 	if err != nil {
