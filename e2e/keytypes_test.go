@@ -94,3 +94,101 @@ func TestKeysOfTypesOutsideCatalog(t *testing.T) {
 		require.Contains(t, strings.ReplaceAll(chunker.ChunkSQL(tbl, true, true, 1000), `"`, ""), tc.op, fmt.Sprintf("%s's key compared with its type's own operator", tc.table))
 	}
 }
+
+// TestKeyListReadsEveryKeyType: a key-list chunk (the re-read of rows whose TOASTed values an
+// update left out, or of keys a window evicted) finds each key it asks for, whatever the key's
+// type: a char(n) key keeps its padding (a cast to character would cut it to one character),
+// an array key is compared as an array (not element by element), a domain key is not run
+// through its domain's CHECK on the source.
+func TestKeyListReadsEveryKeyType(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE DOMAIN positive AS int CHECK (VALUE > 0) NOT NULL`)
+	db.Exec(`CREATE TABLE padded (k char(5) PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO padded VALUES ('ab', 'x'), ('abcde', 'y')`)
+	db.Exec(`CREATE TABLE arrays (k int[] PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO arrays VALUES ('{1,2}', 'x'), ('{3}', 'y')`)
+	db.Exec(`CREATE TABLE bits (k bit(4) PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO bits VALUES (B'1010', 'x'), (B'0001', 'y')`)
+	db.Exec(`CREATE TABLE dom (k positive PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO dom VALUES (1, 'x'), (2, 'y')`)
+	// A constraint added later that old rows break: reading them must not check it.
+	db.Exec(`ALTER DOMAIN positive ADD CONSTRAINT big CHECK (VALUE > 1) NOT VALID`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE padded, arrays, bits, dom`)
+	ctx := context.Background()
+	conn, err := pgconf.Open(ctx, db.DSN, "tidemark-test")
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	r, err := chunker.NewReader(conn, chunker.Config{})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		table string
+		keys  []string
+	}{
+		{"padded", []string{"ab   ", "abcde"}},
+		{"arrays", []string{"{1,2}", "{3}"}},
+		{"bits", []string{"1010", "0001"}},
+		{"dom", []string{"1", "2"}},
+	} {
+		tbl, err := chunker.Discover(ctx, conn, "public", tc.table, nil, db.Publication)
+		require.NoError(t, err)
+		var keys [][]string
+		for _, k := range tc.keys {
+			keys = append(keys, []string{k})
+		}
+		c, err := r.Keys(ctx, tbl, keys)
+		require.NoError(t, err, tc.table)
+		require.Len(t, c.Rows, len(keys), "%s: every key asked for is found", tc.table)
+	}
+}
+
+// TestKeyOperatorsCannotBeShadowed: a key whose type is a domain over a type of another schema
+// (citext in public) is compared with the operators of the domain's base type; a role with
+// CREATE on public can create an operator of the domain's own argument types there, which an
+// OPERATOR(public.>) applied to the domain column would prefer (an exact match). It must not
+// run: the capture's role stays what it was.
+func TestKeyOperatorsCannotBeShadowed(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE EXTENSION citext`)
+	db.Exec(`CREATE DOMAIN ci AS citext`)
+	db.Exec(`CREATE SEQUENCE ver`)
+	db.Exec(`CREATE TABLE t (k ci PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
+	db.Exec(`INSERT INTO t (k, v) SELECT 'k' || g, 'v' FROM generate_series(1, 30) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	role := "mallory_" + db.Name
+	db.Exec(`CREATE ROLE ` + role + ` NOSUPERUSER`)
+	db.Exec(`GRANT CREATE ON SCHEMA public TO ` + role)
+	t.Cleanup(func() {
+		db.Exec(`DROP OWNED BY ` + role)
+		db.Exec(`DROP ROLE ` + role)
+	})
+	db.Exec(fmt.Sprintf(`SET ROLE %[1]s;
+		CREATE FUNCTION public.escalate(ci, ci) RETURNS boolean LANGUAGE plpgsql AS $f$
+		BEGIN
+			IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+				EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+			END IF;
+			RETURN $1::citext OPERATOR(public.>) $2::citext;
+		END $f$;
+		CREATE FUNCTION public.escalate_eq(ci, ci) RETURNS boolean LANGUAGE plpgsql AS $f$
+		BEGIN
+			IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+				EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+			END IF;
+			RETURN $1::citext OPERATOR(public.=) $2::citext;
+		END $f$;
+		CREATE OPERATOR public.> (LEFTARG = ci, RIGHTARG = ci, FUNCTION = public.escalate);
+		CREATE OPERATOR public.<= (LEFTARG = ci, RIGHTARG = ci, FUNCTION = public.escalate);
+		CREATE OPERATOR public.= (LEFTARG = ci, RIGHTARG = ci, FUNCTION = public.escalate_eq);
+		RESET ROLE`, role))
+	cfg := engineConfig(db, "public.t")
+	cfg.ChunkSize = 7
+	cfg.Hooks.AfterSelect = onChunk(t, db, 2, `UPDATE t SET v = 'changed', ver = nextval('ver') WHERE k = 'k3'`)
+	sink := newMemSink()
+	// The planted operators try to make their role a superuser: in the chunk's read-only
+	// transaction that fails the read, so a run that fails says they ran.
+	require.NoError(t, runEngine(t, cfg, sink, nil), "an operator planted for the domain's own types ran")
+	verify(t, db, sink, "public.t", "k")
+	var super bool
+	require.NoError(t, db.Conn.QueryRow(context.Background(), `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&super))
+	require.False(t, super, "an operator planted for the domain's own types ran as the capture's role")
+}
