@@ -21,7 +21,7 @@ func table(keys ...int) *Table {
 	}}
 	t.Key = keys
 	for _, k := range keys {
-		t.KeyOps = append(t.KeyOps, CatalogOps([]string{"inet", "bigint", "text"}[k]))
+		t.KeyOps = append(t.KeyOps, CatalogOps(t.Columns[k].BaseOID))
 	}
 	return t
 }
@@ -32,7 +32,7 @@ func citextTable(keys ...int) *Table {
 	for i, k := range keys {
 		if k == 0 {
 			t.KeyOps[i] = Ops{Less: "OPERATOR(public.<)", LessEq: "OPERATOR(public.<=)", Eq: "OPERATOR(public.=)",
-				GreaterEq: "OPERATOR(public.>=)", Greater: "OPERATOR(public.>)", Type: "public.citext"}
+				GreaterEq: "OPERATOR(public.>=)", Greater: "OPERATOR(public.>)", Cast: "::public.citext", Param: 16400}
 		}
 	}
 	return t
@@ -47,7 +47,7 @@ func TestSQLGolden(t *testing.T) {
 		name string
 		t    *Table
 	}{{"single key", table(1)}, {"composite key", table(0, 1)}, {"citext key", citextTable(0)},
-		{"composite key, operators in two schemas", citextTable(0, 1)}} {
+		{"composite key, operators in two schemas", citextTable(0, 1)}, {"three columns, operators in two schemas", citextTable(0, 1, 2)}} {
 		fmt.Fprintf(&b, "# %s\n", tc.name)
 		for _, q := range []struct {
 			name         string
@@ -56,7 +56,8 @@ func TestSQLGolden(t *testing.T) {
 			fmt.Fprintf(&b, "%s:\n%s\n", q.name, ChunkSQL(tc.t, q.after, q.upper, 1000))
 		}
 		fmt.Fprintf(&b, "max key:\n%s\n", MaxKeySQL(tc.t))
-		fmt.Fprintf(&b, "three keys:\n%s\n\n", KeysSQL(tc.t, 3))
+		fmt.Fprintf(&b, "three keys:\n%s\n", KeysSQL(tc.t, 3))
+		fmt.Fprintf(&b, "their types: %v\n\n", KeysParams(tc.t, 3))
 	}
 	path := filepath.Join("testdata", "sql.golden")
 	if *update {

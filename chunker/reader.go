@@ -122,7 +122,7 @@ func (r *Reader) First(ctx context.Context, t *Table, limit int) (*Chunk, error)
 		if err != nil {
 			return err
 		}
-		return r.readRows(ctx, ChunkSQL(t, false, true, limit), args, c, limit)
+		return r.readRows(ctx, ChunkSQL(t, false, true, limit), args, nil, c, limit)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the first chunk of %s: %w", t, err)
@@ -150,7 +150,7 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 			return err
 		}
 		c.Snapshot = snap
-		return r.readRows(ctx, ChunkSQL(t, after != nil, upper != nil, limit), args, c, limit)
+		return r.readRows(ctx, ChunkSQL(t, after != nil, upper != nil, limit), args, nil, c, limit)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read chunk of %s after %v: %w", t, after, err)
@@ -215,7 +215,7 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 			return err
 		}
 		c.Snapshot = snap
-		return r.readRows(ctx, KeysSQL(t, len(keys)), args, c, len(keys))
+		return r.readRows(ctx, KeysSQL(t, len(keys)), args, KeysParams(t, len(keys)), c, len(keys))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read %d keys of %s: %w", len(keys), t, err)
@@ -305,9 +305,9 @@ func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 // that a chunk of wide rows stops at the byte bound instead of holding limit of them (Capped).
 // The connection's buffer is reused, so values are copied, into slabs shared by many rows rather
 // than an allocation per row.
-func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, c *Chunk, limit int) error {
+func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, paramOIDs []uint32, c *Chunk, limit int) error {
 	const slabSize = 256 << 10
-	if res := r.conn.PgConn().ExecParams(ctx, "DECLARE tidemark_chunk NO SCROLL CURSOR FOR "+sql, args, nil, nil, nil).Read(); res.Err != nil {
+	if res := r.conn.PgConn().ExecParams(ctx, "DECLARE tidemark_chunk NO SCROLL CURSOR FOR "+sql, args, paramOIDs, nil, nil).Read(); res.Err != nil {
 		return res.Err
 	}
 	var slab []byte

@@ -9,8 +9,9 @@ import (
 
 // The chunk queries are pure functions of the table, so their text is golden-tested
 // (testdata/sql.golden). Identifiers are quoted; values are bound parameters ($n) sent in text
-// form with no type, so the server parses each with the input function of the column it is
-// compared with, exactly undoing the text output the key was read in.
+// form, so the server parses each with the input function of the type it is compared as,
+// exactly undoing the text output the key was read in. Keys are compared with their type's own
+// operators (Ops): see ops.go for why they are schema-qualified and how a column is cast.
 
 // selectList is the quoted column list of a chunk.
 func selectList(t *Table) string {
@@ -21,18 +22,6 @@ func selectList(t *Table) string {
 	return strings.Join(cols, ", ")
 }
 
-// keyTuple is the key as a row value: ("k1", "k2"), or "k" for a single column.
-func keyTuple(t *Table) string {
-	if len(t.Key) == 1 {
-		return quote(t.Columns[t.Key[0]].Name)
-	}
-	cols := make([]string, len(t.Key))
-	for i, k := range t.Key {
-		cols[i] = quote(t.Columns[k].Name)
-	}
-	return "(" + strings.Join(cols, ", ") + ")"
-}
-
 // ops returns the operator of each key column that pick chooses.
 func ops(keyOps []Ops, pick func(Ops) string) []string {
 	out := make([]string, len(keyOps))
@@ -41,6 +30,9 @@ func ops(keyOps []Ops, pick func(Ops) string) []string {
 	}
 	return out
 }
+
+// operand is key column col as compared: quoted, with its Ops' cast.
+func operand(col string, o Ops) string { return quote(col) + o.Cast }
 
 // KeyAfter is the condition that the key (the columns cols, quoted here, with their operators
 // keyOps) comes after the parameters $from..: for a keyset's exclusive lower bound.
@@ -54,13 +46,24 @@ func KeyUpTo(cols []string, keyOps []Ops, from int) string {
 	return compare(cols, keyOps, from, func(o Ops) string { return o.Less }, func(o Ops) string { return o.LessEq }, true)
 }
 
+// uniform reports whether every key column's operators have one name, so that the key can be
+// compared as a row value.
+func uniform(keyOps []Ops) bool {
+	for _, o := range keyOps[1:] {
+		if o.Greater != keyOps[0].Greater {
+			return false
+		}
+	}
+	return true
+}
+
 // compare is the key compared with the parameters $from.. by the strict operator strict (< or
 // >, per column) and, when inclusive, equal to them too (orEqual: <= or >=). Row-value
 // comparison orders exactly as ORDER BY does for an all-ascending key and can use the key's
 // index; it takes one operator name for every column, so when the key's columns have their
 // operators in different schemas (a citext column beside an integer one) it is written out
 // column by column: the first column's bound lets the index be used, and the rest is the
-// lexicographic comparison.
+// lexicographic comparison (KeysetSQL splits a lower bound of that kind into index ranges).
 func compare(cols []string, keyOps []Ops, from int, strict, orEqual func(Ops) string, inclusive bool) string {
 	op := strict
 	if inclusive {
@@ -69,13 +72,13 @@ func compare(cols []string, keyOps []Ops, from int, strict, orEqual func(Ops) st
 	quoted := make([]string, len(cols))
 	params := make([]string, len(cols))
 	for i, c := range cols {
-		quoted[i], params[i] = quote(c), fmt.Sprintf("$%d", from+i)
+		quoted[i], params[i] = operand(c, keyOps[i]), fmt.Sprintf("$%d", from+i)
 	}
 	names := ops(keyOps, op)
 	if len(cols) == 1 {
 		return quoted[0] + " " + names[0] + " " + params[0]
 	}
-	if allSame(names) {
+	if uniform(keyOps) {
 		return "(" + strings.Join(quoted, ", ") + ") " + names[0] + " (" + strings.Join(params, ", ") + ")"
 	}
 	stricts, eqs := ops(keyOps, strict), ops(keyOps, func(o Ops) string { return o.Eq })
@@ -97,45 +100,69 @@ func compare(cols []string, keyOps []Ops, from int, strict, orEqual func(Ops) st
 	return "(" + quoted[0] + " " + orEqual(keyOps[0]) + " " + params[0] + " AND (" + strings.Join(alts, " OR ") + "))"
 }
 
-func allSame(names []string) bool {
-	for _, n := range names[1:] {
-		if n != names[0] {
-			return false
-		}
-	}
-	return true
-}
-
 // orderBy sorts by the key columns, each with the default btree operator class of its type:
 // the class whose operators Ops are.
-func orderBy(t *Table, dir string) string {
-	cols := make([]string, len(t.Key))
-	for i, k := range t.Key {
-		cols[i] = quote(t.Columns[k].Name) + dir
+func orderBy(cols []string, dir string) string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = quote(c) + dir
 	}
-	return strings.Join(cols, ", ")
+	return strings.Join(out, ", ")
+}
+
+// KeysetSQL is a keyset query of the relation from (quoted), selecting sel: the rows whose key
+// (the columns cols, with their operators keyOps) comes after the first len(cols) parameters
+// (when after) and up to the next len(cols) (when upper), also meeting the conditions extra,
+// in key order, at most limit of them.
+//
+// A key compared as a row value (its columns' operators of one name, the usual case) bounds the
+// index scan exactly. One that is not (a citext column beside an integer one) bounds it only by
+// its first column; after a lower bound the query is then split into one index range per key
+// prefix, (k1 = $1 AND k2 > $2) then (k1 > $1), each read in key order and merged, so that a
+// chunk in the middle of a large group of equal first columns does not read the group's rows
+// before the bound again and again.
+func KeysetSQL(sel, from string, cols []string, keyOps []Ops, after, upper bool, limit int, extra ...string) string {
+	var common []string
+	n := 1
+	if after {
+		n += len(cols)
+	}
+	if upper {
+		common = append(common, KeyUpTo(cols, keyOps, n))
+	}
+	common = append(common, extra...)
+	order := " ORDER BY " + orderBy(cols, "") + fmt.Sprintf(" LIMIT %d", limit)
+	query := func(where []string) string {
+		q := "SELECT " + sel + " FROM " + from
+		if len(where) > 0 {
+			q += " WHERE " + strings.Join(where, " AND ")
+		}
+		return q + order
+	}
+	if !after {
+		return query(common)
+	}
+	if len(cols) == 1 || uniform(keyOps) {
+		return query(append([]string{KeyAfter(cols, keyOps, 1)}, common...))
+	}
+	branches := make([]string, len(cols))
+	for i := range cols {
+		var where []string
+		for j := range len(cols) - 1 - i {
+			where = append(where, fmt.Sprintf("%s %s $%d", operand(cols[j], keyOps[j]), keyOps[j].Eq, j+1))
+		}
+		k := len(cols) - 1 - i
+		where = append(where, fmt.Sprintf("%s %s $%d", operand(cols[k], keyOps[k]), keyOps[k].Greater, k+1))
+		branches[i] = "(" + query(append(where, common...)) + ")"
+	}
+	return "SELECT * FROM (" + strings.Join(branches, " UNION ALL ") + ") AS keyset" + order
 }
 
 // ChunkSQL is the keyset query of one chunk: the rows after the exclusive lower bound (the first
 // len(key) parameters, when after) and up to the inclusive upper bound (the next len(key)
-// parameters, when upper), in key order, at most limit of them. The comparisons use the key
-// columns' own operators (Ops), with their collations, so they order exactly as ORDER BY does,
-// and can use the key's index.
+// parameters, when upper), in key order, at most limit of them (KeysetSQL).
 func ChunkSQL(t *Table, after, upper bool, limit int) string {
-	var where []string
-	n := 1
-	if after {
-		where = append(where, KeyAfter(t.KeyNames(), t.KeyOps, n))
-		n += len(t.Key)
-	}
-	if upper {
-		where = append(where, KeyUpTo(t.KeyNames(), t.KeyOps, n))
-	}
-	q := "SELECT " + selectList(t) + " FROM " + t.Ident()
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	return q + " ORDER BY " + orderBy(t, "") + fmt.Sprintf(" LIMIT %d", limit)
+	return KeysetSQL(selectList(t), t.Ident(), t.KeyNames(), t.KeyOps, after, upper, limit)
 }
 
 // MaxKeySQL is the query of the table's last key in key order.
@@ -144,34 +171,48 @@ func MaxKeySQL(t *Table) string {
 	for i, k := range t.Key {
 		cols[i] = quote(t.Columns[k].Name)
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + t.Ident() + " ORDER BY " + orderBy(t, " DESC") + " LIMIT 1"
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + t.Ident() + " ORDER BY " + orderBy(t.KeyNames(), " DESC") + " LIMIT 1"
 }
 
-// KeysSQL is the query of the rows with n given keys (a key-list chunk): n×len(key) parameters.
-// A single-column key is matched with = ANY of an array of the column's type, as IN would be
-// (one index scan); a composite one with one conjunction of equalities per key, as IN would be
-// too, each with the columns' own = (Ops).
+// KeysSQL is the query of the rows with n given keys (a key-list chunk): n×len(key) parameters,
+// of the types KeysParams gives. A single-column key (not an array) is matched with = ANY of
+// an array of its values, as IN would be (one index scan in key order), the values sent as the
+// column's base type (Ops.Param); a composite or array key with one conjunction of equalities
+// per key, as IN would be too, each value taking the type of the column it is compared with.
 func KeysSQL(t *Table, n int) string {
 	var where string
-	if len(t.Key) == 1 {
+	if len(t.Key) == 1 && !t.KeyOps[0].Array {
 		ps := make([]string, n)
 		for i := range ps {
 			ps[i] = fmt.Sprintf("$%d", 1+i)
 		}
-		where = keyTuple(t) + " " + t.KeyOps[0].Eq + " ANY (ARRAY[" + strings.Join(ps, ", ") + "]::" + t.KeyOps[0].Type + "[])"
+		o := t.KeyOps[0]
+		where = operand(t.Columns[t.Key[0]].Name, o) + " " + o.Eq + " ANY (ARRAY[" + strings.Join(ps, ", ") + "])"
 	} else {
-		eqs := ops(t.KeyOps, func(o Ops) string { return o.Eq })
 		alts := make([]string, n)
 		for i := range alts {
 			conj := make([]string, len(t.Key))
 			for j, k := range t.Key {
-				conj[j] = fmt.Sprintf("%s %s $%d", quote(t.Columns[k].Name), eqs[j], 1+i*len(t.Key)+j)
+				conj[j] = fmt.Sprintf("%s %s $%d", operand(t.Columns[k].Name, t.KeyOps[j]), t.KeyOps[j].Eq, 1+i*len(t.Key)+j)
 			}
 			alts[i] = "(" + strings.Join(conj, " AND ") + ")"
 		}
 		where = "(" + strings.Join(alts, " OR ") + ")"
 	}
-	return "SELECT " + selectList(t) + " FROM " + t.Ident() + " WHERE " + where + " ORDER BY " + orderBy(t, "")
+	return "SELECT " + selectList(t) + " FROM " + t.Ident() + " WHERE " + where + " ORDER BY " + orderBy(t.KeyNames(), "")
+}
+
+// KeysParams are the parameter types of KeysSQL(t, n): nil (each takes the type of what it is
+// compared with) but for a single-column key of no array type.
+func KeysParams(t *Table, n int) []uint32 {
+	if len(t.Key) != 1 || t.KeyOps[0].Array {
+		return nil
+	}
+	oids := make([]uint32, n)
+	for i := range oids {
+		oids[i] = t.KeyOps[0].Param
+	}
+	return oids
 }
 
 func quote(name string) string { return pgx.Identifier{name}.Sanitize() }

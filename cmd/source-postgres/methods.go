@@ -363,8 +363,8 @@ func (r *reader) cursorRead(ctx context.Context, st *readStream) error {
 		var cur *string
 		var n int64
 		col := pgx.Identifier{st.cursor[0]}.Sanitize()
-		q := fmt.Sprintf(`WITH m AS (SELECT %s AS c FROM %s WHERE %s IS NOT NULL ORDER BY 1 DESC LIMIT 1) SELECT c::text, (SELECT count(*) FROM %s WHERE %s %s m.c) FROM m`,
-			col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, ms.cursor.Eq)
+		q := fmt.Sprintf(`WITH m AS (SELECT %s AS c FROM %s WHERE %s IS NOT NULL ORDER BY 1 DESC LIMIT 1) SELECT c::text, (SELECT count(*) FROM %s WHERE %s%s %s m.c%s) FROM m`,
+			col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, ms.cursor.Cast, ms.cursor.Eq, ms.cursor.Cast)
 		var c string
 		switch err := r.conn.QueryRow(ctx, q).Scan(&c, &n); {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -428,7 +428,7 @@ func (r *reader) cursorScan(ctx context.Context, st *readStream) (err error) {
 		op := ops.GreaterEq
 		if m.CursorRecordCount > 0 {
 			op = ops.Greater
-			res := conn.ExecParams(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s %s $1`, rel, col, ops.Eq), [][]byte{[]byte(*m.Cursor)}, nil, nil, nil).Read()
+			res := conn.ExecParams(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s%s %s $1`, rel, col, ops.Cast, ops.Eq), [][]byte{[]byte(*m.Cursor)}, nil, nil, nil).Read()
 			if res.Err != nil {
 				return fmt.Errorf("count the rows of %s at its cursor: %w", st.key(), res.Err)
 			}
@@ -436,12 +436,14 @@ func (r *reader) cursorScan(ctx context.Context, st *readStream) (err error) {
 				op = ops.GreaterEq
 			}
 		}
-		where = fmt.Sprintf(" WHERE %s %s $1", col, op)
+		where = fmt.Sprintf(" WHERE %s%s %s $1", col, ops.Cast, op)
 		args = [][]byte{[]byte(*m.Cursor)}
 	}
 	// The last column tells a row whose cursor differs from the one before (under the type's
 	// equality, the one ORDER BY groups by; the cursor is never NULL, checkCursor).
-	q := fmt.Sprintf(`SELECT r.*, coalesce(NOT (r.%s %s lag(r.%s) OVER (ORDER BY r.%s)), true) FROM %s AS r%s ORDER BY r.%s`, col, st.method.cursor.Eq, col, col, rel, where, col)
+	c := st.method.cursor
+	q := fmt.Sprintf(`SELECT r.*, coalesce(NOT (r.%s%s %s (lag(r.%s) OVER (ORDER BY r.%s))%s), true) FROM %s AS r%s ORDER BY r.%s`,
+		col, c.Cast, c.Eq, col, col, c.Cast, rel, where, col)
 	w := r.newRecordWriter(st)
 	var group *string // the value of the rows being read
 	var count int64
@@ -597,22 +599,18 @@ func (r *reader) keysetScan(ctx context.Context, st *readStream, filter string) 
 	}
 	limit := r.s.cfg.BackfillChunkSize
 	for !p.Done {
-		var where []string
 		var args [][]byte
-		if p.Cursor != nil {
-			where = append(where, chunker.KeyAfter(ms.key, ms.keyOps, len(args)+1))
-			for _, v := range p.Cursor {
-				args = append(args, []byte(v))
-			}
+		for _, v := range p.Cursor {
+			args = append(args, []byte(v))
 		}
-		where = append(where, chunker.KeyUpTo(ms.key, ms.keyOps, len(args)+1))
 		for _, v := range p.MaxKey {
 			args = append(args, []byte(v))
 		}
+		var extra []string
 		if filter != "" {
-			where = append(where, filter)
+			extra = append(extra, filter)
 		}
-		q := fmt.Sprintf("SELECT * FROM %s WHERE %s ORDER BY %s LIMIT %d", rel, strings.Join(where, " AND "), strings.Join(keys, ", "), limit)
+		q := chunker.KeysetSQL("*", rel, ms.key, ms.keyOps, p.Cursor != nil, true, limit, extra...)
 		w := r.newRecordWriter(st)
 		var last []string
 		n := 0

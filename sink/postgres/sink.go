@@ -87,7 +87,7 @@ type targetTable struct {
 	bases map[string]string // their types without modifiers
 	oids  map[string]uint32 // their type OIDs
 	key   []string          // key columns
-	keyEq []string          // the equality operator of each key column's type (chunker.Ops)
+	keyOps []chunker.Ops    // the comparison operators of each key column's type
 	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
 	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
 	overriding bool
@@ -502,7 +502,7 @@ func (s *Sink) apply(ctx context.Context, b *tableBatch) error {
 		if err := s.copyRows(ctx, t, t.stage, keyNames, deletes); err != nil {
 			return err
 		}
-		if _, err := s.tx.Exec(ctx, DeleteSQL(t.ident, t.stage, keyNames, t.keyEq)); err != nil {
+		if _, err := s.tx.Exec(ctx, DeleteSQL(t.ident, t.stage, keyNames, t.keyOps)); err != nil {
 			return fmt.Errorf("delete %d rows from %s: %w", len(deletes), t.ident, err)
 		}
 		if _, err := s.tx.Exec(ctx, TruncateSQL(t.stage)); err != nil {
@@ -697,7 +697,7 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 		if err != nil {
 			return nil, fmt.Errorf("target table %s, key column %s: %w", t.ident, k, err)
 		}
-		t.keyEq = append(t.keyEq, ops.Eq)
+		t.keyOps = append(t.keyOps, ops)
 	}
 	t.columns = c
 	t.stage = StageTable(len(s.tables))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
@@ -167,12 +168,13 @@ func CopySQL(table string, names []string) string {
 }
 
 // DeleteSQL deletes from table the rows whose key (the columns key) the staging table holds,
-// each key column compared with eq, its type's own equality (chunker.Ops: OPERATOR(schema.=),
-// the one its index is built with, whatever search_path says).
-func DeleteSQL(table, stage string, key, eq []string) string {
+// each key column compared with its type's own equality, both sides cast as ops says
+// (chunker.Ops: OPERATOR(schema.=), the one its index is built with, whatever search_path says,
+// and no other role's operator of the exact types).
+func DeleteSQL(table, stage string, key []string, ops []chunker.Ops) string {
 	conds := make([]string, len(key))
 	for i, q := range QuoteAll(key) {
-		conds[i] = "t." + q + " " + eq[i] + " s." + q
+		conds[i] = "t." + q + ops[i].Cast + " " + ops[i].Eq + " s." + q + ops[i].Cast
 	}
 	return "DELETE FROM " + table + " t USING " + stage + " s WHERE " + strings.Join(conds, " AND ")
 }

@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"github.com/tidemark/tidemark/chunker"
+
 	"flag"
 	"fmt"
 	"os"
@@ -49,7 +51,7 @@ func TestSQLGolden(t *testing.T) {
 	add("create staging table", CreateStageSQL(stage, table))
 	add("truncate", TruncateSQL(table))
 	add("copy", CopySQL(stage, names))
-	add("delete", DeleteSQL(table, stage, key, []string{"OPERATOR(public.=)", "OPERATOR(pg_catalog.=)"}))
+	add("delete", DeleteSQL(table, stage, key, []chunker.Ops{{Eq: "OPERATOR(public.=)", Cast: "::public.citext"}, {Eq: "OPERATOR(pg_catalog.=)"}}))
 	add("upsert", UpsertSQL(table, stage, names, key, false))
 	add("upsert, a column left unchanged", UpsertSQL(table, stage, []string{"tenant", "id", "Note"}, key, false))
 	add("upsert, key columns only", UpsertSQL(table, stage, key, key, false))
