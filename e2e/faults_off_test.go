@@ -6,10 +6,16 @@ import (
 	"testing"
 
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 // breakGuard: a build without the tidemark_faults tag cannot turn the visibility guard off; the
 // README's test command has the tag, so that CI runs the broken-engine cases.
 func breakGuard(t *testing.T, _ *merge.Config) {
 	t.Skip("the broken-engine case needs the fault switches: go test -tags tidemark_faults (the README's test command)")
+}
+
+// failMarks: a build without the tidemark_faults tag cannot fail watermarks on purpose.
+func failMarks(t *testing.T, _ *merge.Config, _ func(watermark.Mark) bool) {
+	t.Skip("the injected watermark failures need the fault switches: go test -tags tidemark_faults (the README's test command)")
 }

@@ -1,12 +1,15 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgtrust"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/watermark"
 )
@@ -68,4 +71,28 @@ func TestSignalTableTrust(t *testing.T) {
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, asRole, sink, nil), "owned by the capture's role, no trigger, no rule")
 	verify(t, db, sink, "public.t", "id")
+}
+
+// TestSignalTableChangedWhileRunning: the signal table is checked when the capture starts, and
+// again, under a lock that keeps it as it is until the commit, in every transaction that
+// writes a mark (pgtrust.Guard): a trigger added while the capture runs (by its owner, a role
+// it granted TRIGGER, or whoever dropped and made the table again) never runs; the capture
+// stops at once with what changed and the fix.
+func TestSignalTableChangedWhileRunning(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 30, 1)
+	db.Exec(`CREATE TABLE fired (at timestamptz)`)
+	db.Exec(`CREATE FUNCTION record() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO public.fired VALUES (now()); RETURN NEW; END $$`)
+	cfg := engineConfig(db, "public.t")
+	cfg.Watermarks = watermark.Table
+	cfg.Hooks.AfterHigh = onChunk(t, db, 1, `CREATE TRIGGER record BEFORE INSERT OR UPDATE ON public.tidemark_signal FOR EACH ROW EXECUTE FUNCTION record()`)
+	start := time.Now()
+	err := runEngine(t, cfg, newMemSink(), nil)
+	require.ErrorIs(t, err, pgtrust.ErrUntrusted)
+	require.ErrorContains(t, err, "triggers (record)")
+	require.ErrorContains(t, err, `DROP TRIGGER "record" ON "public"."tidemark_signal";`)
+	require.Less(t, time.Since(start), 20*time.Second, "stopped at once, not retried as a failed chunk")
+	var n int
+	require.NoError(t, db.Conn.QueryRow(context.Background(), `SELECT count(*) FROM fired`).Scan(&n))
+	require.Zero(t, n, "the trigger added while the capture ran never ran")
 }

@@ -2,6 +2,8 @@
 
 package merge
 
+import "github.com/tidemark/tidemark/watermark"
+
 // FaultsBuilt: this build has no fault switches (faults.go).
 const FaultsBuilt = false
 
@@ -11,3 +13,5 @@ type Faults struct{}
 func (Faults) ackAhead() bool   { return false }
 func (Faults) noGuard() bool    { return false }
 func (Faults) noEviction() bool { return false }
+
+func (Faults) failMark(watermark.Mark) bool { return false }

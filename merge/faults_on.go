@@ -2,6 +2,8 @@
 
 package merge
 
+import "github.com/tidemark/tidemark/watermark"
+
 // FaultsBuilt: this build has the fault switches (faults.go).
 const FaultsBuilt = true
 
@@ -11,8 +13,13 @@ type Faults struct {
 	AckAhead          bool // acknowledge what was received, ahead of the sink's checkpoint
 	NoVisibilityGuard bool // emit chunks the visibility guard would reject
 	NoEviction        bool // never drop chunk rows changed inside their window
+	// FailMark, when set, makes the writing of each watermark it returns true for fail before
+	// anything is written (the recovery tests' injected failures).
+	FailMark func(watermark.Mark) bool
 }
 
 func (f Faults) ackAhead() bool   { return f.AckAhead }
 func (f Faults) noGuard() bool    { return f.NoVisibilityGuard }
 func (f Faults) noEviction() bool { return f.NoEviction }
+
+func (f Faults) failMark(m watermark.Mark) bool { return f.FailMark != nil && f.FailMark(m) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/internal/pgtrust"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -172,7 +173,7 @@ func (w *worker) fence(ctx context.Context) error {
 	w.nextID++
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		if err = w.writer.Write(ctx, w.conn, watermark.Mark{ID: w.nextID, Kind: watermark.Fence}); err == nil {
+		if err = w.writeMark(ctx, watermark.Mark{ID: w.nextID, Kind: watermark.Fence}); err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -271,6 +272,17 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 	return err
 }
 
+// errInjectedMark is the failure of a watermark a test build's fault switch failed.
+var errInjectedMark = errors.New("watermark failed on purpose (a test build's Faults.FailMark)")
+
+// writeMark writes mark m (or fails as a test build's Faults.FailMark says).
+func (w *worker) writeMark(ctx context.Context, m watermark.Mark) error {
+	if w.cfg.Faults.failMark(m) {
+		return errInjectedMark
+	}
+	return w.writer.Write(ctx, w.conn, m)
+}
+
 // window runs the chunk protocol for one chunk of t: register, low watermark, read, hand over,
 // high watermark, verdict. keys is a key-list chunk's keys, nil for a range chunk; refresh marks
 // a refresh's first window.
@@ -282,7 +294,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	}
 	w.hook(ctx, w.cfg.Hooks.BeforeLow, id)
 	start := time.Now()
-	if err := w.writer.Write(ctx, w.conn, watermark.Mark{ID: id, Kind: watermark.Low}); err != nil {
+	if err := w.writeMark(ctx, watermark.Mark{ID: id, Kind: watermark.Low}); err != nil {
 		return w.withdraw(ctx, t, id, err)
 	}
 	w.markTime += time.Since(start)
@@ -305,7 +317,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	// with the same id; the merge loop acts on the first one it sees.
 	start = time.Now()
 	for attempt := 0; ; attempt++ {
-		if err = w.writer.Write(ctx, w.conn, watermark.Mark{ID: id, Kind: watermark.High}); err == nil {
+		if err = w.writeMark(ctx, watermark.Mark{ID: id, Kind: watermark.High}); err == nil {
 			break
 		}
 		if ctx.Err() != nil || attempt == 2 {
@@ -407,6 +419,11 @@ func (w *worker) retry(ctx context.Context, t *workTable, cause error) error {
 	w.fails++
 	if h := w.cfg.Hooks.ChunkAbandoned; h != nil {
 		h(ctx, t.name, cause)
+	}
+	// A table Tidemark writes that another role could now run code through is no chunk's
+	// failure: the capture stops at once, with what to do (pgtrust).
+	if errors.Is(cause, pgtrust.ErrUntrusted) {
+		return fmt.Errorf("backfill of %s: %w", t.name, cause)
 	}
 	if w.fails > 20 && !errors.Is(cause, errVisibility) {
 		return fmt.Errorf("backfill of %s: %d chunks in a row failed, the last with: %w", t.name, w.fails, cause)

@@ -353,6 +353,11 @@ func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
 	b.Queue("BEGIN")
 	b.Queue("SET LOCAL synchronous_commit = on")
 	if w.cfg.Transport == Table {
+		// The table is still as it was checked at the start, and stays so until the commit
+		// (pgtrust.Guard): no trigger added since runs with this role's rights.
+		name := w.cfg.Table.Sanitize()
+		b.Queue(pgtrust.LockSQL(name))
+		b.Queue(pgtrust.Guard("signal table", name))
 		b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
 	} else {
 		b.Queue(w.sql, Prefix, w.cfg.MessageContent(m))
@@ -361,6 +366,13 @@ func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		// Leave no transaction open on the connection for the next statement.
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		if w.cfg.Transport == Table {
+			// The guard failed, or something else did: a table no longer trusted is the cause to
+			// report (a permanent one).
+			if terr := checkTrusted(context.WithoutCancel(ctx), conn, w.cfg.Table.Sanitize()); terr != nil {
+				return fmt.Errorf("write %v mark %d: %w", m.Kind, m.ID, terr)
+			}
+		}
 		return fmt.Errorf("write %v mark %d: %w", m.Kind, m.ID, err)
 	}
 	return nil

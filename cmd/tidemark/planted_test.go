@@ -23,6 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/sink/postgres"
+	"github.com/tidemark/tidemark/watermark"
 )
 
 // The planted-objects test (docs/security.md): a role without privileges but CREATE on schema
@@ -231,7 +233,14 @@ func plantSQL(t *testing.T, srv *e2e.Server, fns, ops []string) (string, []strin
 	require.NoError(t, srv.CreateDatabase(ctx, "planted_scratch"))
 	conn := harness(t, srv, "planted_scratch")
 	defer conn.Close(ctx)
-	head := fmt.Sprintf(`DO $do$ BEGIN
+	// Tidemark's own tables first, as the superuser the commands run as: made by Tidemark under
+	// the control run (no pin, public first), their defaults would call the planted now(), and
+	// Tidemark refuses a table of its own that calls a function outside pg_catalog (pgtrust.Own).
+	own := strings.Join([]string{
+		postgres.CheckpointTableSQL(postgres.CheckpointTable), postgres.CheckpointColumnsSQL(postgres.CheckpointTable),
+		postgres.LedgerTableSQL(postgres.LedgerTable), fmt.Sprintf(watermark.CreateTable, watermark.DefaultTable.Sanitize()),
+	}, ";\n") + ";\n"
+	head := own + fmt.Sprintf(`DO $do$ BEGIN
 	IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '%[1]s') THEN CREATE ROLE %[1]s NOLOGIN; END IF;
 END $do$;
 GRANT CREATE ON SCHEMA public TO %[1]s;

@@ -64,29 +64,91 @@ func refused(what string, problems, fixes []string, after string) error {
 	return &Refused{What: what, Problems: problems, Fixes: fixes, After: after}
 }
 
-// Querier runs a query: a connection or a transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+// depsSQL lists the functions the code of table $1 (an OID) calls, directly or as the function
+// of an operator it uses: its constraints, column defaults and generated columns, indexes
+// (expressions, predicates), triggers, policies and rules. For each: the function, its owner,
+// whether that owner is trusted (this role or a superuser), and whether it is pg_catalog's.
+const depsSQL = `SELECT DISTINCT p.oid::pg_catalog.regprocedure::text, pr.rolname::text, (pr.rolname = current_user OR pr.rolsuper), n.nspname = 'pg_catalog'
+	FROM pg_depend d
+	JOIN pg_proc p ON (d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.refobjid = p.oid)
+		OR (d.refclassid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND p.oid = (SELECT o.oprcode FROM pg_operator o WHERE o.oid = d.refobjid))
+	JOIN pg_roles pr ON pr.oid = p.proowner
+	JOIN pg_namespace n ON n.oid = p.pronamespace
+	WHERE (d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN (SELECT oid FROM pg_constraint WHERE conrelid = $1))
+		OR (d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid IN (SELECT oid FROM pg_attrdef WHERE adrelid = $1))
+		OR (d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $1))
+		OR (d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass AND d.objid IN (SELECT oid FROM pg_trigger WHERE tgrelid = $1))
+		OR (d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT oid FROM pg_policy WHERE polrelid = $1))
+		OR (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT oid FROM pg_rewrite WHERE ev_class = $1))
+	ORDER BY 1`
+
+type dep struct {
+	fn, owner        string
+	trusted, catalog bool
 }
 
+func deps(ctx context.Context, q Rows, oid uint32) ([]dep, error) {
+	rows, err := q.Query(ctx, depsSQL, oid)
+	if err != nil {
+		return nil, err
+	}
+	var out []dep
+	var d dep
+	_, err = pgx.ForEachRow(rows, []any{&d.fn, &d.owner, &d.trusted, &d.catalog}, func() error {
+		out = append(out, d)
+		return nil
+	})
+	return out, err
+}
+
+// untrustedGrantee is the condition that a.grantee, holding a privilege on table c, is neither
+// its owner, nor this role, nor a superuser (PUBLIC, grantee 0, is everyone).
+const untrustedGrantee = `a.grantee <> c.relowner AND (a.grantee = 0 OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles g
+		WHERE g.oid = a.grantee AND (g.rolname = current_user OR g.rolsuper)))`
+
+// triggerGrantsSQL lists the roles that hold the TRIGGER privilege on table c and are neither
+// its owner, nor this role, nor a superuser: each could add a trigger at any time.
+const triggerGrantsSQL = `array(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::text END
+		FROM pg_catalog.aclexplode(c.relacl) a WHERE a.privilege_type = 'TRIGGER' AND ` + untrustedGrantee + ` ORDER BY 1)`
+
 // ownSQL reads what Own checks of table $1 (a quoted, qualified name).
-const ownSQL = `SELECT c.relkind::text, r.rolname::text, current_user::text, c.relrowsecurity, c.relforcerowsecurity,
+const ownSQL = `SELECT c.oid, c.relkind::text, r.rolname::text, current_user::text, c.relrowsecurity, c.relforcerowsecurity,
 		array(SELECT t.tgname::text FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal ORDER BY 1),
 		array(SELECT w.rulename::text FROM pg_rewrite w WHERE w.ev_class = c.oid ORDER BY 1),
 		array(SELECT p.polname::text FROM pg_policy p WHERE p.polrelid = c.oid ORDER BY 1),
-		array(SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid ORDER BY 1),
-		array(SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = c.oid ORDER BY 1)
+		array(SELECT i.inhparent::pg_catalog.regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid ORDER BY 1),
+		array(SELECT i.inhrelid::pg_catalog.regclass::text FROM pg_inherits i WHERE i.inhparent = c.oid ORDER BY 1),
+		array(SELECT x.indexrelid::pg_catalog.regclass::text FROM pg_index x WHERE x.indrelid = c.oid AND NOT x.indisprimary ORDER BY 1),
+		array(SELECT a.attname::text || ' ' || pg_catalog.format_type(a.atttypid, NULL) FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+			WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+			AND (ty.typnamespace <> 'pg_catalog'::pg_catalog.regnamespace OR ty.typtype = 'd') ORDER BY 1),
+		` + triggerGrantsSQL + `
 	FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = to_regclass($1)`
+
+// Querier runs a query: a connection or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Rows runs a query: a connection or a transaction.
+type Rows interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
 
 // Own checks a table of Tidemark's own, what names it for messages ("the checkpoint table"),
 // name its quoted, qualified name: an ordinary table this role owns, carrying nothing Tidemark
-// did not create. A missing table is not an error (the caller creates it). Call it before the
-// table is read or written.
+// did not create (no trigger, rule, policy, row security, inheritance, index but its primary
+// key, column of a type outside pg_catalog, function outside pg_catalog in a constraint or a
+// default), on which no other role may add a trigger. A missing table is not an error (the
+// caller creates it). Call it before the table is read or written; each transaction that
+// writes it then runs Guard first, which holds it as it is until the commit.
 func Own(ctx context.Context, q Querier, what, name string) error {
+	var oid uint32
 	var kind, owner, self string
 	var rls, forced bool
-	var triggers, rules, policies, parents, children []string
-	err := q.QueryRow(ctx, ownSQL, name).Scan(&kind, &owner, &self, &rls, &forced, &triggers, &rules, &policies, &parents, &children)
+	var triggers, rules, policies, parents, children, indexes, columns, grantees []string
+	err := q.QueryRow(ctx, ownSQL, name).Scan(&oid, &kind, &owner, &self, &rls, &forced, &triggers, &rules, &policies, &parents, &children, &indexes, &columns, &grantees)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -101,6 +163,10 @@ func Own(ctx context.Context, q Querier, what, name string) error {
 	if owner != self {
 		problems = append(problems, fmt.Sprintf("it is owned by role %s, not by this role (%s): its owner could add a trigger that runs with this role's rights", ident(owner), ident(self)))
 		fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s OWNER TO %s;", name, ident(self)))
+	}
+	if len(grantees) > 0 {
+		problems = append(problems, fmt.Sprintf("roles other than its owner may add triggers to it (%s)", strings.Join(grantees, ", ")))
+		fixes = append(fixes, fmt.Sprintf("REVOKE TRIGGER ON %s FROM %s;", name, strings.Join(grantees, ", ")))
 	}
 	for _, t := range triggers {
 		fixes = append(fixes, fmt.Sprintf("DROP TRIGGER %s ON %s;", ident(t), name))
@@ -136,91 +202,176 @@ func Own(ctx context.Context, q Querier, what, name string) error {
 	if len(children) > 0 {
 		problems = append(problems, fmt.Sprintf("tables inherit from it (%s), whose rows its reads would include", strings.Join(children, ", ")))
 	}
-	return refused(what+" "+name, problems, fixes, "or drop the table and let Tidemark create it again (it holds only Tidemark's own rows)")
+	if len(indexes) > 0 {
+		problems = append(problems, fmt.Sprintf("it has indexes Tidemark did not create (%s), whose expressions run on every write", strings.Join(indexes, ", ")))
+		for _, i := range indexes {
+			fixes = append(fixes, fmt.Sprintf("DROP INDEX %s;", i))
+		}
+	}
+	if len(columns) > 0 {
+		problems = append(problems, fmt.Sprintf("it has columns of types Tidemark did not give it (%s), whose input or constraints run on every write", strings.Join(columns, ", ")))
+	}
+	ds, err := deps(ctx, q, oid)
+	if err != nil {
+		return fmt.Errorf("read the code of %s %s: %w", what, name, err)
+	}
+	var fns []string
+	for _, d := range ds {
+		if !d.catalog {
+			fns = append(fns, d.fn+" of "+ident(d.owner))
+		}
+	}
+	if len(fns) > 0 {
+		problems = append(problems, fmt.Sprintf("its constraints, defaults or indexes call functions Tidemark did not (%s)", strings.Join(fns, ", ")))
+	}
+	after := "or drop the table and let Tidemark create it again (it holds only Tidemark's own rows)"
+	if len(columns)+len(fns) > 0 {
+		after = "drop the table and let Tidemark create it again (it holds only Tidemark's own rows)"
+	}
+	return refused(what+" "+name, problems, fixes, after)
 }
 
-// tableCodeSQL reads, for table $1, its owner and whether it is trusted (this role or a
-// superuser), its triggers with the owners of their functions and whether each is trusted, its
-// rules and its policies.
-const tableCodeSQL = `SELECT r.rolname::text, (r.rolname = current_user OR r.rolsuper), current_user::text,
-		array(SELECT t.tgname::text || ' (function ' || t.tgfoid::regprocedure::text || ' of ' || fr.rolname::text || ')'
-			FROM pg_trigger t JOIN pg_proc f ON f.oid = t.tgfoid JOIN pg_roles fr ON fr.oid = f.proowner
-			WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D' ORDER BY 1),
-		array(SELECT t.tgname::text FROM pg_trigger t JOIN pg_proc f ON f.oid = t.tgfoid JOIN pg_roles fr ON fr.oid = f.proowner
-			WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D' AND NOT (fr.rolname = current_user OR fr.rolsuper) ORDER BY 1),
+// Guard is a statement that fails, naming what, unless table name (quoted, qualified) is still
+// as Own accepted it, for a transaction that writes the table: run it first, after
+// LockSQL(name). The lock (ROW EXCLUSIVE, which the writes would take anyway) keeps anyone from
+// dropping the table or adding a trigger until the commit; the check catches what changed since
+// Own ran (the table dropped and made again by the schema's owner, a trigger added between two
+// transactions). It reads only flags and small catalogs. On its failure, Own says what changed.
+func Guard(what, name string) string {
+	lit := sqlfix.Literal(name)
+	return `SELECT (CASE WHEN coalesce((SELECT c.relkind = 'r' AND r.rolname = current_user AND NOT c.relrowsecurity AND NOT c.relforcerowsecurity
+			AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal)
+			AND NOT EXISTS (SELECT FROM pg_catalog.pg_rewrite w WHERE w.ev_class = c.oid)
+			AND NOT EXISTS (SELECT FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid)
+			AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid OR i.inhparent = c.oid)
+			AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(c.relacl) a WHERE a.privilege_type = 'TRIGGER' AND ` + untrustedGrantee + `)
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner WHERE c.oid = pg_catalog.to_regclass(` + lit + `)), false)
+		THEN '0' ELSE ` + sqlfix.Literal(what+" "+name+" changed while Tidemark ran: another role may be trying to run code with its rights") + ` END)::pg_catalog.int4`
+}
+
+// LockSQL locks table name (quoted, qualified) as its writes would, for Guard.
+func LockSQL(name string) string { return "LOCK TABLE " + name + " IN ROW EXCLUSIVE MODE" }
+
+// tableSQL reads, for table $1 and its partitions, each relation's OID, name, owner and whether
+// the owner is trusted, the roles that may add triggers to it, and its enabled triggers.
+const tableSQL = `SELECT c.oid, c.oid::pg_catalog.regclass::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper), current_user::text,
+		` + triggerGrantsSQL + `,
+		array(SELECT t.tgname::text FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D' ORDER BY 1),
 		array(SELECT w.rulename::text FROM pg_rewrite w WHERE w.ev_class = c.oid ORDER BY 1),
 		array(SELECT p.polname::text FROM pg_policy p WHERE p.polrelid = c.oid ORDER BY 1)
-	FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = to_regclass($1)`
+	FROM (SELECT pg_catalog.to_regclass($1)::oid AS relid, 0 AS level
+		UNION SELECT t.relid::oid, t.level FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1)) t) pt
+	JOIN pg_class c ON c.oid = pt.relid JOIN pg_roles r ON r.oid = c.relowner
+	ORDER BY pt.level, 2`
 
-// Table checks a table of the user's that Tidemark writes (a target table it did not create):
-// its triggers, rules and policies run with this role's rights, so their authors must already
-// have them: the table's owner, and each trigger function's owner (who could replace its body),
-// must be this role or a superuser. A table without any is accepted whoever owns it.
+// Table checks a table of the user's that Tidemark writes (a target table it did not create),
+// and each of its partitions. Everything on a table can run code with the writer's rights on
+// every write: triggers, rules, policies, CHECK constraints, defaults, generated columns,
+// indexes on expressions; and its owner, or a role it granted TRIGGER, can add some at any time.
+// So its owner and those roles, and the owners of the functions that code calls (who could
+// replace their body), must already have this role's rights: this role itself, or a superuser.
+// A table owned by another role is refused, with the fix: give it to this role, or run
+// Tidemark as its owner.
 func Table(ctx context.Context, q Querier, what, name string) error {
-	var owner, self string
-	var trusted bool
-	var triggers, untrustedFns, rules, policies []string
-	err := q.QueryRow(ctx, tableCodeSQL, name).Scan(&owner, &trusted, &self, &triggers, &untrustedFns, &rules, &policies)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
+	rows, err := q.Query(ctx, tableSQL, name)
 	if err != nil {
-		return fmt.Errorf("read the triggers and rules of %s %s: %w", what, name, err)
+		return fmt.Errorf("read the owner and triggers of %s %s: %w", what, name, err)
 	}
-	code := len(triggers)+len(rules)+len(policies) > 0
+	type rel struct {
+		oid                                 uint32
+		name, owner, self                   string
+		trusted                             bool
+		grantees, triggers, rules, policies []string
+	}
+	var rels []rel
+	var r rel
+	if _, err := pgx.ForEachRow(rows, []any{&r.oid, &r.name, &r.owner, &r.trusted, &r.self, &r.grantees, &r.triggers, &r.rules, &r.policies}, func() error {
+		rels = append(rels, r)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read the owner and triggers of %s %s: %w", what, name, err)
+	}
 	var problems, fixes []string
-	if code && !trusted {
-		var which []string
-		if len(triggers) > 0 {
-			which = append(which, "triggers "+strings.Join(triggers, ", "))
+	for _, r := range rels {
+		of := ""
+		if r.oid != rels[0].oid {
+			of = " (its partition " + r.name + ")"
 		}
-		if len(rules) > 0 {
-			which = append(which, "rules "+strings.Join(rules, ", "))
+		if !r.trusted {
+			var code []string
+			if len(r.triggers) > 0 {
+				code = append(code, "triggers "+strings.Join(r.triggers, ", "))
+			}
+			if len(r.rules) > 0 {
+				code = append(code, "rules "+strings.Join(r.rules, ", "))
+			}
+			if len(r.policies) > 0 {
+				code = append(code, "policies "+strings.Join(r.policies, ", "))
+			}
+			has := ""
+			if len(code) > 0 {
+				has = "; it carries " + strings.Join(code, "; ")
+			}
+			problems = append(problems, fmt.Sprintf("%s is owned by role %s, which is neither this role (%s) nor a superuser: its owner can add code (a trigger, a constraint, a default) that runs with this role's rights on every write%s",
+				"it"+of, ident(r.owner), ident(r.self), has))
+			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s OWNER TO %s;  -- or run Tidemark as role %s", r.name, ident(r.self), ident(r.owner)))
 		}
-		if len(policies) > 0 {
-			which = append(which, "policies "+strings.Join(policies, ", "))
+		if len(r.grantees) > 0 {
+			problems = append(problems, fmt.Sprintf("roles other than its owner may add triggers to %s (%s)", r.name, strings.Join(r.grantees, ", ")))
+			fixes = append(fixes, fmt.Sprintf("REVOKE TRIGGER ON %s FROM %s;", r.name, strings.Join(r.grantees, ", ")))
 		}
-		problems = append(problems, fmt.Sprintf("it is owned by role %s, which is neither this role (%s) nor a superuser, and carries code that would run with this role's rights on every write (%s)",
-			ident(owner), ident(self), strings.Join(which, "; ")))
-		fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s OWNER TO %s;  -- or drop that code, or run Tidemark as role %s", name, ident(self), ident(owner)))
-	}
-	if len(untrustedFns) > 0 {
-		problems = append(problems, fmt.Sprintf("its triggers %s call functions owned by a role that is neither this role nor a superuser, who could replace their body", strings.Join(untrustedFns, ", ")))
-		for _, t := range untrustedFns {
-			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s DISABLE TRIGGER %s;  -- or give its function to this role or a superuser (ALTER FUNCTION ... OWNER TO ...)", name, ident(t)))
+		ds, err := deps(ctx, q, r.oid)
+		if err != nil {
+			return fmt.Errorf("read the code of %s %s: %w", what, r.name, err)
+		}
+		var fns []string
+		for _, d := range ds {
+			if !d.trusted {
+				fns = append(fns, d.fn+" of "+ident(d.owner))
+			}
+		}
+		if len(fns) > 0 {
+			problems = append(problems, fmt.Sprintf("the triggers, constraints, defaults or indexes of %s call functions whose owners are neither this role nor a superuser, and could replace their body (%s)", r.name, strings.Join(fns, ", ")))
+			fixes = append(fixes, "ALTER FUNCTION <function> OWNER TO <this role or a superuser>;  -- for each of them, or drop what calls it")
 		}
 	}
 	return refused(what+" "+name, problems, fixes, "")
 }
 
-// domainSQL reads, for type $1 and the domains under it (a domain over a domain), each domain
-// with CHECK constraints whose owner, or the owner of a function a constraint calls, is neither
-// this role nor a superuser.
-const domainSQL = `WITH RECURSIVE d(oid, depth) AS (
+// domainSQL reads, for type $1 and every type under it (a domain's base type, an array's
+// element type, a composite's attribute types, to any depth), each domain, its owner and
+// whether the owner is trusted, and the functions its constraints and default call whose
+// owners are not trusted.
+const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
 		SELECT $1::oid, 0
-		UNION ALL
-		SELECT t.typbasetype, d.depth + 1 FROM pg_type t JOIN d ON t.oid = d.oid WHERE t.typtype = 'd' AND d.depth < 32
+		UNION
+		SELECT x.next, ty.depth + 1 FROM ty JOIN pg_type t ON t.oid = ty.oid
+		CROSS JOIN LATERAL (
+			SELECT t.typbasetype WHERE t.typtype = 'd'
+			UNION ALL SELECT t.typelem WHERE t.typcategory = 'A' AND t.typelem <> 0
+			UNION ALL SELECT a.atttypid FROM pg_attribute a WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+		) x(next)
+		WHERE ty.depth < 16
 	)
-	SELECT t.oid::regtype::text, r.rolname::text,
-		(r.rolname = current_user OR r.rolsuper),
-		array(SELECT DISTINCT p.oid::regprocedure::text || ' of ' || pr.rolname::text
-			FROM pg_constraint k JOIN pg_depend dep ON dep.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND dep.objid = k.oid
-				AND dep.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass
-			JOIN pg_proc p ON p.oid = dep.refobjid JOIN pg_roles pr ON pr.oid = p.proowner
-			WHERE k.contypid = t.oid AND NOT (pr.rolname = current_user OR pr.rolsuper))
-	FROM d JOIN pg_type t ON t.oid = d.oid JOIN pg_roles r ON r.oid = t.typowner
-	WHERE t.typtype = 'd' AND EXISTS (SELECT 1 FROM pg_constraint k WHERE k.contypid = t.oid AND k.contype = 'c')
-	ORDER BY d.depth`
+	SELECT DISTINCT t.oid::pg_catalog.regtype::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper),
+		array(SELECT DISTINCT p.oid::pg_catalog.regprocedure::text || ' of ' || pr.rolname::text
+			FROM pg_depend dep
+			JOIN pg_proc p ON (dep.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND p.oid = dep.refobjid)
+				OR (dep.refclassid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND p.oid = (SELECT o.oprcode FROM pg_operator o WHERE o.oid = dep.refobjid))
+			JOIN pg_roles pr ON pr.oid = p.proowner
+			WHERE ((dep.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND dep.objid IN (SELECT k.oid FROM pg_constraint k WHERE k.contypid = t.oid))
+				OR (dep.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND dep.objid = t.oid))
+			AND NOT (pr.rolname = current_user OR pr.rolsuper))
+	FROM ty JOIN pg_type t ON t.oid = ty.oid JOIN pg_roles r ON r.oid = t.typowner
+	WHERE t.typtype = 'd'
+	ORDER BY 1`
 
-// Rows runs a query: a connection or a transaction.
-type Rows interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// Domain checks the type of a column Tidemark fills (typeOID): a domain's CHECK constraints run
-// with this role's rights on every value written, so the domain's owner, and the owners of the
-// functions they call, must be this role or a superuser. Other types pass (their input
-// functions are C, which only a superuser can create).
+// Domain checks the type of a column Tidemark fills (typeOID), and the types under it (an
+// array's elements, a composite's fields): a domain's constraints and default run with this
+// role's rights on every value written, and its owner can add constraints at any time, so each
+// domain's owner, and the owners of the functions its constraints and default call, must be
+// this role or a superuser. Other types pass (their input functions are C, which only a
+// superuser can create).
 func Domain(ctx context.Context, q Rows, what string, typeOID uint32) error {
 	rows, err := q.Query(ctx, domainSQL, typeOID)
 	if err != nil {
@@ -232,11 +383,11 @@ func Domain(ctx context.Context, q Rows, what string, typeOID uint32) error {
 	var fns []string
 	if _, err := pgx.ForEachRow(rows, []any{&name, &owner, &trusted, &fns}, func() error {
 		if !trusted {
-			problems = append(problems, fmt.Sprintf("its domain %s, with CHECK constraints that run with this role's rights on every value written, is owned by role %s, which is neither this role nor a superuser", name, ident(owner)))
+			problems = append(problems, fmt.Sprintf("its domain %s is owned by role %s, which is neither this role nor a superuser: its constraints run with this role's rights on every value written, and its owner can add some at any time", name, ident(owner)))
 			fixes = append(fixes, fmt.Sprintf("ALTER DOMAIN %s OWNER TO CURRENT_USER;  -- run as the role Tidemark uses, or a superuser", name))
 		}
 		if len(fns) > 0 {
-			problems = append(problems, fmt.Sprintf("the CHECK constraints of its domain %s call functions (%s) whose owners are neither this role nor a superuser, and could replace their body", name, strings.Join(fns, ", ")))
+			problems = append(problems, fmt.Sprintf("the constraints or default of its domain %s call functions (%s) whose owners are neither this role nor a superuser, and could replace their body", name, strings.Join(fns, ", ")))
 			fixes = append(fixes, "ALTER FUNCTION <function> OWNER TO <this role or a superuser>;  -- for each of them")
 		}
 		return nil

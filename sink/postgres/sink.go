@@ -242,6 +242,24 @@ func (s *Sink) begin(ctx context.Context) error {
 		_ = tx.Rollback(ctx)
 		return fmt.Errorf("begin target transaction: %w", err)
 	}
+	// The checkpoint table (and the ledger) are still as Open checked them, and stay so until
+	// the commit (pgtrust.Guard): one dropped and made again since, or given a trigger, by
+	// another role never runs that role's code with this one's rights.
+	for _, own := range []struct{ what, name string }{{"the target's checkpoint table", s.cpName}, {"the target's audit ledger", s.ledger}} {
+		if own.name == "" {
+			continue
+		}
+		b := &pgx.Batch{}
+		b.Queue(pgtrust.LockSQL(own.name))
+		b.Queue(pgtrust.Guard(own.what, own.name))
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			_ = tx.Rollback(ctx)
+			if terr := pgtrust.Own(context.WithoutCancel(ctx), s.target, own.what, own.name); terr != nil {
+				return terr
+			}
+			return fmt.Errorf("begin target transaction: %w", err)
+		}
+	}
 	s.tx = tx
 	return nil
 }
@@ -970,6 +988,17 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 		return fmt.Errorf("column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (%s) and re-backfill the table (--rebackfill %s.%s)",
 			name, c.Schema, c.Table, t.ident, AddColumnFix(t.ident, name, typ), c.Schema, c.Table)
 	}
+	// The type's domains run their constraints as the column is added (on every row the target
+	// has): checked first (pgtrust.Domain).
+	var typOID *uint32
+	if err := s.tx.QueryRow(ctx, `SELECT pg_catalog.to_regtype($1)::pg_catalog.oid`, typ).Scan(&typOID); err != nil {
+		return fmt.Errorf("look up type %s on the target: %w", typ, err)
+	}
+	if typOID != nil {
+		if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(name), t.ident), *typOID); err != nil {
+			return err
+		}
+	}
 	if _, err := s.tx.Exec(ctx, AddColumnSQL(t.ident, name, typ, def)); err != nil {
 		return fmt.Errorf("add column %s to %s on the target: %w", name, t.ident, err)
 	}
@@ -983,9 +1012,6 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 	var oid uint32
 	if err := s.tx.QueryRow(ctx, TargetBaseTypeSQL, t.ident, name).Scan(&base, &oid); err != nil {
 		return fmt.Errorf("read column %s of %s on the target: %w", name, t.ident, err)
-	}
-	if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(name), t.ident), oid); err != nil {
-		return err
 	}
 	t.bases[name], t.oids[name] = base, oid
 	s.log.Info().Str("table", t.ident).Str("column", name).Msg("target column added")
