@@ -281,3 +281,19 @@ func TestCheckHeartbeatQuery(t *testing.T) {
 	status, msg = e.checkStatus()
 	require.Equal(t, "SUCCEEDED", status, msg)
 }
+
+// TestCheckRunsNoHeartbeat: check plans the heartbeat_action_query to see that it resolves; it
+// runs none of it, even when it holds several statements.
+func TestCheckRunsNoHeartbeat(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`CREATE TABLE public.hb (id int)`)
+	e.db.Exec(`CREATE TABLE public.victim (id int)`)
+	e.db.Exec(`INSERT INTO public.victim VALUES (1)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	e.cdc()["heartbeat_action_query"] = `INSERT INTO public.hb VALUES (1); DELETE FROM public.victim`
+	e.checkStatus()
+	var n int
+	require.NoError(t, e.db.Conn.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM public.victim) + (SELECT count(*) FROM public.hb)`).Scan(&n))
+	require.Equal(t, 1, n, "check ran the heartbeat query (or a part of it)")
+}
