@@ -195,11 +195,13 @@ func (s *source) check(ctx context.Context) error {
 }
 
 // heartbeatPlan checks that the heartbeat_action_query names what it uses so that it resolves
-// on Tidemark's connections, whose search_path is pg_catalog only (internal/pgconf): it plans
-// the query (EXPLAIN, which runs nothing) and reports a table, function or type it cannot find
-// with the fix. Other failures are left to the read, which logs them as Airbyte's connector does.
+// on Tidemark's connections, whose search_path is pg_catalog only (internal/pgconf): it
+// prepares the query (an unnamed statement: parsed and analysed, run never, and one statement
+// only, where EXPLAIN of a string of two would run the second) and reports a table, function or
+// type it cannot find with the fix. Other failures are left to the read, which logs them as
+// Airbyte's connector does.
 func heartbeatPlan(ctx context.Context, conn *pgx.Conn, q string) error {
-	_, err := conn.Exec(ctx, "EXPLAIN "+q)
+	_, err := conn.PgConn().Prepare(ctx, "", q, nil)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.UndefinedFunction || pgErr.Code == pgerrcode.UndefinedObject) {
 		return fmt.Errorf("heartbeat_action_query cannot run: %s; Tidemark runs it with search_path = %s, so that no other role's function can take the place of a builtin (docs/security.md): name its tables, and any function or type of your own, with their schema, such as INSERT INTO public.airbyte_heartbeat (...) VALUES (...)", pgErr.Message, pgconf.SearchPath)
