@@ -286,6 +286,10 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 	if err != nil {
 		return nil, err
 	}
+	// Logical messages are read only when they carry the watermarks, and only Tidemark's.
+	if transport == watermark.Messages {
+		stream.KeepMessages(watermark.Prefix)
+	}
 	wcfg := watermark.Config{Transport: transport, Table: e.cfg.SignalTable, Slot: e.cfg.Source.Slot, Publication: e.cfg.Source.Publication, Timeout: e.cfg.WatermarkTimeout}
 	if err := watermark.Ensure(ctx, conn, wcfg, e.log); err != nil {
 		return nil, err

@@ -46,6 +46,11 @@ type Config struct {
 	// Configure, when set, adjusts every connection to the source after its DSN is parsed: the
 	// dialer of an SSH tunnel, for instance. It must be safe to call more than once.
 	Configure func(*pgconn.Config)
+	// Messages asks for the logical messages of this prefix (the watermarks written as
+	// messages); "*" asks for every message (tidemark stream). Zero: no message is asked for.
+	// Either way a message of another prefix, or larger than MaxMessage, reaches Run with its
+	// content emptied and never held (messages.go). Stream.KeepMessages sets it after Open.
+	Messages string
 }
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -46,6 +47,8 @@ type Stream struct {
 	slot    SlotInfo
 	acked   atomic.Uint64 // highest acknowledged LSN: the only flush position ever sent
 	started atomic.Bool
+	// messages is Config.Messages, which KeepMessages may set before Run.
+	messages atomic.Pointer[string]
 
 	// Owned by the goroutine running Run.
 	nextStatus time.Time // when the next standby status update is due
@@ -73,6 +76,16 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 	rcfg.RuntimeParams["replication"] = "database"
 
 	s := &Stream{cfg: cfg, log: log, user: qcfg.User}
+	s.messages.Store(&cfg.Messages)
+	// Logical messages not asked for, or too large, are dropped as they come (messages.go).
+	build := rcfg.BuildFrontend
+	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		f := newMessageFilter(r, s.keepMessage, s.droppedMessage)
+		if build != nil {
+			return build(f, w)
+		}
+		return pgproto3.NewFrontend(f, w)
+	}
 	if err := s.preflight(ctx, qcfg); err != nil {
 		return nil, err
 	}
@@ -198,6 +211,25 @@ func (s *Stream) Ack(lsn pglogrepl.LSN) {
 	}
 }
 
+// KeepMessages makes Run ask for the logical messages of prefix ("*": all of them, none when
+// empty), the others being dropped unread. Call it before Run.
+func (s *Stream) KeepMessages(prefix string) { s.messages.Store(&prefix) }
+
+func (s *Stream) keepMessage(prefix string) bool {
+	want := *s.messages.Load()
+	return want == "*" || (want != "" && prefix == want)
+}
+
+// droppedMessage logs a logical message dropped unread: a large one, which someone wrote to a
+// database this capture reads, as a warning.
+func (s *Stream) droppedMessage(prefix string, size int64) {
+	ev := s.log.Debug()
+	if size > 1<<20 {
+		ev = s.log.Warn()
+	}
+	ev.Str("prefix", prefix).Int64("bytes", size).Msg("a logical message not Tidemark's (or too large) dropped unread")
+}
+
 // Acked returns the highest acknowledged LSN.
 func (s *Stream) Acked() pglogrepl.LSN { return pglogrepl.LSN(s.acked.Load()) }
 
@@ -212,7 +244,8 @@ func (s *Stream) Run(ctx context.Context, from pglogrepl.LSN, fn func(context.Co
 	}
 	// The replication command's own grammar reads '' as a quote and a backslash as itself.
 	args := []string{"proto_version '1'", "publication_names '" + strings.ReplaceAll(sqlfix.Ident(s.cfg.Publication), "'", "''") + "'"}
-	if s.sys.ServerVersion >= 140000 {
+	// Messages are asked for only when read: any role can write them, of any size.
+	if s.sys.ServerVersion >= 140000 && *s.messages.Load() != "" {
 		args = append(args, "messages 'true'")
 	}
 	s.log.Info().Stringer("lsn", from).Str("publication", s.cfg.Publication).Msg("start replication")

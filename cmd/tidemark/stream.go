@@ -82,7 +82,8 @@ func runStream(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
-	cfg := replicator.Config{DSN: dsn, Slot: *slot, Publication: *pub, CreateSlot: *createSlot}
+	// Every logical message is printed (a debugging aid), each up to replicator.MaxMessage.
+	cfg := replicator.Config{DSN: dsn, Slot: *slot, Publication: *pub, CreateSlot: *createSlot, Messages: "*"}
 	out := bufio.NewWriter(e.stdout)
 	return rule.Explain(streamJSON(ctx, cfg, start, out, *ack, e.log, nil))
 }
