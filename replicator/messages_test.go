@@ -94,7 +94,7 @@ func TestMessageFilter(t *testing.T) {
 	add(xlog(logicalMessage(long, []byte("c"))), xlog(logicalMessage("", nil)))
 	add(xlog(logicalMessage("other", nil)), nil)
 	add(xlog(append([]byte{'I'}, bytes.Repeat([]byte("r"), 100000)...)), nil) // a large row passes
-	add(backendMsg('d', []byte{'w'}), nil)                                        // too short to be a message
+	add(backendMsg('d', []byte{'w'}), nil)                                    // too short to be a message
 	add(backendMsg('E', []byte("SERROR\x00")), nil)
 	for seed := range uint64(50) {
 		var dropped []string
@@ -122,4 +122,3 @@ func FuzzMessageFilter(f *testing.F) {
 		require.LessOrEqual(t, n, int64(len(in)), "the filter returns no more than it read")
 	})
 }
-
