@@ -44,12 +44,22 @@ type arrayParser struct {
 	s     []byte
 	i     int
 	delim byte
+	depth int // the nesting of the list being read
 }
+
+// maxArrayDepth is PostgreSQL's MAXDIM: no array it prints nests deeper. Text that does (from a
+// server that is not PostgreSQL, or a hostile one) is refused rather than recursed into without
+// bound.
+const maxArrayDepth = 6
 
 func (p *arrayParser) list() ([]arrayItem, error) {
 	if p.i >= len(p.s) || p.s[p.i] != '{' {
 		return nil, fmt.Errorf("%w: array %q does not start with {", errSyntax, p.s)
 	}
+	if p.depth++; p.depth > maxArrayDepth {
+		return nil, fmt.Errorf("%w: array nested deeper than %d dimensions", errSyntax, maxArrayDepth)
+	}
+	defer func() { p.depth-- }()
 	p.i++
 	items := []arrayItem{}
 	if p.i < len(p.s) && p.s[p.i] == '}' {
