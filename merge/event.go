@@ -159,6 +159,12 @@ func (x XIDs) MarshalJSON() ([]byte, error) {
 	return json.Marshal(string(b))
 }
 
+// MaxInvisible is the most invisible transactions a position may list: commits streamed that
+// no snapshot showed yet are those in flight around one moment (connections, prepared
+// transactions), not millions. A state or checkpoint from outside listing more is refused
+// before its ranges are expanded.
+const MaxInvisible = 1 << 20
+
 // UnmarshalJSON decodes the ranges MarshalJSON writes.
 func (x *XIDs) UnmarshalJSON(data []byte) error {
 	var s string
@@ -166,6 +172,7 @@ func (x *XIDs) UnmarshalJSON(data []byte) error {
 		return fmt.Errorf("invisible transactions: %w", err)
 	}
 	out := XIDs{}
+	total := uint64(0)
 	for _, r := range strings.Split(s, ",") {
 		if r == "" {
 			continue
@@ -180,6 +187,9 @@ func (x *XIDs) UnmarshalJSON(data []byte) error {
 			if b, err = strconv.ParseUint(hi, 10, 32); err != nil || b < a || b-a > 1<<24 {
 				return fmt.Errorf("invisible transactions: range %q", r)
 			}
+		}
+		if total += b - a + 1; total > MaxInvisible {
+			return fmt.Errorf("invisible transactions: more than %d listed; the state or checkpoint is not one Tidemark wrote", MaxInvisible)
 		}
 		for v := a; v <= b; v++ {
 			out = append(out, uint32(v))
@@ -252,6 +262,40 @@ func (p *Position) UnmarshalJSON(b []byte) error {
 	p.LSN = lsn
 	if p.Tables == nil {
 		p.Tables = map[string]*TableProgress{}
+	}
+	for name, t := range p.Tables {
+		if t == nil {
+			return fmt.Errorf("position table %q: null", name)
+		}
+		if err := t.Check(); err != nil {
+			return fmt.Errorf("position table %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// maxKeyColumns is PostgreSQL's INDEX_MAX_KEYS: no key has more columns.
+const maxKeyColumns = 32
+
+// Check checks a table's progress decoded from outside (a state, a checkpoint): its key of at
+// most 32 columns, its cursor, upper bound and keys to read again of as many values as the key
+// has columns, its counts not negative.
+func (t *TableProgress) Check() error {
+	n := len(t.Key)
+	switch {
+	case n > maxKeyColumns:
+		return fmt.Errorf("a key of %d columns (at most %d)", n, maxKeyColumns)
+	case t.Cursor != nil && len(t.Cursor) != n:
+		return fmt.Errorf("a cursor of %d values for a key of %d columns", len(t.Cursor), n)
+	case t.MaxKey != nil && len(t.MaxKey) != n:
+		return fmt.Errorf("an upper bound of %d values for a key of %d columns", len(t.MaxKey), n)
+	case t.Rows < 0 || t.Chunks < 0:
+		return fmt.Errorf("negative counts (%d rows, %d chunks)", t.Rows, t.Chunks)
+	}
+	for _, k := range t.Reread {
+		if len(k) != n {
+			return fmt.Errorf("a key to read again of %d values for a key of %d columns", len(k), n)
+		}
 	}
 	return nil
 }

@@ -163,6 +163,9 @@ func parseMethodState(raw json.RawMessage) (*methodState, string, error) {
 		if m.IncrementalState == nil || m.Load == nil {
 			return nil, "", nil
 		}
+		if err := m.Load.Check(); err != nil {
+			return nil, "", fmt.Errorf("load: %w", err)
+		}
 		return &m, "", nil
 	case "ctid", "ctid_based":
 		return nil, "an initial load of Airbyte's connector in progress (ctid), which Tidemark does not resume", nil

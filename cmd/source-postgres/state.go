@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -61,6 +62,27 @@ type inputState struct {
 // streamKey names a stream's table.
 func streamKey(namespace, name string) string { return namespace + "." + name }
 
+// maxStateFile bounds the state file read: a connection's state is kilobytes to a few megabytes
+// (a position per stream); one over this is not a state this connector wrote.
+const maxStateFile = 256 << 20
+
+// readBounded reads a file of at most limit bytes, refusing a larger one before reading it.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d MiB", filepath.Base(path), limit>>20)
+	}
+	return b, nil
+}
+
 // loadState reads the --state file: a JSON array of state messages (what the platform writes),
 // one state message, or a legacy state object; an empty array, {} and null are no state. Airbyte
 // source-postgres states (Debezium offsets) are migrated.
@@ -69,7 +91,7 @@ func loadState(path string) (*inputState, error) {
 	if path == "" {
 		return st, nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := readBounded(path, maxStateFile)
 	if err != nil {
 		return nil, configErrorf("read the state file: %w", err)
 	}
@@ -193,6 +215,9 @@ func (st *inputState) addGlobal(g *globalState) error {
 			if err := json.Unmarshal(ss.StreamState, &ts); err != nil {
 				return fmt.Errorf("stream_state of %s: %s", ss.StreamDescriptor.Name, jsonProblem(err))
 			}
+			if err := ts.TableProgress.Check(); err != nil {
+				return fmt.Errorf("stream_state of %s: %w", ss.StreamDescriptor.Name, err)
+			}
 			name := streamKey(namespaceOr(ss.StreamDescriptor.Namespace), ss.StreamDescriptor.Name)
 			switch {
 			case ts.SyncMode == "full_refresh":
@@ -230,7 +255,7 @@ func (st *inputState) addStream(name string, raw json.RawMessage) {
 	}
 	if json.Unmarshal(raw, &probe) == nil && probe.SyncMode == "full_refresh" {
 		var ts tableState
-		if json.Unmarshal(raw, &ts) == nil {
+		if json.Unmarshal(raw, &ts) == nil && ts.TableProgress.Check() == nil {
 			st.fullRefresh[name] = &ts
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -36,6 +37,19 @@ func TestOutputFilesSafe(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "%s is readable by its owner only", filepath.Base(p))
 	}
+
+	// A link to a pipe (or a device, as /dev/stdout is) the user named is written as a stream.
+	fifo := filepath.Join(dir, "pipe")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	require.NoError(t, os.Symlink(fifo, filepath.Join(dir, "to-pipe")))
+	got := make(chan []byte)
+	go func() {
+		b, _ := os.ReadFile(fifo)
+		got <- b
+	}()
+	code, msg = sync(filepath.Join(dir, "to-pipe"))
+	require.Equal(t, 0, code, msg)
+	require.Contains(t, string(<-got), `"op":"snapshot"`)
 
 	for _, planted := range []string{"out2.jsonl", "out2.jsonl.lock", "out2.jsonl.checkpoint"} {
 		t.Run(planted, func(t *testing.T) {

@@ -27,6 +27,7 @@ var _ sink.Output = (*Writer)(nil)
 type Writer struct {
 	lock       *os.File // the output's lock file, held (flock) for the whole run; nil for none
 	out        *os.File // nil when writing to a stream (stdout)
+	stream     *os.File // a device or pipe written as a stream, closed with the writer
 	w          *bufio.Writer
 	checkpoint string // path of the checkpoint file; "" for none
 	offset     int64  // bytes written to out
@@ -49,18 +50,34 @@ type CheckpointFile struct {
 // process ends, then calls ready (which checks that the slot is not in use), and only then cuts
 // the output back to its checkpoint. A second sync on the same output fails before touching it.
 func Open(path, checkpoint string, types *pgjson.Registry, ready func() error) (*Writer, *merge.Position, error) {
-	if path == "-" {
+	if stream := isStream(path); path == "-" || stream {
+		// Standard output, or a device or pipe the user named (/dev/stdout, a link): written as
+		// a stream, nothing cut back.
+		dst, stream := os.Stdout, (*os.File)(nil)
+		if path != "-" {
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return nil, nil, fmt.Errorf("open output: %w", err)
+			}
+			dst, stream = f, f
+		}
 		lock, err := lockOutput(checkpoint)
 		if err != nil {
+			if stream != nil {
+				stream.Close()
+			}
 			return nil, nil, err
 		}
-		s := &Writer{lock: lock, w: bufio.NewWriterSize(os.Stdout, 1<<16), checkpoint: checkpoint, enc: NewEncoder(types)}
+		s := &Writer{lock: lock, w: bufio.NewWriterSize(dst, 1<<16), checkpoint: checkpoint, enc: NewEncoder(types), stream: stream}
 		pos, _, _, err := readCheckpoint(checkpoint)
 		if err == nil {
 			err = ready()
 		}
 		if err != nil {
 			s.unlock()
+			if stream != nil {
+				stream.Close()
+			}
 			return nil, nil, err
 		}
 		return s, pos, nil
@@ -87,7 +104,7 @@ func lockOutput(name string) (*os.File, error) {
 	if name == "" || faults.NoFence {
 		return nil, nil
 	}
-	f, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openNoFollow(name+".lock", os.O_RDWR|os.O_CREATE)
 	if err != nil {
 		return nil, fmt.Errorf("open the output's lock file: %w", err)
 	}
@@ -119,7 +136,7 @@ func (s *Writer) open(path string, ready func() error) (*merge.Position, error) 
 		return nil, fmt.Errorf("checkpoint %s belongs to output %s, not %s: it would mark tables done that %s never got; give this output its own checkpoint (--checkpoint), or write to %s",
 			checkpoint, output, filepath.Base(path), filepath.Base(path), output)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openOutput(path)
 	if err != nil {
 		return nil, fmt.Errorf("open output: %w", err)
 	}
@@ -129,8 +146,11 @@ func (s *Writer) open(path string, ready func() error) (*merge.Position, error) 
 		return nil, fmt.Errorf("open output: %w", err)
 	}
 	exists := true
-	if _, err := os.Stat(checkpoint); errors.Is(err, os.ErrNotExist) {
+	if fi, err := os.Lstat(checkpoint); errors.Is(err, os.ErrNotExist) {
 		exists = false
+	} else if err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		f.Close()
+		return nil, symlinkError(checkpoint)
 	}
 	if !exists && fi.Size() > 0 {
 		f.Close()
@@ -194,9 +214,18 @@ func readCheckpoint(path string) (*merge.Position, int64, string, error) {
 // ReadCheckpointFile reads a checkpoint file as Writer writes it. A missing file is an error
 // that errors.Is os.ErrNotExist.
 func ReadCheckpointFile(path string) (CheckpointFile, error) {
-	b, err := os.ReadFile(path)
+	f, err := openNoFollow(path, os.O_RDONLY)
 	if err != nil {
 		return CheckpointFile{}, fmt.Errorf("read checkpoint: %w", err)
+	}
+	defer f.Close()
+	// A checkpoint is a position: kilobytes; one over this is not a file Tidemark wrote.
+	b, err := io.ReadAll(io.LimitReader(f, maxCheckpointFile+1))
+	if err != nil {
+		return CheckpointFile{}, fmt.Errorf("read checkpoint: %w", err)
+	}
+	if len(b) > maxCheckpointFile {
+		return CheckpointFile{}, fmt.Errorf("checkpoint %s is larger than %d MiB: not a checkpoint Tidemark wrote; start over with a new output file", path, maxCheckpointFile>>20)
 	}
 	var cp CheckpointFile
 	if err := json.Unmarshal(b, &cp); err != nil {
@@ -250,6 +279,41 @@ func (s *Writer) writeCheckpoint(pos *merge.Position) error {
 	return writeAtomic(s.checkpoint, b)
 }
 
+// maxCheckpointFile bounds the checkpoint file read.
+const maxCheckpointFile = 64 << 20
+
+// The output, its lock and its checkpoint hold the source's rows and positions: they are created
+// readable by their owner only (0600; a file that exists keeps its mode), and none is opened
+// through a symbolic link. A sync may run as root in a directory other users can write, where a
+// link planted in place of the output would have it truncate (cut back to its checkpoint) the
+// file the link points at. The output may be a link to a device or a pipe the user named
+// (/dev/stdout, which is a link), never to a file.
+
+// openNoFollow opens path, creating it 0600 when flag says so, refusing a symbolic link.
+func openNoFollow(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, symlinkError(path)
+	}
+	return f, err
+}
+
+// openOutput opens the output file, created 0600, refusing a symbolic link.
+func openOutput(path string) (*os.File, error) { return openNoFollow(path, os.O_RDWR|os.O_CREATE) }
+
+// isStream reports whether path is a device or a pipe (directly or through links): an output
+// written as a stream, like standard output.
+func isStream(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode()&(os.ModeDevice|os.ModeCharDevice|os.ModeNamedPipe) != 0
+}
+
+var errSymlink = errors.New("is a symbolic link")
+
+func symlinkError(path string) error {
+	return fmt.Errorf("%s %w: Tidemark does not follow one there (whoever made it could point it at a file of yours, which the sync would cut or overwrite); remove it, or write elsewhere", path, errSymlink)
+}
+
 // writeAtomic replaces path with b: a crash leaves either the old or the new content.
 func writeAtomic(path string, b []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
@@ -282,9 +346,11 @@ func writeAtomic(path string, b []byte) error {
 // the next Open.
 func (s *Writer) Close(context.Context) error {
 	err := s.w.Flush()
-	if s.out != nil {
-		if cerr := s.out.Close(); err == nil {
-			err = cerr
+	for _, f := range []*os.File{s.out, s.stream} {
+		if f != nil {
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
 		}
 	}
 	s.unlock()
