@@ -55,3 +55,23 @@ func TestPositionChecked(t *testing.T) {
 		require.Error(t, decode(tp), name)
 	}
 }
+
+// FuzzPositionDecode: a position from outside (a checkpoint file, a target's row, inside an
+// Airbyte state) decodes or is refused; it never panics, and what decodes passes Check.
+func FuzzPositionDecode(f *testing.F) {
+	f.Add([]byte(`{"version":` + fmt.Sprint(PositionVersion) + `,"lsn":"0/10","invisible":"1-3,7","tables":{"public.t":{"key":["a"],"cursor":["1"],"rows":1}}}`))
+	f.Add([]byte(`{"version":` + fmt.Sprint(PositionVersion) + `,"lsn":"0/0","invisible":"0-16777216,16777217-33554433","tables":{}}`))
+	f.Add([]byte(`{"version":` + fmt.Sprint(PositionVersion) + `,"lsn":"0/0","tables":{"t":null}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p Position
+		if json.Unmarshal(b, &p) != nil {
+			return
+		}
+		if p.Invisible != nil {
+			require.LessOrEqual(t, len(*p.Invisible), MaxInvisible)
+		}
+		for _, tp := range p.Tables {
+			require.NoError(t, tp.Check())
+		}
+	})
+}

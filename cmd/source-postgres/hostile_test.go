@@ -2,11 +2,15 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/merge"
 )
 
 // TestHostileFunctionsGainNothing reproduces the privilege escalation of a role with CREATE on
@@ -83,4 +87,32 @@ func TestPrintedFixesAreSafeToPaste(t *testing.T) {
 		require.NoError(t, e.db.Connect().QueryRow(t.Context(), `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&super))
 		require.False(t, super, "a fix check printed for replication_slot %q made %s a superuser:\n%s", slot, role, msg)
 	}
+}
+
+// FuzzState: a state file is the platform's, or anyone's who can write it: it loads or is
+// refused with an error, never panics, and what loads is checked (merge.TableProgress.Check).
+func FuzzState(f *testing.F) {
+	for _, s := range []string{
+		`[{"type":"GLOBAL","global":{"shared_state":{"tidemark":1,"lsn":16,"invisible":"1-3"},"stream_states":[{"stream_descriptor":{"name":"t","namespace":"public"},"stream_state":{"sync_mode":"incremental","key":["id"],"cursor":["1"]}}]}}]`,
+		`[{"type":"STREAM","stream":{"stream_descriptor":{"name":"t"},"stream_state":{"version":2,"state_type":"cursor_based","cursor_field":["u"],"cursor":"5"}}}]`,
+		`{"cdc":true,"cdc_state":{"state":{}}}`, `[]`, `null`, `[{"type":"GLOBAL","global":{"shared_state":{"tidemark":1,"lsn":0,"invisible":"0-16777216,16777217-33554433,33554434-50331650"}}}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(t.TempDir(), "state.json")
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+		st, err := loadState(path)
+		if err != nil {
+			return
+		}
+		if st.pos != nil {
+			if st.pos.Invisible != nil {
+				require.LessOrEqual(t, len(*st.pos.Invisible), merge.MaxInvisible)
+			}
+			for _, tp := range st.pos.Tables {
+				require.NoError(t, tp.Check())
+			}
+		}
+	})
 }
