@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -13,11 +14,13 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -432,4 +435,35 @@ func TestSSHHostKeys(t *testing.T) {
 	status, msg = e.checkStatus()
 	require.Equal(t, "FAILED", status)
 	require.Contains(t, msg, "@cert-authority")
+}
+
+// TestInlineKeysNotOnDisk: certificates and a client key given inline in the config stay in the
+// connector's memory: a read killed with SIGKILL (which runs no cleanup) leaves no copy of the
+// key under TMPDIR.
+func TestInlineKeysNotOnDisk(t *testing.T) {
+	srv, c := sslServer(t, "tidemark-client")
+	e := newEnvOn(t, srv)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`INSERT INTO t SELECT generate_series(1, 10)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	e.cfg["host"] = "localhost"
+	e.cfg["ssl_mode"] = map[string]any{"mode": "verify-full", "ca_certificate": c.caPEM, "client_certificate": c.clientCert, "client_key": c.clientKey}
+	tmp := t.TempDir()
+	cmd := exec.Command(binPath, "read", "--config", e.config(), "--catalog", e.catalog("public.t"))
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	p := e.startCmd(cmd)
+	require.Eventually(t, func() bool { return len(p.snapshot()) > 0 }, 30*time.Second, 20*time.Millisecond, "the read started")
+	p.signal(syscall.SIGKILL)
+	p.wait()
+	var left []string
+	require.NoError(t, filepath.Walk(tmp, func(path string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() {
+			b, _ := os.ReadFile(path)
+			if bytes.Contains(b, []byte("PRIVATE KEY")) {
+				left = append(left, path)
+			}
+		}
+		return nil
+	}))
+	require.Empty(t, left, "the client key was written to disk and left there")
 }
