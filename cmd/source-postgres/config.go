@@ -534,10 +534,10 @@ func (c *config) jdbcParams() (map[string]string, []string, error) {
 	return out, ignored, nil
 }
 
-// dsn builds the libpq connection string. Certificates given inline are written to files in the
-// directory dir returns, which is called only then (the connection string names the files); the
-// password is in the string, which is never printed (pgconf.Describe leaves it out).
-func (c *config) dsn(dir func() (string, error)) (string, error) {
+// dsn builds the libpq connection string: sslmode, never certificate files (the certificates
+// and key given inline are applied to the parsed configuration, inlineTLS). The password is in
+// the string, which is never printed (pgconf.Describe leaves it out).
+func (c *config) dsn() (string, error) {
 	params, _, err := c.jdbcParams()
 	if err != nil {
 		return "", err
@@ -552,36 +552,8 @@ func (c *config) dsn(dir func() (string, error)) (string, error) {
 	for k, v := range params {
 		kv[k] = v
 	}
-	write := func(name, content string) (string, error) {
-		d, err := dir()
-		if err != nil {
-			return "", err
-		}
-		path := filepath.Join(d, name)
-		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-			return "", fmt.Errorf("write %s: %w", name, err)
-		}
-		return path, nil
-	}
-	s := c.SSLMode
-	if s.CACertificate != "" && (s.Mode == "verify-ca" || s.Mode == "verify-full") {
-		if kv["sslrootcert"], err = write("ca.pem", s.CACertificate); err != nil {
-			return "", err
-		}
-	}
-	if s.ClientCertificate != "" && s.Mode != "disable" {
-		if kv["sslcert"], err = write("client.pem", s.ClientCertificate); err != nil {
-			return "", err
-		}
-		if kv["sslkey"], err = write("client.key", s.ClientKey); err != nil {
-			return "", err
-		}
-		if s.ClientKeyPassword != "" {
-			kv["sslpassword"] = s.ClientKeyPassword
-		}
-	}
 	var b strings.Builder
-	for _, k := range []string{"host", "port", "dbname", "user", "password", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "connect_timeout", "application_name", "options"} {
+	for _, k := range []string{"host", "port", "dbname", "user", "password", "sslmode", "connect_timeout", "application_name", "options"} {
 		v, ok := kv[k]
 		if !ok {
 			continue

@@ -26,9 +26,9 @@
 //     written again after such a part gets a later emitted_at, the destinations' tie-break.
 //   - No secret of the config leaves the process: LOG, TRACE and CONNECTION_STATUS text and the
 //     stderr log are scrubbed of every secret value, raw and JSON-escaped.
-//   - Nothing is written to the filesystem unless certificates are given inline: they go to a
-//     private directory under TMPDIR, made when the first one is written and removed at the end
-//     (source.privateDir), so every command runs with a read-only root and no writable directory.
+//   - Nothing is written to the filesystem: certificates and a client key given inline are kept
+//     in memory and set on each connection's TLS configuration (inlineTLS), so every command runs
+//     with a read-only root and no writable directory, and a killed run leaves no key behind.
 //
 // # Goroutines
 //

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/jackc/pgerrcode"
@@ -22,18 +21,22 @@ type source struct {
 	cfg *config
 	out *output
 	log zerolog.Logger
-	dsn string  // the connection string (with the password: never printed)
-	tun *tunnel // nil without an SSH tunnel
-	tmp string  // the run's private directory (inline certificates only); removed by close
+	dsn string     // the connection string (with the password: never printed)
+	tun *tunnel    // nil without an SSH tunnel
+	tls *inlineTLS // certificates and key given inline, applied to every connection's TLS
 }
 
-// newSource prepares the connection: certificates given inline into a private temporary
-// directory (nothing else is written anywhere, so the connector runs with no writable directory
-// when it has no such certificates), the SSH tunnel when configured.
+// newSource prepares the connection: the certificates given inline (kept in memory: nothing is
+// written anywhere, so the connector runs with no writable directory), the SSH tunnel when
+// configured.
 func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger) (*source, error) {
 	s := &source{cfg: cfg, out: out, log: log}
 	var err error
-	if s.dsn, err = cfg.dsn(s.privateDir); err != nil {
+	if s.dsn, err = cfg.dsn(); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.tls, err = cfg.inlineTLS(); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -53,34 +56,19 @@ func newSource(ctx context.Context, cfg *config, out *output, log zerolog.Logger
 	return s, nil
 }
 
-// privateDir returns the run's private directory, made on first use.
-func (s *source) privateDir() (string, error) {
-	if s.tmp != "" {
-		return s.tmp, nil
-	}
-	dir, err := os.MkdirTemp("", "tidemark-source-")
-	if err != nil {
-		return "", fmt.Errorf("certificates given inline are written to a private directory under TMPDIR (%s), which cannot be made: %w; "+
-			"give the connector a writable TMPDIR (for example a tmpfs), or leave the certificates out of the configuration", os.TempDir(), err)
-	}
-	s.tmp = dir
-	return dir, nil
-}
-
 func (s *source) close() {
 	if s.tun != nil {
 		_ = s.tun.Close()
 	}
-	if s.tmp != "" {
-		_ = os.RemoveAll(s.tmp)
-	}
 }
 
-// configure adjusts a connection to the source (the SSH tunnel's dialer).
+// configure adjusts a connection to the source: the SSH tunnel's dialer, the inline
+// certificates and key.
 func (s *source) configure(c *pgconn.Config) {
 	if s.tun != nil {
 		s.tun.configure(c)
 	}
+	s.tls.apply(c)
 }
 
 // connConfig is the configuration of a query connection, with Tidemark's pinned settings.
