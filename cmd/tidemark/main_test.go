@@ -220,10 +220,21 @@ func TestUsage(t *testing.T) {
 }
 
 // TestBenchQuick: the benchmark runs end to end, so it cannot rot; its figures are not asserted.
+// No process it starts (psql, pg_recvlogical, tidemark sync, the connector) has a password in
+// its arguments, which every user of the machine reads in the process list.
 func TestBenchQuick(t *testing.T) {
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
+	stop := make(chan struct{})
+	leaked := make(chan string, 1)
+	go watchArgs(stop, leaked)
 	e, out, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"bench", "--quick"}, e), errOut.String())
+	close(stop)
+	select {
+	case l := <-leaked:
+		t.Fatalf("a process the benchmark started had a password in its arguments: %s", l)
+	default:
+	}
 	for _, figure := range []string{"scan.copy_text", "backfill.tidemark", "backfill.not_encoded", "sync.native_subscription", "sync.tidemark_postgres",
 		"airbyte.read", "memory.peak_heap", "stream.pg_recvlogical", "stream.tidemark", "sweep.chunk_10000", "latency.during_backfill"} {
 		require.Contains(t, out.String(), figure)
@@ -403,4 +414,61 @@ func TestSyncTargetWithoutKey(t *testing.T) {
 	var n int
 	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*) FROM d`).Scan(&n))
 	require.Zero(t, n)
+}
+
+// passwordArg matches a connection string's password in an argument: password=VALUE, or the
+// userinfo of a URL.
+var passwordArg = regexp.MustCompile(`password\s*=\s*[^\s']|password\s*=\s*'[^']|://[^/@\s:]+:[^/@\s]+@`)
+
+// watchArgs reads the arguments of this process's descendants every few milliseconds, until
+// stop, and reports the first that holds a password.
+func watchArgs(stop <-chan struct{}, leaked chan<- string) {
+	self := strconv.Itoa(os.Getpid())
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		dirs, _ := filepath.Glob("/proc/[0-9]*")
+		for _, d := range dirs {
+			if !descends(filepath.Base(d), self) {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+			if err != nil {
+				continue
+			}
+			args := strings.ReplaceAll(string(b), "\x00", " ")
+			if passwordArg.MatchString(args) {
+				select {
+				case leaked <- args:
+				default:
+				}
+				return
+			}
+		}
+	}
+}
+
+// descends reports whether process pid descends from process root.
+func descends(pid, root string) bool {
+	for range 32 {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return false
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 2 {
+			return false
+		}
+		if f[1] == root {
+			return true
+		}
+		if pid = f[1]; pid == "0" || pid == "1" {
+			return false
+		}
+	}
+	return false
 }
