@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -329,7 +330,9 @@ func (b *bench) psqlCopy(ctx context.Context, sql string, mb *float64) (time.Dur
 	if err != nil {
 		return 0, err
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "psql"), "-X", "-q", "-d", b.dsn, "-c", sql)
+	dsn, env := b.srv.ClientDSN("bench")
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "psql"), "-X", "-q", "-d", dsn, "-c", sql)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return 0, err
@@ -407,8 +410,15 @@ func (b *bench) nativeSubscription(ctx context.Context) (time.Duration, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	start := time.Now()
-	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION sub CONNECTION '%s' PUBLICATION bench_rows_only WITH (copy_data = true, create_slot = false, slot_name = '%s')`,
-		strings.ReplaceAll(b.dsn, "'", "''"), slot))
+	// The subscription's connection reads the password from a file the server's user owns: no
+	// password in the statement (the server's log) or in pg_subscription.
+	passfile, err := b.srv.Passfile()
+	if err != nil {
+		return 0, err
+	}
+	pubDSN, _ := b.srv.ClientDSN("bench")
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION sub CONNECTION %s PUBLICATION bench_rows_only WITH (copy_data = true, create_slot = false, slot_name = %s)`,
+		sqlfix.Literal(pubDSN+" passfile="+passfile), sqlfix.Literal(slot)))
 	if err != nil {
 		return 0, fmt.Errorf("create subscription: %w", err)
 	}
@@ -578,9 +588,11 @@ func (b *bench) pgcopydb(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	cmd := exec.CommandContext(ctx, "pgcopydb", "clone", "--source", pgURL(b.dsn), "--target", pgURL(b.srv.DSN(db)),
+	srcDSN, env := b.srv.ClientDSN("bench")
+	tgtDSN, _ := b.srv.ClientDSN(db)
+	cmd := exec.CommandContext(ctx, "pgcopydb", "clone", "--source", pgURL(srcDSN), "--target", pgURL(tgtDSN),
 		"--dir", dir, "--table-jobs", "2", "--index-jobs", "2", "--no-owner", "--no-acl")
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	cmd.Env = append(append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH")), env...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
@@ -603,7 +615,7 @@ func pgURL(dsn string) string {
 	if err != nil {
 		return dsn
 	}
-	return fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", c.User, c.Password, c.Host, c.Port, c.Database)
+	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", url.PathEscape(c.User), c.Host, c.Port, url.PathEscape(c.Database))
 }
 
 // airbyteRead times the connector's first sync of bench_rows, its output discarded.
@@ -697,8 +709,10 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 	recv, err = b.median(func() (time.Duration, error) {
 		slot := recvSlots[i]
 		i++
-		cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_recvlogical"), "-d", b.dsn, "--slot", slot, "--start", "--endpos", end,
+		dsn, env := b.srv.ClientDSN("bench")
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start", "--endpos", end,
 			"-o", "proto_version=1", "-o", "publication_names=bench_stream", "--no-loop", "-f", "/dev/null")
+		cmd.Env = append(os.Environ(), env...)
 		start := time.Now()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return 0, fmt.Errorf("pg_recvlogical: %w: %s", err, out)

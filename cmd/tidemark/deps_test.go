@@ -182,15 +182,14 @@ func TestConnectionsGoThroughPgconf(t *testing.T) {
 // carried an injection (a slot name with a quote in it, pasted by a DBA under
 // standard_conforming_strings off). Every literal the binaries build goes through
 // sqlfix.Literal; this checks the source of every package they link for the pattern. The
-// exceptions are not SQL statements: postgresql.conf lines, and the bench's subscription's
-// connection string (libpq's conninfo quoting, with its own escaping).
+// exception is not SQL: postgresql.conf lines.
 func TestLiteralsGoThroughSqlfix(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}} {{.Dir}}{{end}}", ".", "../source-postgres").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
 	handBuilt := regexp.MustCompile(`'%[sv]'|\('"\s*\+|\+\s*"'\)`)
-	allowed := map[string]bool{"internal/pgserver/local.go": true, "cmd/tidemark/bench.go": true}
+	allowed := map[string]bool{"internal/pgserver/local.go": true}
 	var bad []string
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		path, dir, ok := strings.Cut(line, " ")

@@ -59,7 +59,7 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("%w: --source: %w", errUsage, err)
+		return fmt.Errorf("%w: --source: %w", errUsage, pgconf.ParseError(err))
 	}
 	if rule == pgconf.SSLRemote {
 		// The checks below report a refused connection without knowing why sslmode is what it is.

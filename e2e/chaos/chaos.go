@@ -405,7 +405,7 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	pc, err := pgx.ParseConfig(r.dsn)
 	if err != nil {
-		return fmt.Errorf("source: %w", err)
+		return fmt.Errorf("source: %w", pgconf.ParseError(err))
 	}
 	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
@@ -450,7 +450,7 @@ func (r *run) prepare(ctx context.Context) error {
 	if r.cfg.Mode == Postgres {
 		tc, err := pgx.ParseConfig(r.target)
 		if err != nil {
-			return fmt.Errorf("target: %w", err)
+			return fmt.Errorf("target: %w", pgconf.ParseError(err))
 		}
 		if r.tproxy, err = newProxy(fmt.Sprintf("%s:%d", tc.Host, tc.Port)); err != nil {
 			return err

@@ -46,7 +46,7 @@ func (c *syncCapture) second(ctx context.Context) string {
 			break
 		}
 	}
-	p, err := spawn(exec.Command(r.cfg.Tidemark, c.args(false, nil)...), nil)
+	p, err := spawn(c.command(false, nil), nil)
 	if err != nil {
 		return noEffect + err.Error()
 	}

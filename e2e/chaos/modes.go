@@ -51,26 +51,31 @@ func (c *syncCapture) prepare(ctx context.Context) error {
 	return nil
 }
 
-// args are the arguments of a sync; remedy are the re-backfills it asks for.
-func (c *syncCapture) args(final bool, remedy []string) []string {
+// command is a sync's command: its arguments (args), and its connection strings in the
+// environment (TIDEMARK_SOURCE, TIDEMARK_TARGET), where no other user of the machine reads the
+// passwords they hold, as the process list would show arguments.
+func (c *syncCapture) command(final bool, remedy []string) *exec.Cmd {
+	args, source, target := c.args(final, remedy)
+	cmd := exec.Command(c.r.cfg.Tidemark, args...)
+	cmd.Env = append(os.Environ(), "TIDEMARK_SOURCE="+source, "TIDEMARK_TARGET="+target)
+	return cmd
+}
+
+// args are the arguments of a sync; remedy are the re-backfills it asks for; source and target
+// are the connection strings it reads from the environment (target empty for JSON lines, whose
+// file is an argument).
+func (c *syncCapture) args(final bool, remedy []string) (args []string, source, target string) {
 	r := c.r
 	var tabs []string
 	for _, t := range tables {
 		tabs = append(tabs, r.sch+"."+t.name)
 	}
-	to := c.out
-	if c.toPG {
-		to = r.tvia
-	}
-	source := r.via
+	source, target = r.via, r.tvia
 	if final {
-		source, to = r.dsn, r.target
-		if !c.toPG {
-			to = c.out
-		}
+		source, target = r.dsn, r.target
 	}
-	args := []string{"sync", "--source", source, "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
-		"--to", to, "--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
+	args = []string{"sync", "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
+		"--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
 		"--watermarks", r.transport, "--signal-table", r.sch + ".signal", "--watermark-timeout", "500ms",
 		"--max-chunk-bytes", strconv.Itoa(r.cfg.MaxChunkBytes)}
 	if c.toPG {
@@ -85,7 +90,10 @@ func (c *syncCapture) args(final bool, remedy []string) []string {
 	if len(remedy) > 0 {
 		args = append(args, "--rebackfill", remedyArg(remedy))
 	}
-	return args
+	if !c.toPG {
+		args, target = append(args, "--to", c.out), ""
+	}
+	return args, source, target
 }
 
 // remedyArg is --rebackfill's value for the re-backfills remedy ("" for every table).
@@ -121,7 +129,7 @@ func (c *syncCapture) launch(ctx context.Context, final bool) (*process, error) 
 	if c.toPG && c.r.hist != nil {
 		c.r.hist.attachSeen(ctx, c.r.target)
 	}
-	p, err := spawn(exec.Command(c.r.cfg.Tidemark, c.args(final, remedy)...), nil)
+	p, err := spawn(c.command(final, remedy), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -134,10 +134,29 @@ func Pin(cfg *pgconn.Config, application string) {
 func Parse(dsn, application string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parse connection string: %w", err)
+		return nil, ParseError(err)
 	}
 	Pin(&cfg.Config, application)
 	return cfg, nil
+}
+
+// ErrParse reports a connection string that does not parse.
+var ErrParse = errors.New("the connection string does not parse")
+
+// ParseError is the error of a connection string that did not parse, with the driver's reason
+// and never the string: the driver quotes it, redacting the password it can find, which a
+// password with an escaped space defeats (the rest of it would be printed).
+func ParseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		msg := pe.Error()
+		// "cannot parse `STRING`: REASON": keep the reason.
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			return fmt.Errorf("%w: %s", ErrParse, msg[i+3:])
+		}
+		return ErrParse
+	}
+	return fmt.Errorf("%w: %w", ErrParse, err)
 }
 
 // ErrNotPinned reports a connection configuration that did not go through Pin: a defect of the

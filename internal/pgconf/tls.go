@@ -40,7 +40,7 @@ const (
 func DefaultSSLMode(dsn string) (string, SSLRule, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return "", SSLExplicit, fmt.Errorf("parse connection string: %w", err)
+		return "", SSLExplicit, ParseError(err)
 	}
 	if explicitSSLMode(dsn) {
 		return dsn, SSLExplicit, nil

@@ -102,6 +102,36 @@ func New(spec Spec) *Server {
 // Kind says where the server runs.
 func (s *Server) Kind() Kind { return s.kind }
 
+// ClientDSN returns a connection string for database db that holds no password, and the
+// environment that gives it to libpq (PGPASSWORD): for the tools the benchmarks run, whose
+// arguments every user of the machine can read in the process list, their environment not.
+func (s *Server) ClientDSN(db string) (dsn string, env []string) {
+	q := func(v string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'" }
+	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", q(s.host), s.port, q(s.user), q(db)), []string{"PGPASSWORD=" + s.password}
+}
+
+// Passfile writes a password file of the superuser's password in a local server's directory,
+// readable by the server's user only, and returns its path: for a subscription's connection
+// string (passfile=PATH), which the server's own libpq reads, so that no password is in the
+// statement or in the catalog.
+func (s *Server) Passfile() (string, error) {
+	if s.local == nil {
+		return "", fmt.Errorf("passfile of %s server: %w", s.kind, ErrUnsupported)
+	}
+	path := filepath.Join(s.local.dir, "pgpass")
+	esc := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace
+	line := fmt.Sprintf("*:*:*:%s:%s\n", esc(s.user), esc(s.password))
+	if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+		return "", fmt.Errorf("write passfile: %w", err)
+	}
+	if c := s.local.cred; c != nil {
+		if err := os.Chown(path, int(c.Uid), int(c.Gid)); err != nil {
+			return "", fmt.Errorf("hand the passfile to the server's user: %w", err)
+		}
+	}
+	return path, nil
+}
+
 // LogFile is the server log of a local server ("" for any other).
 func (s *Server) LogFile() string {
 	if s.local == nil {
@@ -230,7 +260,7 @@ func (s *Server) Stop(ctx context.Context) error {
 func Connect(ctx context.Context, dsn string, log zerolog.Logger) (*Server, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parse external server connection string: %w", err)
+		return nil, fmt.Errorf("external server: %w", pgconf.ParseError(err))
 	}
 	s := &Server{kind: External, host: cfg.Host, port: int(cfg.Port), user: cfg.User, password: cfg.Password, adminDB: cfg.Database, log: log}
 	if s.adminDB == "" {
