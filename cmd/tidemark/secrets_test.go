@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/sqlfix"
+)
+
+// randomPassword is 32 characters with a space, a quote, a double quote and a backslash among
+// them, no character twice in a row.
+func randomPassword() string {
+	const letters = "abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+	b := []byte{' ', '\'', '"', '\\'}
+	for len(b) < 32 {
+		b = append(b, letters[rand.IntN(len(letters))])
+	}
+	for {
+		rand.Shuffle(len(b), func(i, j int) { b[i], b[j] = b[j], b[i] })
+		ok := b[0] != ' ' && b[len(b)-1] != ' '
+		for i := 1; i < len(b); i++ {
+			ok = ok && b[i] != b[i-1]
+		}
+		if ok {
+			return string(b)
+		}
+	}
+}
+
+// leaks returns the pieces of 6 characters of secret that text holds.
+func leaks(secret, text string) []string {
+	var out []string
+	for i := 0; i+6 <= len(secret); i++ {
+		if strings.Contains(text, secret[i:i+6]) {
+			out = append(out, secret[i:i+6])
+		}
+	}
+	return out
+}
+
+// TestNoSecretInOutput: the product binaries, as a user runs them, with a connection string
+// holding a random 32-character password with spaces, quotes and backslashes in it, given by
+// flag and by $TIDEMARK_SOURCE, in every failure a first hour meets (a connection string that
+// does not parse, a server that is not there, a database that does not exist, a table, slot or
+// checkpoint that does not exist, a usage error, -h): no piece of 6 characters of the password is
+// in what any of them prints. The connector likewise, its password in its config.
+func TestNoSecretInOutput(t *testing.T) {
+	e2e.NeedsLocal(t, server, "it makes a role with a password on the server the tests started")
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	pw := randomPassword()
+	role := "pw_" + db.Name
+	db.Exec(`CREATE ROLE ` + role + ` LOGIN SUPERUSER PASSWORD ` + sqlfix.Literal(pw))
+	t.Cleanup(func() { db.Exec(`DROP ROLE ` + role) })
+	cfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	host, port := cfg.Host, int(cfg.Port)
+	kvQuoted := func(p int, dbname string) string {
+		return fmt.Sprintf("host=%s port=%d user=%s password=%s dbname=%s sslmode=disable", host, p, role,
+			"'"+strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw)+"'", dbname)
+	}
+	kvEscaped := func(p int, dbname string) string {
+		return fmt.Sprintf("host=%s port=%d user=%s password=%s dbname=%s sslmode=disable", host, p, role,
+			strings.NewReplacer(`\`, `\\`, `'`, `\'`, ` `, `\ `).Replace(pw), dbname)
+	}
+	asURL := func(p int, dbname string) string {
+		return fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", role, url.PathEscape(pw), host, p, dbname)
+	}
+	// A check that the role and its password work at all: the cases below fail for their own
+	// reasons, not for a wrong password.
+	c, err := pgx.Connect(context.Background(), kvQuoted(port, db.Name))
+	require.NoError(t, err, "the test's role and password")
+	c.Close(context.Background())
+
+	dir := t.TempDir()
+	bin, conn := filepath.Join(dir, "tidemark"), filepath.Join(dir, "source-postgres")
+	for b, pkg := range map[string]string{bin: ".", conn: "../source-postgres"} {
+		out, err := exec.Command("go", "build", "-o", b, pkg).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	free := closedPort(t)
+	dsns := map[string]string{
+		"no such database": kvQuoted(port, "nope_"+db.Name),
+		"no server":        kvEscaped(free, db.Name),
+		"does not parse":   kvEscaped(port, db.Name) + " dbname='unterminated",
+		"URL, bad sslmode": asURL(port, db.Name) + "&sslmode=bogus",
+		"URL, no server":   asURL(free, db.Name),
+		"valid":            kvQuoted(port, db.Name),
+		"valid URL":        asURL(port, db.Name),
+	}
+	run := func(t *testing.T, name string, env []string, args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Dir = dir
+		out, _ := cmd.CombinedOutput()
+		return string(out)
+	}
+	check := func(t *testing.T, what, out string) {
+		t.Helper()
+		require.Empty(t, leaks(pw, out), "%s printed pieces of the password:\n%s", what, out)
+	}
+	for _, c := range commands {
+		for kind, dsn := range dsns {
+			var args []string
+			switch c.name {
+			case "demo", "bench":
+				args = []string{c.name, "--rows", "nope"} // a usage error, with the password in the environment
+			case "sync":
+				args = []string{c.name, "--tables", "public.nope", "--to", filepath.Join(dir, "out.jsonl"), "--stop-when-caught-up", "--quiet"}
+			case "doctor", "schema":
+				args = []string{c.name, "--tables", "public.nope"}
+			case "status":
+				args = []string{c.name, "--slot", "nope_slot"}
+			case "cleanup":
+				args = []string{c.name, "--slot", "nope_slot", "--yes"}
+			case "stream":
+				args = []string{c.name, "--slot", "nope_slot"}
+			case "chaos":
+				args = []string{c.name, "--mode", "jsonl", "--duration", "1s", "--rows", "10"}
+			default:
+				t.Fatalf("no case for command %q: add one", c.name)
+			}
+			t.Run(c.name+"/"+kind, func(t *testing.T) {
+				env := []string{"TIDEMARK_SOURCE=" + dsn, "TIDEMARK_TARGET=" + dsn, "PGPASSWORD=" + pw}
+				if c.name != "chaos" {
+					check(t, "tidemark "+c.name+" with $TIDEMARK_SOURCE", run(t, bin, env, args...))
+				}
+				check(t, "tidemark "+c.name+" -h", run(t, bin, env, c.name, "-h"))
+				withFlag := append(append([]string{}, args...), "--source", dsn)
+				if c.name == "status" {
+					withFlag = append(withFlag, "--target", dsn)
+				}
+				check(t, "tidemark "+c.name+" --source", run(t, bin, nil, withFlag...))
+			})
+		}
+	}
+	check(t, "tidemark -h", run(t, bin, []string{"TIDEMARK_SOURCE=" + dsns["valid"]}, "-h"))
+	check(t, "tidemark nope", run(t, bin, []string{"TIDEMARK_SOURCE=" + dsns["valid"]}, "nope", "--source", dsns["valid"]))
+
+	// The connector: its password in the config, in the same failures.
+	for kind, edit := range map[string]func(m map[string]any){
+		"no such database": func(m map[string]any) { m["database"] = "nope_" + db.Name },
+		"no server":        func(m map[string]any) { m["port"] = free },
+		"bad params":       func(m map[string]any) { m["jdbc_url_params"] = "password=" + pw + "&connectTimeout=x" },
+		"wrong user":       func(m map[string]any) { m["username"] = "nope_user" },
+		"no slot":          func(m map[string]any) {},
+	} {
+		t.Run("connector/"+kind, func(t *testing.T) {
+			m := map[string]any{"host": host, "port": port, "database": db.Name, "username": role, "password": pw,
+				"schemas": []string{"public"}, "ssl_mode": map[string]any{"mode": "disable"},
+				"replication_method": map[string]any{"method": "CDC", "replication_slot": "nope_slot", "publication": "nope_pub"}}
+			edit(m)
+			b, _ := json.Marshal(m)
+			config := filepath.Join(t.TempDir(), "config.json")
+			require.NoError(t, os.WriteFile(config, b, 0o600))
+			catalog := filepath.Join(t.TempDir(), "catalog.json")
+			require.NoError(t, os.WriteFile(catalog, []byte(`{"streams":[{"stream":{"name":"t","namespace":"public","json_schema":{},"supported_sync_modes":["incremental"]},"sync_mode":"incremental","destination_sync_mode":"append"}]}`), 0o600))
+			for _, args := range [][]string{{"check", "--config", config}, {"discover", "--config", config}, {"read", "--config", config, "--catalog", catalog}} {
+				check(t, "source-postgres "+args[0], run(t, conn, []string{"LOG_LEVEL=debug"}, args...))
+			}
+		})
+	}
+}
+
+// closedPort is a local TCP port nothing listens on.
+func closedPort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return p
+}
