@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/secret"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/watermark"
@@ -602,4 +603,42 @@ func (c *config) secrets() []string {
 		add(c.TunnelMethod.Password)
 	}
 	return s
+}
+
+// configSecrets reads the secrets of a config file however broken the file is (not JSON, or a
+// config that does not validate): every string under a key that names a secret, at any depth,
+// so that no message about the file shows one.
+func configSecrets(path string) []string {
+	b, err := readBounded(path, maxStateFile)
+	if err != nil {
+		return nil
+	}
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return nil
+	}
+	var out []string
+	var walk func(key string, v any)
+	walk = func(key string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				walk(k, e)
+			}
+		case []any:
+			for _, e := range x {
+				walk(key, e)
+			}
+		case string:
+			k := strings.ToLower(key)
+			if strings.Contains(k, "password") || strings.Contains(k, "key") || strings.Contains(k, "secret") || strings.Contains(k, "token") {
+				out = append(out, x)
+			}
+			if k == "jdbc_url_params" {
+				out = append(out, secret.FromDSN(strings.ReplaceAll(x, "&", " "))...)
+			}
+		}
+	}
+	walk("", v)
+	return out
 }

@@ -126,7 +126,7 @@ type logWriter struct {
 }
 
 func (l *logWriter) Write(p []byte) (int, error) {
-	line := l.out.scrub.Replace(string(p))
+	line := l.out.scrub.Scrub(string(p))
 	l.mu.Lock()
 	_, err := io.WriteString(l.w, line)
 	l.mu.Unlock()

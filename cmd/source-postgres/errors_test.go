@@ -68,15 +68,6 @@ func TestFailureTypeClassification(t *testing.T) {
 	require.NotContains(t, userMessage(wrap(chunker.ErrNoKey)), "Refresh the stream")
 }
 
-// TestScrubber: secrets are replaced raw and as JSON escapes them (a PEM key's newlines).
-func TestScrubber(t *testing.T) {
-	key := "-----BEGIN KEY-----\nabc\"def\n-----END KEY-----"
-	s := scrubber([]string{"pw1234", key, ""})
-	require.Equal(t, "x **** y", s.Replace("x pw1234 y"))
-	require.Equal(t, "k=****", s.Replace("k="+key))
-	require.Equal(t, `{"m":"****"}`, s.Replace(`{"m":"-----BEGIN KEY-----\nabc\"def\n-----END KEY-----"}`))
-}
-
 // TestCPUProfile: TIDEMARK_CPUPROFILE's file is a profile once the run ends; an unwritable path
 // is reported, not fatal.
 func TestCPUProfile(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/rs/zerolog"
+
+	"github.com/tidemark/tidemark/internal/secret"
 )
 
 // version is the connector's version, set at build time (-ldflags "-X main.version=...").
@@ -144,6 +146,8 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	if a.config == "" {
 		return fail(out, log, configErrorf("%s needs --config FILE", cmd))
 	}
+	// Whatever the config's fate, its secrets never leave the process from here on.
+	out.scrub = secret.New(configSecrets(a.config)...)
 	cfg, err := loadConfig(a.config)
 	if err != nil && cmd == "check" {
 		_ = out.write(&message{Type: "CONNECTION_STATUS", ConnectionStatus: &connectionStatus{Status: "FAILED", Message: err.Error()}})
@@ -152,8 +156,7 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(out, log, err)
 	}
-	// From here on, no secret of the config leaves the process.
-	out.scrub = scrubber(cfg.secrets())
+	out.scrub = secret.New(append(configSecrets(a.config), cfg.secrets()...)...)
 	src, err := newSource(ctx, cfg, out, log)
 	if cmd == "check" {
 		// A check reports every problem as a FAILED status and exits 0 (the platform's convention).

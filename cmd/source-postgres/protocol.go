@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"io"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/tidemark/tidemark/internal/secret"
 )
 
 // The Airbyte protocol's messages (Airbyte's protocol v0; the tests check every message against
@@ -151,31 +152,14 @@ type analyticsTrace struct {
 type output struct {
 	mu      sync.Mutex
 	w       *bufio.Writer
-	scrub   *strings.Replacer // replaces secrets in text that is not a record's data
-	records int64             // records written since the last state
-	last    time.Time         // when the last record or state was written
-	err     error             // the first write error: stdout is gone
+	scrub   *secret.Scrubber // replaces secrets in text that is not a record's data
+	records int64            // records written since the last state
+	last    time.Time        // when the last record or state was written
+	err     error            // the first write error: stdout is gone
 }
 
 func newOutput(w io.Writer, secrets []string) *output {
-	return &output{w: bufio.NewWriterSize(w, 1<<16), scrub: scrubber(secrets), last: time.Now()}
-}
-
-// scrubber replaces each secret, raw and JSON-escaped, with asterisks.
-func scrubber(secrets []string) *strings.Replacer {
-	var pairs []string
-	for _, s := range secrets {
-		if s == "" {
-			continue
-		}
-		pairs = append(pairs, s, "****")
-		if b, err := json.Marshal(s); err == nil {
-			if esc := string(b[1 : len(b)-1]); esc != s {
-				pairs = append(pairs, esc, "****")
-			}
-		}
-	}
-	return strings.NewReplacer(pairs...)
+	return &output{w: bufio.NewWriterSize(w, 1<<16), scrub: secret.New(secrets...), last: time.Now()}
 }
 
 // write writes one message and flushes.
@@ -185,7 +169,7 @@ func (o *output) write(m *message) error {
 		return err
 	}
 	if m.Type == "LOG" || m.Type == "TRACE" || m.Type == "CONNECTION_STATUS" {
-		b = []byte(o.scrub.Replace(string(b)))
+		b = []byte(o.scrub.Scrub(string(b)))
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()

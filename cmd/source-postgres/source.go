@@ -75,20 +75,11 @@ func (s *source) configure(c *pgconn.Config) {
 func (s *source) connConfig() (*pgx.ConnConfig, error) {
 	c, err := pgconf.Parse(s.dsn, "tidemark-airbyte")
 	if err != nil {
-		return nil, configErrorf("the connection settings are not valid: %s", scrubParseError(err))
+		return nil, configErrorf("the connection settings are not valid: %v", err)
 	}
 	pgconf.CancelOnContext(&c.Config)
 	s.configure(&c.Config)
 	return c, nil
-}
-
-// scrubParseError keeps pgx's reason and drops the connection string it may quote.
-func scrubParseError(err error) string {
-	msg := err.Error()
-	if i := strings.LastIndex(msg, ": "); i >= 0 {
-		return msg[i+2:]
-	}
-	return "invalid connection settings"
 }
 
 // connect opens a query connection.

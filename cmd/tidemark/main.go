@@ -13,6 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/term"
+
+	"github.com/tidemark/tidemark/internal/secret"
 )
 
 // command is one subcommand: it parses its own flags and runs.
@@ -34,15 +36,28 @@ type env struct {
 // logOutput is where log lines go: stderr, or, while the progress display is drawn on the
 // terminal, above its bars (a line written straight to the terminal would break them).
 type logOutput struct {
-	base io.Writer
-	mu   sync.Mutex
-	over io.Writer
+	base  io.Writer
+	mu    sync.Mutex
+	over  io.Writer
+	scrub *secret.Scrubber // the secrets of this run, replaced in every line
 }
 
 func (o *logOutput) Write(b []byte) (int, error) {
 	o.mu.Lock()
-	over := o.over
+	over, scrub := o.over, o.scrub
 	o.mu.Unlock()
+	if scrub != nil {
+		n := len(b)
+		b = []byte(scrub.Scrub(string(b)))
+		if _, err := o.write(over, b); err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+	return o.write(over, b)
+}
+
+func (o *logOutput) write(over io.Writer, b []byte) (int, error) {
 	if over != nil {
 		if n, err := over.Write(b); err == nil {
 			return n, nil
@@ -97,6 +112,7 @@ func newEnv(stdout, stderr *os.File) *env {
 }
 
 func run(ctx context.Context, args []string, e *env) int {
+	e = e.scrubbed(secret.New(runSecrets(args)...), len(args) > 0 && (args[0] == "sync" || args[0] == "stream"))
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(e.stdout)
 		return 0
@@ -133,6 +149,40 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.short)
 	}
 	fmt.Fprintln(w, "\nRun `tidemark <command> -h` for a command's flags. Documentation: docs/cli.md")
+}
+
+// runSecrets are the secrets a run could print: the passwords of the connection strings in
+// $TIDEMARK_SOURCE, $TIDEMARK_TARGET and the arguments, and $PGPASSWORD.
+func runSecrets(args []string) []string {
+	var out []string
+	for _, v := range []string{os.Getenv("TIDEMARK_SOURCE"), os.Getenv("TIDEMARK_TARGET")} {
+		out = append(out, secret.FromDSN(v)...)
+	}
+	out = append(out, os.Getenv("PGPASSWORD"))
+	for _, a := range args {
+		if _, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(a, "-") {
+			a = v
+		}
+		out = append(out, secret.FromDSN(a)...)
+	}
+	return out
+}
+
+// scrubbed is e with every secret of the run replaced in what it writes: standard error (logs,
+// errors, usage), and standard output unless data is true (sync and stream write the source's
+// rows there, which are not to be changed).
+func (e *env) scrubbed(s *secret.Scrubber, data bool) *env {
+	c := *e
+	c.stderr = s.Writer(e.stderr)
+	if !data {
+		c.stdout = s.Writer(e.stdout)
+	}
+	if e.logs != nil {
+		e.logs.mu.Lock()
+		e.logs.scrub = s
+		e.logs.mu.Unlock()
+	}
+	return &c
 }
 
 // newLogger logs for people on a terminal and as JSON lines otherwise.
