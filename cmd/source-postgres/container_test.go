@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -347,4 +348,38 @@ func TestNoWritableDirectory(t *testing.T) {
 	require.Equal(t, "FAILED", st[0].str("connectionStatus", "status"))
 	require.Contains(t, st[0].str("connectionStatus", "message"), "TMPDIR")
 	require.Contains(t, st[0].str("connectionStatus", "message"), "certificates")
+}
+
+// alpineEndOfSupport is when each Alpine release's main repository stops getting security fixes
+// (alpinelinux.org/releases: two years after its release). A base past it fails the test below;
+// docs/airbyte.md says how to move to the next one.
+var alpineEndOfSupport = map[string]string{
+	"3.20": "2026-04-01",
+	"3.21": "2026-11-01",
+	"3.22": "2027-05-01",
+	"3.23": "2027-11-01",
+	"3.24": "2028-05-01",
+}
+
+// TestDockerfileBasesPinned: every image the Dockerfile pulls is named by tag and pinned by the
+// digest of its index (a tag alone can be moved to other contents by whoever controls it), and the
+// runtime's base is an Alpine release still supported today.
+func TestDockerfileBasesPinned(t *testing.T) {
+	args, stages := dockerfile(t)
+	pinned := regexp.MustCompile(`^[a-z0-9./-]+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}$`)
+	names := map[string]bool{}
+	for _, st := range stages {
+		if !names[st.from] {
+			from := os.Expand(st.from, func(k string) string { return args[k] })
+			require.Regexp(t, pinned, from, "stage %q pulls %s: name it as image:tag@sha256:digest", st.name, from)
+		}
+		names[st.name] = true
+	}
+	base, _ := target(t, "runtime")
+	m := regexp.MustCompile(`^alpine:(\d+\.\d+)[.\d]*@`).FindStringSubmatch(base)
+	require.NotNil(t, m, "the runtime's base %s is an alpine release", base)
+	end, ok := alpineEndOfSupport[m[1]]
+	require.True(t, ok, "alpine %s: add its end of support to alpineEndOfSupport", m[1])
+	require.Less(t, time.Now().UTC().Format(time.DateOnly), end,
+		"alpine %s is out of support since %s: move BASE to a supported release (docs/airbyte.md, updating the base)", m[1], end)
 }
