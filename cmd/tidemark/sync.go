@@ -86,7 +86,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
 	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
-	f.metricsAddr = fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9187) at /metrics")
+	f.metricsAddr = fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9187; :9187 listens on every interface) at /metrics")
 	f.quiet = fs.Bool("quiet", false, "no progress display")
 	f.watermarks = fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
 	f.signalTable = signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
