@@ -51,12 +51,13 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
 	wideMB := fs.Int("wide-mb", 5, "--memory: size of each wide row, in MB")
+	msgMB := fs.Int("message-mb", 400, "--memory: size of the logical message another role writes, in MB")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := usageProblems(fs, outOfRange(intRange("rows", *rows, 1, 1_000_000_000), intRange("reps", *reps, 1, 100),
 		intRange("chunk-size", *chunk, 1, 1_000_000), intRange("changes", *changes, 1, 1_000_000_000),
-		intRange("tx-rows", *txRows, 1, 1_000_000_000), intRange("wide-rows", *wideRows, 1, 1_000_000), intRange("wide-mb", *wideMB, 1, 512))); err != nil {
+		intRange("tx-rows", *txRows, 1, 1_000_000_000), intRange("wide-rows", *wideRows, 1, 1_000_000), intRange("wide-mb", *wideMB, 1, 512), intRange("message-mb", *msgMB, 1, 900))); err != nil {
 		return err
 	}
 	if *cpuprofile != "" {
@@ -72,7 +73,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	}
 	if *quick {
 		*rows, *reps, *changes = 200_000, 1, 100_000
-		*txRows, *wideRows, *wideMB = 200_000, 20, 1
+		*txRows, *wideRows, *wideMB, *msgMB = 200_000, 20, 1, 40
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -84,7 +85,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 			return err
 		}
 		b := &bench{e: e, log: e.log.Level(zerolog.WarnLevel)}
-		return (&memoryBench{bench: b, tidemark: tm, txRows: *txRows, wideRows: *wideRows, wideMB: *wideMB}).run(ctx)
+		return (&memoryBench{bench: b, tidemark: tm, txRows: *txRows, wideRows: *wideRows, wideMB: *wideMB, msgMB: *msgMB}).run(ctx)
 	}
 	conn, err := findConnector(ctx, *connector, self, false)
 	if err != nil {

@@ -28,11 +28,12 @@ type memoryBench struct {
 	txRows   int    // rows changed by the one large transaction
 	wideRows int    // rows of the wide table
 	wideMB   int    // size of each wide row's value, in MB
+	msgMB    int    // size of the foreign logical message, in MB
 }
 
 func (b *memoryBench) run(ctx context.Context) error {
 	host, _ := os.Hostname()
-	b.printf("# tidemark bench --memory %s tx_rows=%d wide_rows=%d wide_mb=%d\n", time.Now().UTC().Format(time.RFC3339), b.txRows, b.wideRows, b.wideMB)
+	b.printf("# tidemark bench --memory %s tx_rows=%d wide_rows=%d wide_mb=%d message_mb=%d\n", time.Now().UTC().Format(time.RFC3339), b.txRows, b.wideRows, b.wideMB, b.msgMB)
 	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
 	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
 	if err != nil {
@@ -57,7 +58,44 @@ func (b *memoryBench) run(ctx context.Context) error {
 	if err := b.largeTransaction(ctx, dir); err != nil {
 		return err
 	}
-	return b.wideTable(ctx, dir)
+	if err := b.wideTable(ctx, dir); err != nil {
+		return err
+	}
+	return b.foreignMessage(ctx, dir)
+}
+
+// foreignMessage measures a logical message of msgMB written by a role with no privilege at all
+// (pg_logical_emit_message is executable by PUBLIC) in the database of a capture: the stream
+// reads past it without holding it (replicator's message filter; docs/security.md). The message
+// is transactional, between a row inserted before it and one inserted after it, in a slot made
+// before both; the sync must deliver both rows.
+func (b *memoryBench) foreignMessage(ctx context.Context, dir string) error {
+	start := time.Now()
+	const role, password = "bench_nobody", "bench-nobody-password"
+	if err := execAll(ctx, b.dsn,
+		`CREATE TABLE public.bench_msg (id int PRIMARY KEY, v text)`,
+		`CREATE PUBLICATION bench_msg FOR TABLE public.bench_msg`,
+		`SELECT pg_create_logical_replication_slot('bench_msg', 'pgoutput')`,
+		`INSERT INTO public.bench_msg VALUES (1, 'before the message')`,
+		fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, role, password),
+	); err != nil {
+		return fmt.Errorf("prepare the foreign message: %w", err)
+	}
+	if err := execAll(ctx, b.srv.UserDSN("bench", role, password),
+		fmt.Sprintf(`SELECT pg_catalog.pg_logical_emit_message(true, 'not-tidemark', pg_catalog.repeat('m', %d))`, b.msgMB<<20),
+	); err != nil {
+		return fmt.Errorf("write the foreign message: %w", err)
+	}
+	if err := execAll(ctx, b.dsn, `INSERT INTO public.bench_msg VALUES (2, 'after the message')`); err != nil {
+		return err
+	}
+	b.printf("# bench_msg: a logical message of %d MB by a role without privileges, between two rows, in %s\n", b.msgMB, time.Since(start).Round(time.Second))
+	if err := b.toJSONL(ctx, filepath.Join(dir, "msg.jsonl"), []string{"--tables", "public.bench_msg", "--publication", "bench_msg", "--slot", "bench_msg", "--no-backfill"}, 2,
+		"memory.foreign_message", fmt.Sprintf("(a foreign logical message of %d MB streamed past, to JSON lines)", b.msgMB)); err != nil {
+		return err
+	}
+	return execAll(ctx, b.dsn, `DROP TABLE public.bench_msg`, `SELECT pg_drop_replication_slot('bench_msg')`, `DROP PUBLICATION bench_msg`,
+		fmt.Sprintf(`DROP ROLE %s`, role), `CHECKPOINT`)
 }
 
 // largeTransaction measures one transaction that inserts every row, in the publication and in
@@ -172,7 +210,8 @@ func want(what string, got int64, rows int) error {
 // syncRun is one `tidemark sync` child: how long it took and its peak resident set.
 type syncRun struct {
 	d      time.Duration
-	rssKiB int64 // ru_maxrss: the child's peak resident set, in KiB
+	rssKiB int64         // ru_maxrss: the child's peak resident set, in KiB
+	cpu    time.Duration // the child's user and system CPU time
 }
 
 // sync runs `tidemark sync --stop-when-caught-up` from the bench database to target (a DSN or a
@@ -190,6 +229,7 @@ func (b *memoryBench) sync(ctx context.Context, target string, args []string) (s
 	r := syncRun{d: time.Since(start)}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		r.rssKiB = ru.Maxrss
+		r.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return r, nil
 }
@@ -199,8 +239,8 @@ func (b *memoryBench) memLine(name string, r syncRun, rows, outBytes int64, note
 	if outBytes > 0 {
 		out = fmt.Sprintf(" output_MB=%.1f", float64(outBytes)/1e6)
 	}
-	b.printf("%-24s rows=%d s=%.1f rows_per_s=%.0f peak_rss_MB=%.0f%s %s\n", name, rows, r.d.Seconds(), float64(rows)/r.d.Seconds(),
-		float64(r.rssKiB)*1024/1e6, out, note)
+	b.printf("%-24s rows=%d s=%.1f rows_per_s=%.0f cpu_s=%.2f peak_rss_MB=%.0f%s %s\n", name, rows, r.d.Seconds(), float64(rows)/r.d.Seconds(),
+		r.cpu.Seconds(), float64(r.rssKiB)*1024/1e6, out, note)
 }
 
 // tailBuffer keeps the last 4 kB written to it (a child's stderr, for its error).

@@ -242,6 +242,22 @@ func TestBenchQuick(t *testing.T) {
 	t.Log(out.String())
 }
 
+// TestBenchMemorySmall: bench --memory runs each of its figures, at small sizes, and the foreign
+// message (64 MB here) is streamed past without being held.
+func TestBenchMemorySmall(t *testing.T) {
+	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
+	e, out, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"bench", "--memory", "--tx-rows", "2000", "--wide-rows", "2", "--wide-mb", "1", "--message-mb", "64"}, e), errOut.String())
+	t.Log(out.String())
+	for _, figure := range []string{"memory.tx_postgres", "memory.tx_jsonl", "memory.wide_postgres", "memory.wide_jsonl", "memory.foreign_message"} {
+		require.Contains(t, out.String(), figure)
+	}
+	m := regexp.MustCompile(`memory\.foreign_message .* peak_rss_MB=(\d+)`).FindStringSubmatch(out.String())
+	require.NotNil(t, m)
+	peak, _ := strconv.Atoi(m[1])
+	require.Less(t, peak, 60, "the sync held the 64 MB message")
+}
+
 // TestSchemaCommand: the schema of the JSON lines rows, per table.
 func TestSchemaCommand(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
