@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/tidemark/tidemark/e2e"
 )
@@ -65,4 +66,81 @@ func TestOutputFilesSafe(t *testing.T) {
 			require.Equal(t, "a root-only file\n", string(b), "the file the link points at is untouched")
 		})
 	}
+}
+
+// TestOutputFilesOfOthersRefused: in a directory other users can write (/tmp), someone else can
+// plant what the sync would then use: a link to a device (followed as a stream, like
+// /dev/stdout), a pipe or an empty file they read from (the source's rows would go to them), or a
+// checkpoint the sync would resume from. A link is followed only when it is this user's or
+// root's, as the kernel's protected_symlinks does in sticky directories; a file, pipe or device
+// of another user is refused; a block device is never written.
+func TestOutputFilesOfOthersRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		require.False(t, e2e.InCI(), "CI runs the tests as root")
+		t.Skip("files of another user can be made only as root")
+	}
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE f (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO f SELECT g, md5(g::text) FROM generate_series(1, 20) g`)
+	sync := func(out string) (int, string) {
+		e, _, errOut := testEnv(t)
+		code := run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+			"--tables", "public.f", "--to", out, "--stop-when-caught-up", "--quiet"}, e)
+		return code, errOut.String()
+	}
+	const other = 65534 // nobody
+	for name, plant := range map[string]func(t *testing.T, out string){
+		"link to a device": func(t *testing.T, out string) {
+			require.NoError(t, os.Symlink("/dev/null", out))
+			require.NoError(t, os.Lchown(out, other, other))
+		},
+		"pipe": func(t *testing.T, out string) {
+			require.NoError(t, syscall.Mkfifo(out, 0o666))
+			require.NoError(t, os.Chown(out, other, other))
+			// The other user reads it (opened without blocking, so that a refused sync does
+			// not leave the test waiting for a writer).
+			r, err := os.OpenFile(out, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+			require.NoError(t, err)
+			t.Cleanup(func() { r.Close() })
+		},
+		"empty file": func(t *testing.T, out string) {
+			require.NoError(t, os.WriteFile(out, nil, 0o666))
+			require.NoError(t, os.Chown(out, other, other))
+		},
+		"checkpoint": func(t *testing.T, out string) {
+			require.NoError(t, os.WriteFile(out+".checkpoint", []byte(`{}`), 0o666))
+			require.NoError(t, os.Chown(out+".checkpoint", other, other))
+		},
+		"lock": func(t *testing.T, out string) {
+			require.NoError(t, os.WriteFile(out+".lock", nil, 0o666))
+			require.NoError(t, os.Chown(out+".lock", other, other))
+		},
+		"block device": func(t *testing.T, out string) {
+			// A device number no driver answers (loop device 1048575): nothing is written even
+			// if the check were missing.
+			dev := filepath.Join(filepath.Dir(out), "blk")
+			require.NoError(t, unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 1048575))))
+			require.NoError(t, os.Symlink(dev, out))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.Chmod(dir, 0o1777))
+			out := filepath.Join(dir, "out.jsonl")
+			plant(t, out)
+			code, msg := sync(out)
+			require.Equal(t, 1, code, "what another user planted is refused:\n%s", msg)
+			require.Regexp(t, `owned by|block device`, msg)
+		})
+	}
+	// What this user (root here) made is used: its own link to its own pipe, /dev/null.
+	dir := t.TempDir()
+	code, msg := sync("/dev/null")
+	require.Equal(t, 0, code, msg)
+	fifo := filepath.Join(dir, "pipe")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	require.NoError(t, os.Symlink(fifo, filepath.Join(dir, "to-pipe")))
+	go func() { _, _ = os.ReadFile(fifo) }()
+	code, msg = sync(filepath.Join(dir, "to-pipe"))
+	require.Equal(t, 0, code, msg)
 }
