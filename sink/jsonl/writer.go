@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,7 +51,11 @@ type CheckpointFile struct {
 // process ends, then calls ready (which checks that the slot is not in use), and only then cuts
 // the output back to its checkpoint. A second sync on the same output fails before touching it.
 func Open(path, checkpoint string, types *pgjson.Registry, ready func() error) (*Writer, *merge.Position, error) {
-	if stream := isStream(path); path == "-" || stream {
+	stream, err := isStream(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if path == "-" || stream {
 		// Standard output, or a device or pipe the user named (/dev/stdout, a link): written as
 		// a stream, nothing cut back.
 		dst, stream := os.Stdout, (*os.File)(nil)
@@ -108,6 +113,10 @@ func lockOutput(name string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open the output's lock file: %w", err)
 	}
+	if err := checkOwner(f, name+".lock", "could hold it to stop every sync of this output"); err != nil {
+		f.Close()
+		return nil, err
+	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
@@ -139,6 +148,10 @@ func (s *Writer) open(path string, ready func() error) (*merge.Position, error) 
 	f, err := openOutput(path)
 	if err != nil {
 		return nil, fmt.Errorf("open output: %w", err)
+	}
+	if err := checkOwner(f, path, "could read what the sync writes, or change it"); err != nil {
+		f.Close()
+		return nil, err
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -201,7 +214,7 @@ func readCheckpoint(path string) (*merge.Position, int64, string, error) {
 	if path == "" {
 		return nil, 0, "", nil
 	}
-	cp, err := ReadCheckpointFile(path)
+	cp, err := readCheckpointFile(path, true)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, 0, "", nil
 	}
@@ -213,12 +226,21 @@ func readCheckpoint(path string) (*merge.Position, int64, string, error) {
 
 // ReadCheckpointFile reads a checkpoint file as Writer writes it. A missing file is an error
 // that errors.Is os.ErrNotExist.
-func ReadCheckpointFile(path string) (CheckpointFile, error) {
+func ReadCheckpointFile(path string) (CheckpointFile, error) { return readCheckpointFile(path, false) }
+
+// readCheckpointFile reads a checkpoint file; owned: one the sync resumes from, which must be
+// this user's or root's.
+func readCheckpointFile(path string, owned bool) (CheckpointFile, error) {
 	f, err := openNoFollow(path, os.O_RDONLY)
 	if err != nil {
 		return CheckpointFile{}, fmt.Errorf("read checkpoint: %w", err)
 	}
 	defer f.Close()
+	if owned {
+		if err := checkOwner(f, path, "could make the sync resume from a position of their choosing"); err != nil {
+			return CheckpointFile{}, err
+		}
+	}
 	// A checkpoint is a position: kilobytes; one over this is not a file Tidemark wrote.
 	b, err := io.ReadAll(io.LimitReader(f, maxCheckpointFile+1))
 	if err != nil {
@@ -301,11 +323,65 @@ func openNoFollow(path string, flag int) (*os.File, error) {
 // openOutput opens the output file, created 0600, refusing a symbolic link.
 func openOutput(path string) (*os.File, error) { return openNoFollow(path, os.O_RDWR|os.O_CREATE) }
 
-// isStream reports whether path is a device or a pipe (directly or through links): an output
-// written as a stream, like standard output.
-func isStream(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode()&(os.ModeDevice|os.ModeCharDevice|os.ModeNamedPipe) != 0
+// isStream reports whether path is a character device or a pipe, directly or through links: an
+// output written as a stream, like standard output. In a directory other users can write
+// (/tmp), any of them could have put there what the sync would follow or write to, so (as the
+// kernel's protected_symlinks does in sticky directories) a link is followed only when it is this
+// user's or root's, and the device or pipe must be this user's or root's too (a pipe of another
+// user would hand them the rows), unless path names one of this process's own open files
+// (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: what whoever started it gave it). A block
+// device is never written.
+func isStream(path string) (bool, error) {
+	li, err := os.Lstat(path)
+	if err != nil {
+		return false, nil // a file to create
+	}
+	fi := li
+	if li.Mode()&os.ModeSymlink != 0 {
+		if fi, err = os.Stat(path); err != nil || fi.Mode()&(os.ModeDevice|os.ModeCharDevice|os.ModeNamedPipe) == 0 {
+			return false, nil // a link to no device: refused as a link when opened
+		}
+		if err := trustedOwner(li, path, "a symbolic link", "could point it at a device or pipe of their choosing"); err != nil {
+			return false, err
+		}
+	}
+	switch m := fi.Mode(); {
+	case m&os.ModeDevice != 0 && m&os.ModeCharDevice == 0:
+		return false, fmt.Errorf("%s is a block device (a disk): Tidemark writes JSON lines to a file, standard output, a pipe or a character device only; write elsewhere", path)
+	case m&(os.ModeCharDevice|os.ModeNamedPipe) == 0:
+		return false, nil
+	}
+	if ownFile(path) {
+		return true, nil
+	}
+	return true, trustedOwner(fi, path, "a device or pipe", "could read what the sync writes")
+}
+
+// ownFile reports whether path names one of this process's own open files.
+func ownFile(path string) bool {
+	return path == "/dev/stdout" || path == "/dev/stderr" || strings.HasPrefix(path, "/dev/fd/") || strings.HasPrefix(path, "/proc/self/fd/")
+}
+
+// checkOwner refuses an open file that neither this user nor root owns: whoever owns it could
+// do what risk says.
+func checkOwner(f *os.File, path, risk string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return trustedOwner(fi, path, "a file", risk)
+}
+
+// trustedOwner refuses fi (of path, a what) unless this user or root owns it.
+func trustedOwner(fi os.FileInfo, path, what, risk string) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	if self := os.Geteuid(); int(st.Uid) != self && st.Uid != 0 {
+		return fmt.Errorf("%s is %s owned by uid %d, not by this user (uid %d) or root: whoever made it %s; remove it, or write elsewhere", path, what, st.Uid, self, risk)
+	}
+	return nil
 }
 
 var errSymlink = errors.New("is a symbolic link")
