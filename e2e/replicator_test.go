@@ -167,14 +167,14 @@ func TestStreamCommitOrder(t *testing.T) {
 	require.Less(t, second.Changes[0].LSN, first.Commit.LSN, "change LSNs go backwards across transactions")
 }
 
-// TestStreamLogicalMessages: transactional and non-transactional pg_logical_emit_message
-// messages are decoded with their prefix and content.
+// TestStreamLogicalMessages: the logical messages of the prefix a stream asks for are decoded
+// with their prefix and content (a stream asks for none unless told: Config.Messages).
 func TestStreamLogicalMessages(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
 	createSlot(t, db)
-	s := startStream(t, db, 0, nil)
+	s := startStream(t, db, 0, func(c *replicator.Config) { c.Messages = "tm" })
 	db.Exec(`BEGIN; SELECT pg_logical_emit_message(true, 'tm', 'hello'); INSERT INTO a VALUES (1); COMMIT`)
 	tx := s.next(wait)
 	m, ok := tx.Events[0].(*replicator.Message)

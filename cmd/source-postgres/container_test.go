@@ -339,15 +339,16 @@ func TestNoWritableDirectory(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	replayEqualsSource(t, e, "public.t", "id", r)
 
-	// Inline certificates need a file: the error says where and what to do.
+	// Inline certificates need no file (they are kept in memory): with no writable directory, a
+	// malformed one is refused for its content alone.
 	e.cfg["ssl_mode"] = map[string]any{"mode": "verify-ca", "ca_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}
 	r = runNoTmp("check", "--config", e.config())
 	require.Equal(t, 0, r.code, r.stderr)
 	st = r.ofType("CONNECTION_STATUS")
 	require.Len(t, st, 1, r.stdout)
 	require.Equal(t, "FAILED", st[0].str("connectionStatus", "status"))
-	require.Contains(t, st[0].str("connectionStatus", "message"), "TMPDIR")
-	require.Contains(t, st[0].str("connectionStatus", "message"), "certificates")
+	require.Contains(t, st[0].str("connectionStatus", "message"), "ca_certificate holds no PEM certificate")
+	require.NotContains(t, st[0].str("connectionStatus", "message"), "TMPDIR")
 }
 
 // alpineEndOfSupport is when each Alpine release's main repository stops getting security fixes

@@ -11,12 +11,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgserver"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
 // memoryBench is `tidemark bench --memory`: the peak resident set of `tidemark sync`, run as a
@@ -77,7 +79,7 @@ func (b *memoryBench) foreignMessage(ctx context.Context, dir string) error {
 		`CREATE PUBLICATION bench_msg FOR TABLE public.bench_msg`,
 		`SELECT pg_create_logical_replication_slot('bench_msg', 'pgoutput')`,
 		`INSERT INTO public.bench_msg VALUES (1, 'before the message')`,
-		fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, role, password),
+		fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD %s`, role, sqlfix.Literal(password)),
 	); err != nil {
 		return fmt.Errorf("prepare the foreign message: %w", err)
 	}
@@ -210,7 +212,7 @@ func want(what string, got int64, rows int) error {
 // syncRun is one `tidemark sync` child: how long it took and its peak resident set.
 type syncRun struct {
 	d      time.Duration
-	rssKiB int64         // ru_maxrss: the child's peak resident set, in KiB
+	rssKiB int64         // the child's peak resident set (VmHWM), in KiB
 	cpu    time.Duration // the child's user and system CPU time
 }
 
@@ -223,15 +225,58 @@ func (b *memoryBench) sync(ctx context.Context, target string, args []string) (s
 	var stderr tailBuffer
 	cmd.Stderr = &stderr
 	start := time.Now()
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		return syncRun{}, fmt.Errorf("tidemark sync: %w", err)
+	}
+	// The child's peak resident set is read from its VmHWM while it runs, not from its rusage:
+	// ru_maxrss carries over the parent's peak from before the exec (Go starts children with
+	// vfork semantics, sharing the parent's memory until the exec), which would report a large
+	// parent (a test binary) as the child's peak. VmHWM only grows, so the last reading before
+	// the child exits holds all but its last 10 ms.
+	done := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		var max int64
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if kib := vmHWM(cmd.Process.Pid); kib > max {
+				max = kib
+			}
+			select {
+			case <-done:
+				peak <- max
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	r := syncRun{d: time.Since(start), rssKiB: <-peak}
+	if err != nil {
 		return syncRun{}, fmt.Errorf("tidemark sync %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
-	r := syncRun{d: time.Since(start)}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		r.rssKiB = ru.Maxrss
 		r.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return r, nil
+}
+
+// vmHWM is the peak resident set of process pid so far, in KiB (0 when it cannot be read: the
+// process has exited).
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kib, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kib
+		}
+	}
+	return 0
 }
 
 func (b *memoryBench) memLine(name string, r syncRun, rows, outBytes int64, note string) {
