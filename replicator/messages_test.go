@@ -106,6 +106,27 @@ func TestMessageFilter(t *testing.T) {
 	}
 }
 
+// TestMessageFilterPrefixLengths: a message is dropped whatever its prefix's length, including
+// the lengths whose NUL falls inside the bytes the filter reads first but whose content length
+// does not (256 to 259 bytes): such a message came out whole, content and all.
+func TestMessageFilterPrefixLengths(t *testing.T) {
+	content := bytes.Repeat([]byte("x"), 1<<20)
+	for n := 240; n <= 300; n++ {
+		prefix := strings.Repeat("p", n)
+		var dropped int
+		f := newMessageFilter(bytes.NewReader(xlog(logicalMessage(prefix, content))),
+			func(p string) bool { return p == "tidemark" }, func(string, int64) { dropped++ })
+		got := readAll(t, f)
+		require.Equal(t, 1, dropped, "prefix of %d bytes", n)
+		require.LessOrEqual(t, len(got), 5+25+10+256+4, "prefix of %d bytes: the message's content came through", n)
+		kept := prefix
+		if n > 255 {
+			kept = ""
+		}
+		require.Equal(t, xlog(logicalMessage(kept, nil)), got, "prefix of %d bytes", n)
+	}
+}
+
 // FuzzMessageFilter: whatever the socket gives, the filter ends, never panics, and returns no
 // more than a message's header and the start of its body for what it drops.
 func FuzzMessageFilter(f *testing.F) {
