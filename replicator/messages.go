@@ -136,15 +136,16 @@ func (f *messageFilter) decide() {
 	end := bytes.IndexByte(body[prefixAt:], 0)
 	var prefix string
 	var size int64
-	var drop bool
+	var drop, tooLong bool
 	switch {
 	case end >= 0 && prefixAt+end+5 <= len(body):
 		prefix = string(body[prefixAt : prefixAt+end])
 		size = int64(binary.BigEndian.Uint32(body[prefixAt+end+1:]))
 		drop = !f.keep(prefix) || size > MaxMessage
-	case rest > 0 && end < 0:
-		// A prefix of 255 bytes or more: no message Tidemark reads.
-		prefix, size, drop = string(body[prefixAt:prefixAt+64]), f.bodyLen-prefixAt, true
+	case rest > 0:
+		// The prefix and its content length do not fit in what was read: a prefix of 256 bytes or
+		// more (its NUL may be among the bytes read or not), no message Tidemark reads.
+		prefix, size, drop, tooLong = string(body[prefixAt:prefixAt+64]), f.bodyLen-prefixAt, true, true
 	default:
 		// The message ends before its content's length: as it is, for the decoder to report.
 	}
@@ -155,7 +156,7 @@ func (f *messageFilter) decide() {
 	}
 	// The same message with the prefix it had (or none, if too long) and no content.
 	kept := prefix
-	if end < 0 {
+	if tooLong {
 		kept = ""
 	}
 	out := make([]byte, 0, 5+prefixAt+len(kept)+5)

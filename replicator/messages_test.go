@@ -143,3 +143,27 @@ func FuzzMessageFilter(f *testing.F) {
 		require.LessOrEqual(t, n, int64(len(in)), "the filter returns no more than it read")
 	})
 }
+
+// FuzzMessageFilterDrops: a well-formed logical message that is not kept (another prefix, of any
+// length, or a content over MaxMessage) comes out with no content, at most a header and a
+// 255-byte prefix long; one that is kept comes out whole.
+func FuzzMessageFilterDrops(f *testing.F) {
+	f.Add([]byte("other"), uint32(10))
+	f.Add([]byte("tidemark"), uint32(MaxMessage+1))
+	f.Add(bytes.Repeat([]byte("p"), 257), uint32(5000))
+	f.Add([]byte("tidemark"), uint32(40))
+	f.Fuzz(func(t *testing.T, prefix []byte, size uint32) {
+		prefix = bytes.ReplaceAll(prefix, []byte{0}, []byte("z"))
+		size %= 4 * MaxMessage
+		msg := xlog(logicalMessage(string(prefix), bytes.Repeat([]byte("c"), int(size))))
+		got := readAll(t, newMessageFilter(&chunky{src: bytes.NewReader(msg), rnd: rand.New(rand.NewPCG(uint64(size), 1))},
+			func(p string) bool { return p == "tidemark" }, nil))
+		if string(prefix) == "tidemark" && size <= MaxMessage {
+			require.Equal(t, msg, got)
+			return
+		}
+		require.LessOrEqual(t, len(got), 5+25+10+256+4, "a message not kept came through with its content")
+		require.Equal(t, byte('M'), got[5+25])
+		require.Equal(t, []byte{0, 0, 0, 0}, got[len(got)-4:], "no content")
+	})
+}
