@@ -144,3 +144,54 @@ func TestHostileOwnTables(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileColumnTypeOnSource: the owner of a captured table (here a role without privileges)
+// adds a column of an enum of theirs, with a default that existing rows take without a row event,
+// and a cast of the enum to text with a function of theirs. The PostgreSQL sink reads that value
+// on the source to give the target's rows; converting it with casts would run that function as
+// Tidemark's role (a superuser here). The value must be read without running any code of the
+// type's owner (casts are found by type, whatever search_path says).
+func TestHostileColumnTypeOnSource(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	tgtDSN, _ := targetDatabase(t, db)
+	role := hostileRole(t, "mallory_"+db.Name, db.DSN, tgtDSN)
+	ident := pgx.Identifier{role}.Sanitize()
+	db.Exec(`CREATE TABLE public.h (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO public.h SELECT g, md5(g::text) FROM generate_series(1, 10) g`)
+	db.Exec(`ALTER TABLE public.h OWNER TO ` + ident)
+	sync := func() (int, string) {
+		e, _, errOut := testEnv(t)
+		code := run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+			"--tables", "public.h", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, e)
+		return code, errOut.String()
+	}
+	code, msg := sync()
+	require.Equal(t, 0, code, msg)
+	db.Exec(`SET ROLE ` + ident + `; CREATE TYPE public.mood AS ENUM ('sad', 'happy'); RESET ROLE`)
+	plant(t, db.DSN, role, "pwn(public.mood)", "text", "RETURN 'happy'")
+	db.Exec(`SET ROLE ` + ident + `;
+		CREATE CAST (public.mood AS text) WITH FUNCTION public.pwn(public.mood);
+		ALTER TABLE public.h ADD COLUMN f public.mood DEFAULT 'happy';
+		UPDATE public.h SET v = 'changed' WHERE id = 1;
+		RESET ROLE`)
+	var missing bool
+	require.NoError(t, db.Connect().QueryRow(context.Background(), `SELECT atthasmissing FROM pg_attribute WHERE attrelid = 'public.h'::regclass AND attname = 'f'`).Scan(&missing))
+	require.True(t, missing, "the existing rows take the default without a rewrite")
+	require.False(t, isSuperuser(t, role))
+	// The target has the type too (as another role's): the sink adds the column with it.
+	tgt, err := pgx.Connect(context.Background(), tgtDSN)
+	require.NoError(t, err)
+	_, err = tgt.Exec(context.Background(), `CREATE TYPE public.mood AS ENUM ('sad', 'happy')`)
+	require.NoError(t, err)
+	tgt.Close(context.Background())
+	code, msg = sync()
+	t.Logf("second sync: exit %d: %s", code, msg)
+	require.False(t, isSuperuser(t, role), "the sync cast the column's value with a cast of %s's, as a superuser", role)
+	require.Equal(t, 0, code, msg)
+	var f string
+	tgt, err = pgx.Connect(context.Background(), tgtDSN)
+	require.NoError(t, err)
+	defer tgt.Close(context.Background())
+	require.NoError(t, tgt.QueryRow(context.Background(), `SELECT f::text FROM public.h WHERE id = 2`).Scan(&f))
+	require.Equal(t, "happy", f, "the existing rows' value")
+}
