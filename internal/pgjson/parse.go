@@ -232,3 +232,18 @@ func parseHstore(s []byte) (keys, vals [][]byte, err error) {
 	}
 	return keys, vals, nil
 }
+
+// ArrayElement returns the one element of a one-dimensional, one-element array's text form
+// (array_out's, with elements separated by delim: the element type's typdelim), as the element
+// type's own output function wrote it; null when it is NULL. It reads a value where converting
+// it on the server could run code of the type's owner (a cast to text).
+func ArrayElement(s string, delim byte) (elem string, null bool, err error) {
+	items, _, err := parseArray([]byte(s), delim)
+	if err != nil {
+		return "", false, err
+	}
+	if len(items) != 1 || items[0].isSub {
+		return "", false, fmt.Errorf("%w: %q is not an array of one element", errSyntax, s)
+	}
+	return string(items[0].text), items[0].null, nil
+}

@@ -159,3 +159,30 @@ func TestCompositeAmbiguousAcrossChanges(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, lossy, "(3,33) could also be (a, b) from before b was dropped")
 }
+
+func TestArrayElement(t *testing.T) {
+	for _, c := range []struct {
+		in    string
+		delim byte
+		want  string
+		null  bool
+	}{
+		{`{7}`, ',', "7", false},
+		{`{happy}`, ',', "happy", false},
+		{`{"a,b \"c\" \\d"}`, ',', `a,b "c" \d`, false},
+		{`{"(1,\"x y\")"}`, ',', `(1,"x y")`, false},
+		{`{"(1,2),(0,0)"}`, ';', "(1,2),(0,0)", false},
+		{`{NULL}`, ',', "", true},
+		{`{"NULL"}`, ',', "NULL", false},
+		{`[0:0]={5}`, ',', "5", false},
+	} {
+		got, null, err := ArrayElement(c.in, c.delim)
+		require.NoError(t, err, c.in)
+		require.Equal(t, c.want, got, c.in)
+		require.Equal(t, c.null, null, c.in)
+	}
+	for _, bad := range []string{`{}`, `{1,2}`, `{{1}}`, `7`, `{"x`} {
+		_, _, err := ArrayElement(bad, ',')
+		require.Error(t, err, bad)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark/tidemark/internal/faults"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgerr"
+	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgtrust"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -971,7 +972,8 @@ func unqualified(typ string) string {
 func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, name, typ string) error {
 	var hasDefault, hasMissing bool
 	var missing *string
-	err := s.source.QueryRow(ctx, SourceColumnDefaultSQL, pgx.Identifier{c.Schema, c.Table}.Sanitize(), name).Scan(&hasDefault, &hasMissing, &missing)
+	delim := ","
+	err := s.source.QueryRow(ctx, SourceColumnDefaultSQL, pgx.Identifier{c.Schema, c.Table}.Sanitize(), name).Scan(&hasDefault, &hasMissing, &missing, &delim)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read column %s of %s.%s on the source: %w", name, c.Schema, c.Table, err)
 	}
@@ -979,11 +981,13 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 	switch {
 	case hasMissing && missing != nil:
 		// The value the source's rows had when the column was added, in its text form.
-		var val *string
-		if err := s.source.QueryRow(ctx, MissingValueSQL(typ), *missing).Scan(&val); err != nil {
+		val, null, err := pgjson.ArrayElement(*missing, delim[0])
+		if err != nil {
 			return fmt.Errorf("read the value column %s of %s.%s gives existing rows on the source: %w", name, c.Schema, c.Table, err)
 		}
-		def = val
+		if !null {
+			def = &val
+		}
 	case hasDefault:
 		return fmt.Errorf("column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (%s) and re-backfill the table (--rebackfill %s.%s)",
 			name, c.Schema, c.Table, t.ident, AddColumnFix(t.ident, name, typ), c.Schema, c.Table)

@@ -125,19 +125,18 @@ const (
 	// BaseTypeSQL: the SQL name of type $1 without modifiers.
 	BaseTypeSQL = `SELECT format_type($1, NULL)`
 	// SourceColumnDefaultSQL: whether column $2 of table $1 has a default, and the value rows
-	// stored before it was added have (atthasmissing, the value as a one-element array's text).
-	SourceColumnDefaultSQL = `SELECT d.adbin IS NOT NULL, a.atthasmissing, a.attmissingval::text
+	// stored before it was added have (atthasmissing, the value as a one-element array's text,
+	// and the delimiter of the type's arrays). The array's text comes from the element type's own
+	// output function (anyarray has no cast but the built-in one); converting the element on the
+	// server instead (to its type, then to text) would run casts, which the type's owner can
+	// define with a function of their own (pgjson.ArrayElement reads it here).
+	SourceColumnDefaultSQL = `SELECT d.adbin IS NOT NULL, a.atthasmissing, a.attmissingval::text, t.typdelim::text
 		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		JOIN pg_type t ON t.oid = a.atttypid
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2`
 	// TargetBaseTypeSQL: the type without modifiers of column $2 of table $1, and its OID.
 	TargetBaseTypeSQL = `SELECT format_type(atttypid, NULL), atttypid FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`
 )
-
-// MissingValueSQL reads the one element of an attmissingval array ($1, its text) of type typ as
-// text.
-func MissingValueSQL(typ string) string {
-	return fmt.Sprintf(`SELECT ($1::text::%s[])[1]::text`, typ)
-}
 
 // CreateSchemaSQL creates a target schema when missing.
 func CreateSchemaSQL(schema string) string {

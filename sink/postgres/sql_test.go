@@ -45,7 +45,6 @@ func TestSQLGolden(t *testing.T) {
 	add("base type name", BaseTypeSQL)
 	add("source column default", SourceColumnDefaultSQL)
 	add("target column base type", TargetBaseTypeSQL)
-	add("missing value", MissingValueSQL("numeric(12,2)"))
 	add("create schema", CreateSchemaSQL("Sales"))
 	add("create table", CreateTableSQL(table, names, types, key))
 	add("create staging table", CreateStageSQL(stage, table))
