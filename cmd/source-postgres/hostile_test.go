@@ -56,6 +56,43 @@ func TestHostileFunctionsGainNothing(t *testing.T) {
 	require.False(t, super(), "read ran the function planted in public")
 }
 
+// TestHostileCursorType: a Standard stream whose cursor column is of an enum owned by another
+// role, who also made a cast of it to text with a function of theirs. The first read finds the
+// highest cursor value; converting it to text on the server would run that function as the
+// connector's role (here a superuser). It must be read in the type's own text form.
+func TestHostileCursorType(t *testing.T) {
+	e := newEnv(t)
+	role := "mallory_" + e.db.Name
+	e.db.Exec(`CREATE ROLE ` + role + ` LOGIN NOSUPERUSER`)
+	e.db.Exec(`GRANT CREATE ON SCHEMA public TO ` + role)
+	t.Cleanup(func() {
+		e.db.Exec(`DROP OWNED BY ` + role)
+		e.db.Exec(`DROP ROLE ` + role)
+	})
+	e.db.Exec(fmt.Sprintf(`SET ROLE %[1]s;
+		CREATE TYPE public.stage AS ENUM ('new', 'paid', 'shipped');
+		CREATE FUNCTION public.stage_text(public.stage) RETURNS text LANGUAGE plpgsql AS $f$
+		BEGIN
+			IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+				EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+			END IF;
+			RETURN 'shipped';
+		END $f$;
+		CREATE CAST (public.stage AS text) WITH FUNCTION public.stage_text(public.stage);
+		RESET ROLE`, role))
+	e.db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY, s public.stage NOT NULL)`)
+	e.db.Exec(`INSERT INTO public.orders SELECT g, (ARRAY['new', 'paid'])[g % 2 + 1]::public.stage FROM generate_series(1, 10) g`)
+	e.cfg["replication_method"] = map[string]any{"method": "Standard"}
+	r := e.read(e.cursorCatalog(map[string]string{"public.orders": "s"}, "public.orders"), nil)
+	require.Len(t, r.records(), 10)
+	var super bool
+	require.NoError(t, e.db.Connect().QueryRow(t.Context(), `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&super))
+	require.False(t, super, "the read cast the cursor value to text with %s's function, as a superuser", role)
+	states := r.ofType("STATE")
+	require.NotEmpty(t, states)
+	require.Contains(t, string(states[len(states)-1].raw), `"cursor":"paid"`, "the cursor is the highest value, in the enum's own text form")
+}
+
 // TestPrintedFixesAreSafeToPaste reproduces the injection through printed SQL: check prints the
 // statements that fix what it finds, for a DBA to paste into a session of theirs (here as a
 // superuser, with standard_conforming_strings on and off); a replication_slot written by
