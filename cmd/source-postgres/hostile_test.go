@@ -81,6 +81,8 @@ func TestHostileCursorType(t *testing.T) {
 		CREATE CAST (public.stage AS text) WITH FUNCTION public.stage_text(public.stage);
 		RESET ROLE`, role))
 	e.db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY, s public.stage NOT NULL)`)
+	// Casts have no owner: DROP OWNED leaves them, and they hold the function.
+	t.Cleanup(func() { e.db.Exec(`DROP TABLE public.orders; DROP CAST (public.stage AS text)`) })
 	e.db.Exec(`INSERT INTO public.orders SELECT g, (ARRAY['new', 'paid'])[g % 2 + 1]::public.stage FROM generate_series(1, 10) g`)
 	e.cfg["replication_method"] = map[string]any{"method": "Standard"}
 	r := e.read(e.cursorCatalog(map[string]string{"public.orders": "s"}, "public.orders"), nil)

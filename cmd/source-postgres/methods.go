@@ -366,10 +366,13 @@ func (r *reader) cursorRead(ctx context.Context, st *readStream) error {
 		var cur *string
 		var n int64
 		col := pgx.Identifier{st.cursor[0]}.Sanitize()
-		q := fmt.Sprintf(`WITH m AS (SELECT %s AS c FROM %s WHERE %s IS NOT NULL ORDER BY 1 DESC LIMIT 1) SELECT c::text, (SELECT count(*) FROM %s WHERE %s%s %s m.c%s) FROM m`,
+		// The value is read in its type's text form (the result in text format: the type's
+		// output function), not converted with ::text, which would run a cast to text that the
+		// type's owner may have made with a function of their own, as this role.
+		q := fmt.Sprintf(`WITH m AS (SELECT %s AS c FROM %s WHERE %s IS NOT NULL ORDER BY 1 DESC LIMIT 1) SELECT c, (SELECT count(*) FROM %s WHERE %s%s %s m.c%s) FROM m`,
 			col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, pgx.Identifier{st.schema, st.name}.Sanitize(), col, ms.cursor.Cast, ms.cursor.Eq, ms.cursor.Cast)
 		var c string
-		switch err := r.conn.QueryRow(ctx, q).Scan(&c, &n); {
+		switch err := r.conn.QueryRow(ctx, q, pgx.QueryResultFormats{pgx.TextFormatCode, pgx.TextFormatCode}).Scan(&c, &n); {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			return fmt.Errorf("read the highest cursor value of %s: %w", st.key(), err)

@@ -174,6 +174,8 @@ func TestHostileColumnTypeOnSource(t *testing.T) {
 		ALTER TABLE public.h ADD COLUMN f public.mood DEFAULT 'happy';
 		UPDATE public.h SET v = 'changed' WHERE id = 1;
 		RESET ROLE`)
+	// Casts have no owner: DROP OWNED leaves them, and they hold the function and the type.
+	t.Cleanup(func() { db.Exec(`DROP TABLE public.h; DROP CAST (public.mood AS text)`) })
 	var missing bool
 	require.NoError(t, db.Connect().QueryRow(context.Background(), `SELECT atthasmissing FROM pg_attribute WHERE attrelid = 'public.h'::regclass AND attname = 'f'`).Scan(&missing))
 	require.True(t, missing, "the existing rows take the default without a rewrite")
