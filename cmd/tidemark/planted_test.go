@@ -186,6 +186,14 @@ func TestPlantedObjects(t *testing.T) {
 	}
 	slices.Sort(ran)
 	require.Empty(t, ran, "planted objects that ran with the search_path pinned")
+	var casts []string
+	for p, where := range control.fired {
+		if strings.HasPrefix(p, "c ") {
+			casts = append(casts, p+" (in "+where+")")
+		}
+	}
+	slices.Sort(casts)
+	require.Empty(t, casts, "casts of a user type's owner that ran without the pin (they would with it)")
 	t.Logf("%d objects planted; all ran without the pin, none with it", len(planted))
 }
 
@@ -446,6 +454,24 @@ CREATE OPERATOR public.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = %s)`, sym, f,
 	return out
 }
 
+// plantedCasts are casts of public.mood (a captured column's enum) to and from text, json and
+// jsonb, each reporting when it runs ("c mood AS text"). Casts have no owner: each run's
+// databases are dropped with them.
+var plantedCasts = func() string {
+	var b strings.Builder
+	for _, c := range []struct{ from, to, name, value string }{
+		{"public.mood", "text", "mood AS text", "'ok'::text"},
+		{"public.mood", "json", "mood AS json", `'"ok"'::json`},
+		{"public.mood", "jsonb", "mood AS jsonb", `'"ok"'::jsonb`},
+		{"text", "public.mood", "text AS mood", "'ok'::public.mood"},
+	} {
+		f := "public.tidemark_planted_cast_" + strings.NewReplacer(" AS ", "_", ".", "_").Replace(c.name)
+		fmt.Fprintf(&b, "CREATE FUNCTION %s(%s) RETURNS %s LANGUAGE sql VOLATILE AS $p$ SELECT public.tidemark_planted_fired('c %s'); SELECT %s $p$;\n", f, c.from, c.to, c.name, c.value)
+		fmt.Fprintf(&b, "CREATE CAST (%s AS %s) WITH FUNCTION %s(%s);\n", c.from, c.to, f, c.from)
+	}
+	return b.String()
+}()
+
 // plantedRun is what one run of every command showed in the servers' logs.
 type plantedRun struct {
 	fired  map[string]string // planted object ("f name", "o symbol") -> the application it ran in
@@ -473,6 +499,9 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 		INSERT INTO public.items (id, name, n, tags, m) SELECT g, 'item ' || g, g * 1.5, ARRAY['a', 'b'], 'ok' FROM pg_catalog.generate_series(1, 300) g;
 		CREATE TABLE public.tenants (tenant citext, id int, v text, PRIMARY KEY (tenant, id));
 		INSERT INTO public.tenants SELECT CASE WHEN g % 2 = 0 THEN 'A' ELSE 'b' END, g, 'v' FROM pg_catalog.generate_series(1, 100) g;
+		-- A column added with a default the existing rows take without a rewrite, which the
+		-- target's tenants lacks: the sink adds it there with that value.
+		ALTER TABLE public.tenants ADD COLUMN m public.mood DEFAULT 'meh';
 		CREATE TABLE public.other (id int PRIMARY KEY);
 		DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'rds_replication') THEN CREATE ROLE rds_replication; END IF; END $$`)
 	require.NoError(t, err)
@@ -489,8 +518,13 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 	for _, db := range []string{src, tgt} {
 		c := harness(t, srv, db)
 		_, err := c.Exec(ctx, string(plant))
-		c.Close(ctx)
 		require.NoError(t, err, "plant into %s", db)
+		// Casts of the enum a captured column has, as its owner may make them: found by type,
+		// whatever search_path says, so neither run may meet one (Tidemark reads and writes a
+		// user type's values in its text form, through its input and output functions).
+		_, err = c.Exec(ctx, plantedCasts)
+		c.Close(ctx)
+		require.NoError(t, err, "plant casts into %s", db)
 	}
 
 	// Another session holds an advisory lock on each database, as a second capture would: the
@@ -665,6 +699,8 @@ func runConnector(t *testing.T, srv *e2e.Server, bin string, env []string, db, d
 		{"read", "--config", cdc, "--catalog", catalog(true, ""), "--state", "@"},
 		{"read", "--config", standard, "--catalog", catalog(true, "updated_at")},
 		{"read", "--config", standard, "--catalog", catalog(true, "updated_at"), "--state", "@"},
+		// A cursor of the enum (its highest value is read as text).
+		{"read", "--config", standard, "--catalog", catalog(true, "m")},
 		{"read", "--config", xmin, "--catalog", catalog(true, "")},
 		{"read", "--config", xmin, "--catalog", catalog(true, ""), "--state", "@"},
 	}
