@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -196,4 +197,56 @@ func TestHostileColumnTypeOnSource(t *testing.T) {
 	defer tgt.Close(context.Background())
 	require.NoError(t, tgt.QueryRow(context.Background(), `SELECT f::text FROM public.h WHERE id = 2`).Scan(&f))
 	require.Equal(t, "happy", f, "the existing rows' value")
+}
+
+// TestTargetTableReplaced: the owner of the target schema (not Tidemark's role) may drop a
+// table in it, even one Tidemark owns, and make another of the same name with a trigger of
+// theirs, between two of the sink's transactions. The sink checked the table when it first
+// used it; it must not write the replacement, whose trigger would run as its role (a superuser
+// here): it stops, saying the table changed.
+func TestTargetTableReplaced(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	tgtDSN, tgt := targetDatabase(t, db)
+	role := hostileRole(t, "mallory_"+db.Name, db.DSN, tgtDSN)
+	ident := pgx.Identifier{role}.Sanitize()
+	ctx := context.Background()
+	_, err := tgt.Exec(ctx, `CREATE SCHEMA app AUTHORIZATION `+ident)
+	require.NoError(t, err)
+	db.Exec(`CREATE TABLE public.h (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO public.h SELECT g, md5(g::text) FROM generate_series(1, 10) g`)
+	plant(t, tgtDSN, role, "pwn()", "trigger", "RETURN NEW")
+
+	e, _, errOut := testEnv(t)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(runCtx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+			"--tables", "public.h", "--to", tgtDSN, "--target-schema", "app", "--checkpoint-interval", "100ms", "--quiet"}, e)
+	}()
+	rows := func() int {
+		var n int
+		_ = tgt.QueryRow(ctx, `SELECT count(*) FROM app.h`).Scan(&n)
+		return n
+	}
+	require.Eventually(t, func() bool { return rows() == 10 }, 30*time.Second, 50*time.Millisecond, "the backfill reached the target")
+	time.Sleep(300 * time.Millisecond) // past a checkpoint: the sink's transaction is closed
+	_, err = tgt.Exec(ctx, `SET ROLE `+ident+`;
+		DROP TABLE app.h;
+		CREATE TABLE app.h (id int PRIMARY KEY, v text);
+		CREATE TRIGGER pwn BEFORE INSERT OR UPDATE OR DELETE ON app.h FOR EACH ROW EXECUTE FUNCTION public.pwn();
+		RESET ROLE`)
+	require.NoError(t, err)
+	db.Exec(`INSERT INTO public.h VALUES (11, 'after')`)
+	db.Exec(`UPDATE public.h SET v = 'changed' WHERE id = 1`)
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(20 * time.Second):
+		cancel()
+		code = <-done
+	}
+	require.False(t, isSuperuser(t, role), "the sink wrote the replaced table, running %s's trigger as a superuser", role)
+	require.Equal(t, 1, code, "the sync stops:\n%s", errOut.String())
+	require.Contains(t, errOut.String(), "changed while Tidemark ran")
 }
