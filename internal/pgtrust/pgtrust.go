@@ -249,6 +249,23 @@ func Guard(what, name string) string {
 		THEN '0' ELSE ` + sqlfix.Literal(what+" "+name+" changed while Tidemark ran: another role may be trying to run code with its rights") + ` END)::pg_catalog.int4`
 }
 
+// GuardTable is Guard for a table of the user's that Table accepted (its OID then oid): a
+// statement that fails, naming what, unless name is still that table (not dropped and made again
+// by the schema's owner, who may drop any table in it), and it and its partitions are still
+// owned by this role or a superuser, with no TRIGGER granted to anyone else. Run it first in
+// each transaction that writes the table, after LockSQL(name), which holds it so until the
+// commit. What a trusted owner adds (a trigger, a rule) is theirs to add.
+func GuardTable(what, name string, oid uint32) string {
+	return fmt.Sprintf(`SELECT (CASE WHEN coalesce((SELECT t.oid = %d AND NOT EXISTS (
+			SELECT FROM (SELECT t.oid AS relid UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(t.oid) pt) p
+			JOIN pg_catalog.pg_class c ON c.oid = p.relid JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+			WHERE NOT (r.rolname = current_user OR r.rolsuper)
+				OR EXISTS (SELECT FROM pg_catalog.aclexplode(c.relacl) a WHERE a.privilege_type = 'TRIGGER' AND %s))
+		FROM pg_catalog.pg_class t WHERE t.oid = pg_catalog.to_regclass(%s)), false)
+		THEN '0' ELSE %s END)::pg_catalog.int4`, oid, untrustedGrantee, sqlfix.Literal(name),
+		sqlfix.Literal(what+" "+name+" changed while Tidemark ran (dropped and made again, given to another owner, or TRIGGER granted): another role may be trying to run code with its rights"))
+}
+
 // LockSQL locks table name (quoted, qualified) as its writes would, for Guard.
 func LockSQL(name string) string { return "LOCK TABLE " + name + " IN ROW EXCLUSIVE MODE" }
 
@@ -353,7 +370,7 @@ const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
 		) x(next)
 		WHERE ty.depth < 16
 	)
-	SELECT DISTINCT t.oid::pg_catalog.regtype::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper),
+	SELECT DISTINCT t.oid::pg_catalog.regtype::text, t.typtype::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper),
 		array(SELECT DISTINCT p.oid::pg_catalog.regprocedure::text || ' of ' || pr.rolname::text
 			FROM pg_depend dep
 			JOIN pg_proc p ON (dep.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND p.oid = dep.refobjid)
@@ -363,25 +380,33 @@ const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
 				OR (dep.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND dep.objid = t.oid))
 			AND NOT (pr.rolname = current_user OR pr.rolsuper))
 	FROM ty JOIN pg_type t ON t.oid = ty.oid JOIN pg_roles r ON r.oid = t.typowner
-	WHERE t.typtype = 'd'
+	WHERE t.typtype IN ('d', 'c')
 	ORDER BY 1`
 
 // Domain checks the type of a column Tidemark fills (typeOID), and the types under it (an
 // array's elements, a composite's fields): a domain's constraints and default run with this
 // role's rights on every value written, and its owner can add constraints at any time, so each
 // domain's owner, and the owners of the functions its constraints and default call, must be
-// this role or a superuser. Other types pass (their input functions are C, which only a
-// superuser can create).
+// this role or a superuser; so must each composite type's owner, who can add a field of such a
+// domain at any time. Other types pass (their input functions are C, which only a superuser can
+// create; an enum's owner can add labels, which run nothing).
 func Domain(ctx context.Context, q Rows, what string, typeOID uint32) error {
 	rows, err := q.Query(ctx, domainSQL, typeOID)
 	if err != nil {
 		return fmt.Errorf("read the constraints of the type of %s: %w", what, err)
 	}
 	var problems, fixes []string
-	var name, owner string
+	var name, kind, owner string
 	var trusted bool
 	var fns []string
-	if _, err := pgx.ForEachRow(rows, []any{&name, &owner, &trusted, &fns}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &kind, &owner, &trusted, &fns}, func() error {
+		if kind == "c" {
+			if !trusted {
+				problems = append(problems, fmt.Sprintf("its composite type %s is owned by role %s, which is neither this role nor a superuser: its owner can add a field of a domain at any time, whose constraints would run with this role's rights on every value written", name, ident(owner)))
+				fixes = append(fixes, fmt.Sprintf("ALTER TYPE %s OWNER TO CURRENT_USER;  -- run as the role Tidemark uses, or a superuser (ALTER TABLE for a table's row type)", name))
+			}
+			return nil
+		}
 		if !trusted {
 			problems = append(problems, fmt.Sprintf("its domain %s is owned by role %s, which is neither this role nor a superuser: its constraints run with this role's rights on every value written, and its owner can add some at any time", name, ident(owner)))
 			fixes = append(fixes, fmt.Sprintf("ALTER DOMAIN %s OWNER TO CURRENT_USER;  -- run as the role Tidemark uses, or a superuser", name))

@@ -214,3 +214,66 @@ func TestGuard(t *testing.T) {
 	db.Exec(`DROP TABLE public.tidemark_own`)
 	require.ErrorContains(t, guard(), "does not exist", "a table dropped is no table to write")
 }
+
+// TestDomainComposite: a composite type of another role's is refused (its owner can add a field
+// of a domain with constraints at any time), whether the column has it or it is nested.
+func TestDomainComposite(t *testing.T) {
+	db, conn, other := fixture(t)
+	ctx := context.Background()
+	typ := func(name string) uint32 {
+		var oid uint32
+		require.NoError(t, conn.QueryRow(ctx, `SELECT $1::regtype::oid`, name).Scan(&oid))
+		return oid
+	}
+	db.Exec(`CREATE TYPE public.addr AS (street text, zip int)`)
+	db.Exec(`CREATE TYPE public.place AS (a public.addr, n int)`)
+	require.NoError(t, pgtrust.Domain(ctx, conn, "column", typ("public.place")))
+	db.Exec(`ALTER TYPE public.addr OWNER TO ` + other)
+	for _, n := range []string{"public.addr", "public.addr[]", "public.place"} {
+		r := refusal(t, pgtrust.Domain(ctx, conn, "column", typ(n)))
+		require.Contains(t, r.Error(), fmt.Sprintf(`its composite type public.addr is owned by role "%s"`, other), n)
+	}
+	db.Exec(`ALTER TYPE public.addr OWNER TO CURRENT_USER`)
+	require.NoError(t, pgtrust.Domain(ctx, conn, "column", typ("public.place")))
+}
+
+// TestGuardTable: the guard of a user's table passes on the table Table accepted, and fails
+// once it is another table of the same name, another role owns it or one of its partitions, or
+// another role may add triggers to it.
+func TestGuardTable(t *testing.T) {
+	db, conn, other := fixture(t)
+	ctx := context.Background()
+	const name = `"public"."target"`
+	db.Exec(`CREATE TABLE public.target (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	db.Exec(`CREATE TABLE public.target_1 PARTITION OF public.target FOR VALUES FROM (0) TO (100)`)
+	var oid uint32
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, name).Scan(&oid))
+	require.NoError(t, pgtrust.Table(ctx, conn, "target table", name))
+	guard := func() error {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, pgtrust.LockSQL(name)); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, pgtrust.GuardTable("target table", name, oid))
+		return err
+	}
+	require.NoError(t, guard())
+	for _, c := range []struct{ change, undo string }{
+		{`GRANT TRIGGER ON public.target TO ` + other, `REVOKE TRIGGER ON public.target FROM ` + other},
+		{`GRANT TRIGGER ON public.target_1 TO PUBLIC`, `REVOKE TRIGGER ON public.target_1 FROM PUBLIC`},
+		{`ALTER TABLE public.target OWNER TO ` + other, `ALTER TABLE public.target OWNER TO CURRENT_USER`},
+		{`ALTER TABLE public.target_1 OWNER TO ` + other, `ALTER TABLE public.target_1 OWNER TO CURRENT_USER`},
+	} {
+		db.Exec(c.change)
+		require.ErrorContains(t, guard(), "changed while Tidemark ran", c.change)
+		db.Exec(c.undo)
+		require.NoError(t, guard(), c.undo)
+	}
+	db.Exec(`DROP TABLE public.target`)
+	db.Exec(`CREATE TABLE public.target (id int PRIMARY KEY)`)
+	require.ErrorContains(t, guard(), "changed while Tidemark ran", "another table of the same name")
+	db.Exec(`DROP TABLE public.target`)
+	require.ErrorContains(t, guard(), "does not exist")
+}

@@ -66,6 +66,7 @@ type Sink struct {
 	apart *pgx.Conn
 
 	tx        pgx.Tx
+	txn       int                     // counts the target transactions begun
 	tables    map[string]*targetTable // by source schema.table
 	batches   []*tableBatch           // pending, in first-seen order
 	lastAudit pglogrepl.LSN
@@ -93,7 +94,11 @@ type targetTable struct {
 	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
 	overriding bool
 	stage      string // quoted temporary staging table
-	batch      *tableBatch
+	// oid is the target table's OID when it was checked (pgtrust.Table) or created; guarded the
+	// transaction (Sink.txn) in which it was last locked and found still that table.
+	oid     uint32
+	guarded int
+	batch   *tableBatch
 	columns    *merge.Columns // the Columns the batch's rows have
 	// skipDirect counts the batches that go through the staging table before a direct copy is
 	// tried again, after directFails failed in a row on a key the target already had.
@@ -262,6 +267,31 @@ func (s *Sink) begin(ctx context.Context) error {
 		}
 	}
 	s.tx = tx
+	s.txn++
+	return nil
+}
+
+// guard locks target table t for the open transaction, as its writes would, and checks that it
+// is still the table the sink checked or created (pgtrust.GuardTable): between two
+// transactions, the owner of its schema may have dropped it and made another of the same name,
+// with code of theirs. Once per transaction and table, before its first write.
+func (s *Sink) guard(ctx context.Context, t *targetTable) error {
+	if t.guarded == s.txn {
+		return nil
+	}
+	b := &pgx.Batch{}
+	b.Queue(pgtrust.LockSQL(t.ident))
+	b.Queue(pgtrust.GuardTable("target table", t.ident, t.oid))
+	if err := s.tx.SendBatch(ctx, b).Close(); err != nil {
+		_ = s.tx.Rollback(ctx)
+		s.tx = nil
+		if terr := pgtrust.Table(context.WithoutCancel(ctx), s.target, "target table", t.ident); terr != nil {
+			return terr
+		}
+		return fmt.Errorf("%w: target table %s is not the table this sync checked when it started (%v): it was dropped and made again, or changed owner, while the sync ran; find out who did it, then run the sync again to check the table anew",
+			pgtrust.ErrUntrusted, t.ident, err)
+	}
+	t.guarded = s.txn
 	return nil
 }
 
@@ -486,6 +516,9 @@ func (s *Sink) flushTable(ctx context.Context, t *targetTable) error {
 // copied straight into the table (see direct).
 func (s *Sink) apply(ctx context.Context, b *tableBatch) error {
 	t, cols := b.t, b.t.columns
+	if err := s.guard(ctx, t); err != nil {
+		return err
+	}
 	// A group: rows from a chunk or not, and which columns they set ('v') or leave ('u').
 	type group struct {
 		snapshot bool
@@ -668,6 +701,9 @@ func appendCopyRow(buf *bytes.Buffer, row []replicator.Value) {
 func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error) {
 	name := c.Schema + "." + c.Table
 	if t := s.tables[name]; t != nil {
+		if err := s.guard(ctx, t); err != nil {
+			return nil, err
+		}
 		return t, nil
 	}
 	schema := c.Schema
@@ -693,6 +729,10 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 			return nil, err
 		}
 	} else {
+		// Locked first: checked, it stays as checked until the commit.
+		if _, err := s.tx.Exec(ctx, pgtrust.LockSQL(t.ident)); err != nil {
+			return nil, fmt.Errorf("lock target table %s: %w", t.ident, err)
+		}
 		if err := pgtrust.Table(ctx, s.tx, "target table", t.ident); err != nil {
 			return nil, err
 		}
@@ -718,6 +758,10 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 		}
 		t.keyOps = append(t.keyOps, ops)
 	}
+	if err := s.tx.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1)::pg_catalog.oid`, t.ident).Scan(&t.oid); err != nil {
+		return nil, fmt.Errorf("look up target table %s: %w", t.ident, err)
+	}
+	t.guarded = s.txn
 	t.columns = c
 	t.stage = StageTable(len(s.tables))
 	if _, err := s.tx.Exec(ctx, CreateStageSQL(t.stage, t.ident)); err != nil {
