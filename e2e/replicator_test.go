@@ -1,9 +1,15 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/replicator"
 )
 
@@ -497,4 +504,82 @@ func TestPublicationCreatedBeforeSlot(t *testing.T) {
 	tx := s.next(20 * time.Second)
 	require.NotEmpty(t, tx.Changes, "the writes after the slot's start stream")
 	s.stop()
+}
+
+// TestPinLossNotHidden: a proxy between Tidemark and the server that drops the search_path of
+// the startup packet (PgBouncer's ignore_startup_parameters can), on a database whose default
+// search_path puts public first, loses the pin; the check of the pinned settings must see it,
+// although a function planted in public answers for current_setting as if nothing had changed.
+func TestPinLossNotHidden(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE FUNCTION public.current_setting(text) RETURNS text LANGUAGE sql AS $f$
+		SELECT CASE WHEN $1 = 'search_path' THEN 'pg_catalog, pg_temp' ELSE pg_catalog.current_setting($1) END $f$`)
+	db.Exec(`ALTER DATABASE ` + db.Name + ` SET search_path = public, pg_catalog`)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go dropSearchPath(t, c, cfg.Host, cfg.Port)
+		}
+	}()
+	proxied := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", l.Addr().(*net.TCPAddr).Port, cfg.User, cfg.Database)
+	if cfg.Password != "" {
+		proxied += " password=" + cfg.Password
+	}
+	conn, err := pgconf.Open(ctx, proxied, "tidemark-test")
+	if err == nil {
+		var sp string
+		require.NoError(t, conn.QueryRow(ctx, `SHOW search_path`).Scan(&sp))
+		conn.Close(ctx)
+		t.Fatalf("the connection was accepted with search_path = %s", sp)
+	}
+	require.ErrorIs(t, err, pgconf.ErrPinned)
+	require.ErrorContains(t, err, "search_path")
+}
+
+// dropSearchPath relays a client connection to the server at host:port (a directory: its Unix
+// socket), leaving search_path out of the startup packet.
+func dropSearchPath(t *testing.T, c net.Conn, host string, port uint16) {
+	defer c.Close()
+	network, addr := "tcp", net.JoinHostPort(host, strconv.Itoa(int(port)))
+	if strings.HasPrefix(host, "/") {
+		network, addr = "unix", filepath.Join(host, fmt.Sprintf(".s.PGSQL.%d", port))
+	}
+	s, err := net.Dial(network, addr)
+	if err != nil {
+		t.Logf("proxy: %v", err)
+		return
+	}
+	defer s.Close()
+	var n [4]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
+		return
+	}
+	msg := make([]byte, binary.BigEndian.Uint32(n[:])-4)
+	if _, err := io.ReadFull(c, msg); err != nil {
+		return
+	}
+	out := append([]byte{0, 0, 0, 0}, msg[:4]...) // the protocol version
+	fields := bytes.Split(bytes.TrimRight(msg[4:], "\x00"), []byte{0})
+	for i := 0; i+1 < len(fields); i += 2 {
+		if string(fields[i]) == "search_path" {
+			continue
+		}
+		out = append(append(append(append(out, fields[i]...), 0), fields[i+1]...), 0)
+	}
+	out = append(out, 0)
+	binary.BigEndian.PutUint32(out, uint32(len(out)))
+	if _, err := s.Write(out); err != nil {
+		return
+	}
+	go func() { _, _ = io.Copy(s, c) }()
+	_, _ = io.Copy(c, s)
 }
