@@ -233,12 +233,14 @@ func OpenDefaultSSL(ctx context.Context, dsn, application string) (*pgx.Conn, er
 }
 
 // verifySQL reads every pinned setting in one round trip; it runs on replication connections too
-// (replication=database accepts SQL).
+// (replication=database accepts SQL). It names pg_catalog.current_setting: it runs exactly when
+// the pin may have been lost (a proxy that drops startup parameters), when an unqualified name
+// could resolve to a function another role planted to answer as if nothing had changed.
 var verifySQL, verifyNames = func() (string, []string) {
 	names := slices.Sorted(maps.Keys(Settings))
 	var cols []string
 	for _, n := range names {
-		cols = append(cols, "current_setting("+sqlfix.Literal(n)+")")
+		cols = append(cols, "pg_catalog.current_setting("+sqlfix.Literal(n)+")")
 	}
 	return "SELECT " + strings.Join(cols, ", "), names
 }()
