@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -133,6 +134,52 @@ func TestOutputFilesOfOthersRefused(t *testing.T) {
 			require.Regexp(t, `owned by|block device`, msg)
 		})
 	}
+	// A pipe where the checkpoint goes, with no one writing: opening it to read would wait for a
+	// writer for ever, holding the output's lock.
+	t.Run("checkpoint pipe", func(t *testing.T) {
+		dir := t.TempDir()
+		require.NoError(t, os.Chmod(dir, 0o1777))
+		out := filepath.Join(dir, "out.jsonl")
+		require.NoError(t, syscall.Mkfifo(out+".checkpoint", 0o666))
+		require.NoError(t, os.Chown(out+".checkpoint", other, other))
+		type result struct {
+			code int
+			msg  string
+		}
+		done := make(chan result, 1)
+		go func() {
+			code, msg := sync(out)
+			done <- result{code, msg}
+		}()
+		select {
+		case r := <-done:
+			require.Equal(t, 1, r.code, r.msg)
+			require.Contains(t, r.msg, "not a regular file")
+		case <-time.After(15 * time.Second):
+			// Unblock it (a writer opens and closes the pipe), then fail.
+			if w, err := os.OpenFile(out+".checkpoint", os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+			<-done
+			t.Fatal("the sync waited on a pipe planted where its checkpoint goes")
+		}
+	})
+	// A hard link to a file of this user's (root here), where the output goes: the owner is
+	// right, the file is not the sync's to write.
+	t.Run("hard link", func(t *testing.T) {
+		dir, elsewhere := t.TempDir(), t.TempDir()
+		require.NoError(t, os.Chmod(dir, 0o1777))
+		victim := filepath.Join(elsewhere, "victim")
+		require.NoError(t, os.WriteFile(victim, nil, 0o600))
+		out := filepath.Join(dir, "out.jsonl")
+		require.NoError(t, os.Link(victim, out))
+		code, msg := sync(out)
+		require.Equal(t, 1, code, msg)
+		require.Contains(t, msg, "hard link")
+		b, err := os.ReadFile(victim)
+		require.NoError(t, err)
+		require.Empty(t, b, "the linked file is untouched")
+	})
 	// What this user (root here) made is used: its own link to its own pipe, /dev/null.
 	dir := t.TempDir()
 	code, msg := sync("/dev/null")
