@@ -60,9 +60,9 @@ func Open(path, checkpoint string, types *pgjson.Registry, ready func() error) (
 		// a stream, nothing cut back.
 		dst, stream := os.Stdout, (*os.File)(nil)
 		if path != "-" {
-			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+			f, err := openStream(path)
 			if err != nil {
-				return nil, nil, fmt.Errorf("open output: %w", err)
+				return nil, nil, err
 			}
 			dst, stream = f, f
 		}
@@ -313,11 +313,32 @@ const maxCheckpointFile = 64 << 20
 
 // openNoFollow opens path, creating it 0600 when flag says so, refusing a symbolic link.
 func openNoFollow(path string, flag int) (*os.File, error) {
-	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW, 0o600)
+	// Non-blocking: a pipe planted there would otherwise keep the open waiting for a writer.
+	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
 	if errors.Is(err, syscall.ELOOP) {
 		return nil, symlinkError(path)
 	}
-	return f, err
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file (%s): Tidemark keeps its output, lock and checkpoint in regular files; remove it, or write elsewhere", path, fi.Mode().Type())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+		f.Close()
+		return nil, fmt.Errorf("%s has %d hard links: another name for the same file could be someone else's way to make the sync cut or overwrite a file of yours; remove it, or write elsewhere", path, st.Nlink)
+	}
+	if err := syscall.SetNonblock(int(f.Fd()), false); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // openOutput opens the output file, created 0600, refusing a symbolic link.
@@ -355,6 +376,27 @@ func isStream(path string) (bool, error) {
 		return true, nil
 	}
 	return true, trustedOwner(fi, path, "a device or pipe", "could read what the sync writes")
+}
+
+// openStream opens the device or pipe at path (isStream), and checks that what it opened is
+// still one isStream accepts: the path could have been changed in between.
+func openStream(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open output: %w", err)
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Mode()&(os.ModeCharDevice|os.ModeNamedPipe) == 0 {
+		err = fmt.Errorf("%s changed while the sync opened it: it is no longer a character device or a pipe", path)
+	}
+	if err == nil && !ownFile(path) {
+		err = trustedOwner(fi, path, "a device or pipe", "could read what the sync writes")
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // ownFile reports whether path names one of this process's own open files.
