@@ -186,3 +186,17 @@ func closedPort(t *testing.T) int {
 	l.Close()
 	return p
 }
+
+// TestRunSecrets: every secret a run can be given reaches the scrubber: the passwords of the
+// connection strings in the environment and the arguments, PGPASSWORD, and PGSSLPASSWORD (the
+// client key's password, which a TLS error could quote).
+func TestRunSecrets(t *testing.T) {
+	t.Setenv("TIDEMARK_SOURCE", "host=a password=src-secret-1")
+	t.Setenv("TIDEMARK_TARGET", "postgres://u:tgt-secret-2@b/db")
+	t.Setenv("PGPASSWORD", "env-secret-3")
+	t.Setenv("PGSSLPASSWORD", "key-secret-4")
+	got := runSecrets([]string{"sync", "--source=host=c password=arg-secret-5", "--to", "postgres://u:arg-secret-6@d/db?sslpassword=arg-secret-7"})
+	for _, want := range []string{"src-secret-1", "tgt-secret-2", "env-secret-3", "key-secret-4", "arg-secret-5", "arg-secret-6", "arg-secret-7"} {
+		require.Contains(t, got, want)
+	}
+}
