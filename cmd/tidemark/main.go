@@ -158,7 +158,7 @@ func runSecrets(args []string) []string {
 	for _, v := range []string{os.Getenv("TIDEMARK_SOURCE"), os.Getenv("TIDEMARK_TARGET")} {
 		out = append(out, secret.FromDSN(v)...)
 	}
-	out = append(out, os.Getenv("PGPASSWORD"))
+	out = append(out, os.Getenv("PGPASSWORD"), os.Getenv("PGSSLPASSWORD"))
 	for _, a := range args {
 		if _, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(a, "-") {
 			a = v
