@@ -99,7 +99,7 @@ type targetTable struct {
 	oid     uint32
 	guarded int
 	batch   *tableBatch
-	columns    *merge.Columns // the Columns the batch's rows have
+	columns *merge.Columns // the Columns the batch's rows have
 	// skipDirect counts the batches that go through the staging table before a direct copy is
 	// tried again, after directFails failed in a row on a key the target already had.
 	skipDirect, directFails int
