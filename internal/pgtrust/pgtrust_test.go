@@ -277,3 +277,26 @@ func TestGuardTable(t *testing.T) {
 	db.Exec(`DROP TABLE public.target`)
 	require.ErrorContains(t, guard(), "does not exist")
 }
+
+// TestDomainRange: a range (and its multirange) over a domain runs the domain's constraints on
+// every value written (range_in calls the subtype's input), so a domain of another role's under
+// a range is refused like one under an array.
+func TestDomainRange(t *testing.T) {
+	db, conn, other := fixture(t)
+	ctx := context.Background()
+	typ := func(name string) uint32 {
+		var oid uint32
+		require.NoError(t, conn.QueryRow(ctx, `SELECT $1::regtype::oid`, name).Scan(&oid))
+		return oid
+	}
+	db.Exec(`CREATE DOMAIN public.pos AS int CHECK (VALUE > 0)`)
+	db.Exec(`CREATE TYPE public.posrange AS RANGE (subtype = public.pos)`)
+	for _, n := range []string{"public.posrange", "public.posrange[]", "public.posmultirange"} {
+		require.NoError(t, pgtrust.Domain(ctx, conn, "column", typ(n)), n)
+	}
+	db.Exec(`ALTER DOMAIN public.pos OWNER TO ` + other)
+	for _, n := range []string{"public.posrange", "public.posrange[]", "public.posmultirange"} {
+		r := refusal(t, pgtrust.Domain(ctx, conn, "column", typ(n)))
+		require.Contains(t, r.Error(), fmt.Sprintf(`its domain public.pos is owned by role "%s"`, other), n)
+	}
+}
