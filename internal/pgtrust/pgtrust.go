@@ -356,7 +356,8 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 }
 
 // domainSQL reads, for type $1 and every type under it (a domain's base type, an array's
-// element type, a composite's attribute types, to any depth), each domain, its owner and
+// element type, a composite's attribute types, a range's subtype, a multirange's range, to any
+// depth), each domain, its owner and
 // whether the owner is trusted, and the functions its constraints and default call whose
 // owners are not trusted.
 const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
@@ -367,6 +368,8 @@ const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
 			SELECT t.typbasetype WHERE t.typtype = 'd'
 			UNION ALL SELECT t.typelem WHERE t.typcategory = 'A' AND t.typelem <> 0
 			UNION ALL SELECT a.atttypid FROM pg_attribute a WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+			UNION ALL SELECT g.rngsubtype FROM pg_range g WHERE t.typtype = 'r' AND g.rngtypid = t.oid
+			UNION ALL SELECT g.rngtypid FROM pg_range g WHERE t.typtype = 'm' AND g.rngmultitypid = t.oid
 		) x(next)
 		WHERE ty.depth < 16
 	)
