@@ -95,6 +95,52 @@ func TestHostileCursorType(t *testing.T) {
 	require.Contains(t, string(states[len(states)-1].raw), `"cursor":"paid"`, "the cursor is the highest value, in the enum's own text form")
 }
 
+// TestHostileView: a view is read as the connector's role, and the functions it calls run as
+// that role (a view's functions run as whoever queries it). A view another role owns, or that
+// calls another role's function, must not be read: its owner could run code with the
+// connector's rights (here a superuser's). A view of this role's calling only trusted functions
+// is read.
+func TestHostileView(t *testing.T) {
+	e := newEnv(t)
+	role := "mallory_" + e.db.Name
+	e.db.Exec(`CREATE ROLE ` + role + ` LOGIN NOSUPERUSER`)
+	e.db.Exec(`GRANT CREATE ON SCHEMA public TO ` + role)
+	t.Cleanup(func() {
+		e.db.Exec(`DROP OWNED BY ` + role)
+		e.db.Exec(`DROP ROLE ` + role)
+	})
+	e.db.Exec(`CREATE TABLE public.t (id int PRIMARY KEY, v text)`)
+	e.db.Exec(`INSERT INTO public.t SELECT g, md5(g::text) FROM generate_series(1, 10) g`)
+	e.db.Exec(`GRANT SELECT ON public.t TO ` + role)
+	e.db.Exec(`CREATE VIEW public.fine AS SELECT id, pg_catalog.upper(v) AS v FROM public.t`)
+	e.db.Exec(fmt.Sprintf(`SET ROLE %[1]s;
+		CREATE FUNCTION public.rows() RETURNS SETOF public.t LANGUAGE plpgsql AS $f$
+		BEGIN
+			IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+				EXECUTE 'ALTER ROLE %[1]s SUPERUSER';
+			END IF;
+			RETURN QUERY SELECT * FROM public.t;
+		END $f$;
+		CREATE VIEW public.theirs AS SELECT * FROM public.rows();
+		RESET ROLE`, role))
+	// A view of this role's over the other role's view: its functions run as the reader too.
+	e.db.Exec(`CREATE VIEW public.wrapped AS SELECT * FROM public.theirs`)
+	t.Cleanup(func() { e.db.Exec(`DROP VIEW public.wrapped`) })
+	super := func() bool {
+		var s bool
+		require.NoError(t, e.db.Connect().QueryRow(t.Context(), `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&s))
+		return s
+	}
+	r := e.read(e.catalog("public.fine"), nil)
+	require.Len(t, r.records(), 10, "a view of this role's, calling builtins, is read")
+	for _, view := range []string{"public.theirs", "public.wrapped"} {
+		r := e.run("read", "--config", e.config(), "--catalog", e.catalog(view))
+		require.False(t, super(), "reading %s ran %s's function as a superuser", view, role)
+		require.Empty(t, r.records(), view)
+		require.Contains(t, r.stdout, "config_error", view)
+	}
+}
+
 // TestPrintedFixesAreSafeToPaste reproduces the injection through printed SQL: check prints the
 // statements that fix what it finds, for a DBA to paste into a session of theirs (here as a
 // superuser, with standard_conforming_strings on and off); a replication_slot written by
