@@ -138,6 +138,8 @@ func TestHostileView(t *testing.T) {
 		require.False(t, super(), "reading %s ran %s's function as a superuser", view, role)
 		require.Empty(t, r.records(), view)
 		require.Contains(t, r.stdout, "config_error", view)
+		require.Contains(t, r.stdout, "ALTER VIEW public.theirs OWNER TO CURRENT_USER", view)
+		require.Contains(t, r.stdout, "public.rows() of "+role, view)
 	}
 }
 

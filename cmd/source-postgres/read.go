@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/internal/pgtrust"
 	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -173,15 +174,30 @@ func (s *source) read(ctx context.Context, catalogPath, statePath string) error 
 // happened), and a stream reported COMPLETE without its data would mislead.
 func (s *source) resolve(ctx context.Context, conn *pgx.Conn, streams []*readStream) error {
 	var missing []string
+	var refusals []error
 	for _, st := range streams {
-		var ok bool
-		if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{st.schema, st.name}.Sanitize()).Scan(&ok); err != nil {
+		var kind *string
+		name := pgx.Identifier{st.schema, st.name}.Sanitize()
+		if err := conn.QueryRow(ctx, `SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)`, name).Scan(&kind); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("look up %s: %w", st.key(), err)
 		}
-		st.exists = ok
-		if !ok {
+		st.exists = kind != nil
+		if !st.exists {
 			missing = append(missing, st.key())
+			continue
 		}
+		// A view's functions run as whoever reads it (pgtrust.View); a table's nothing.
+		if *kind == "v" {
+			if err := pgtrust.View(ctx, conn, "the view of stream "+st.key()+",", name); err != nil {
+				if !errors.Is(err, pgtrust.ErrUntrusted) {
+					return err
+				}
+				refusals = append(refusals, err)
+			}
+		}
+	}
+	if len(refusals) > 0 {
+		return configErrorf("%v", errors.Join(refusals...))
 	}
 	if len(missing) > 0 {
 		return configErrorf("the table of stream(s) %s no longer exists (dropped or renamed), or this role cannot see it: nothing is read, so that no change of it is passed over; refresh the source schema and remove the stream from the connection, rename the table back, or grant SELECT", strings.Join(missing, ", "))

@@ -426,3 +426,61 @@ func Domain(ctx context.Context, q Rows, what string, typeOID uint32) error {
 }
 
 func ident(s string) string { return sqlfix.Ident(s) }
+
+// viewSQL reads, for view $1 and every view it reads from (to any depth), each view's name, its
+// owner and whether the owner is trusted, and the functions its query calls (directly, as an
+// operator's, a cast's, or an aggregate's) whose owners are not trusted.
+const viewSQL = `WITH RECURSIVE v(oid, depth) AS (
+		SELECT pg_catalog.to_regclass($1)::pg_catalog.oid, 0
+		UNION
+		SELECT d.refobjid, v.depth + 1
+		FROM v JOIN pg_rewrite w ON w.ev_class = v.oid
+		JOIN pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = w.oid
+			AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
+		JOIN pg_class c ON c.oid = d.refobjid AND c.relkind = 'v'
+		WHERE v.depth < 32
+	)
+	SELECT c.oid::pg_catalog.regclass::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper),
+		array(SELECT DISTINCT p.oid::pg_catalog.regprocedure::text || ' of ' || pr.rolname::text
+			FROM pg_rewrite w
+			JOIN pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = w.oid
+			JOIN pg_proc p ON (d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND (p.oid = d.refobjid
+					OR p.oid IN (SELECT x FROM pg_aggregate a, LATERAL (VALUES (a.aggtransfn::pg_catalog.oid), (a.aggfinalfn::pg_catalog.oid),
+						(a.aggcombinefn::pg_catalog.oid), (a.aggmtransfn::pg_catalog.oid), (a.aggmfinalfn::pg_catalog.oid)) f(x) WHERE a.aggfnoid = d.refobjid)))
+				OR (d.refclassid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND p.oid = (SELECT o.oprcode FROM pg_operator o WHERE o.oid = d.refobjid))
+				OR (d.refclassid = 'pg_catalog.pg_cast'::pg_catalog.regclass AND p.oid = (SELECT k.castfunc FROM pg_cast k WHERE k.oid = d.refobjid))
+			JOIN pg_roles pr ON pr.oid = p.proowner
+			WHERE w.ev_class = c.oid AND NOT (pr.rolname = current_user OR pr.rolsuper))
+	FROM v JOIN pg_class c ON c.oid = v.oid JOIN pg_roles r ON r.oid = c.relowner
+	WHERE c.relkind = 'v'
+	ORDER BY 1`
+
+// View checks a view Tidemark reads (name, quoted and qualified), and every view it reads from:
+// the functions a view's query calls run as whoever reads it, not as its owner. So each view's
+// owner (who can replace its query at any time) and the owners of the functions the views call
+// (who can replace their body) must be this role or a superuser. Tables and materialized views
+// need no check: reading them runs no code (row security is pinned off).
+func View(ctx context.Context, q Rows, what, name string) error {
+	rows, err := q.Query(ctx, viewSQL, name)
+	if err != nil {
+		return fmt.Errorf("read the definition of %s %s: %w", what, name, err)
+	}
+	var problems, fixes []string
+	var view, owner string
+	var trusted bool
+	var fns []string
+	if _, err := pgx.ForEachRow(rows, []any{&view, &owner, &trusted, &fns}, func() error {
+		if !trusted {
+			problems = append(problems, fmt.Sprintf("view %s is owned by role %s, which is neither this role nor a superuser: its owner can change its query at any time, and the functions a view calls run with the rights of whoever reads it", view, ident(owner)))
+			fixes = append(fixes, fmt.Sprintf("ALTER VIEW %s OWNER TO CURRENT_USER;  -- run as the role Tidemark uses, or a superuser; or read it as role %s", view, ident(owner)))
+		}
+		if len(fns) > 0 {
+			problems = append(problems, fmt.Sprintf("view %s calls functions (%s) whose owners are neither this role nor a superuser, and could replace their body; they would run with this role's rights", view, strings.Join(fns, ", ")))
+			fixes = append(fixes, "ALTER FUNCTION <function> OWNER TO <this role or a superuser>;  -- for each of them, or leave the view out of the streams")
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read the definition of %s %s: %w", what, name, err)
+	}
+	return refused(what+" "+name, problems, fixes, "")
+}
