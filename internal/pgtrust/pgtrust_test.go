@@ -300,3 +300,29 @@ func TestDomainRange(t *testing.T) {
 		require.Contains(t, r.Error(), fmt.Sprintf(`its domain public.pos is owned by role "%s"`, other), n)
 	}
 }
+
+// TestTableInheritanceChildren: writes to a table reach the tables that inherit from it (a DELETE
+// or TRUNCATE of the parent), and fire their triggers: a child another role owns is refused, as
+// a partition is, at the check and by the guard.
+func TestTableInheritanceChildren(t *testing.T) {
+	db, conn, other := fixture(t)
+	ctx := context.Background()
+	const name = `"public"."parent"`
+	db.Exec(`CREATE TABLE public.parent (id int PRIMARY KEY)`)
+	db.Exec(`CREATE TABLE public.child () INHERITS (public.parent)`)
+	var oid uint32
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, name).Scan(&oid))
+	require.NoError(t, pgtrust.Table(ctx, conn, "target table", name))
+	guard := func() error {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		_, err = tx.Exec(ctx, pgtrust.GuardTable("target table", name, oid))
+		return err
+	}
+	require.NoError(t, guard())
+	db.Exec(`ALTER TABLE public.child OWNER TO ` + other)
+	r := refusal(t, pgtrust.Table(ctx, conn, "target table", name))
+	require.Contains(t, r.Error(), "public.child")
+	require.ErrorContains(t, guard(), "changed while Tidemark ran")
+}
