@@ -257,7 +257,10 @@ func Guard(what, name string) string {
 // commit. What a trusted owner adds (a trigger, a rule) is theirs to add.
 func GuardTable(what, name string, oid uint32) string {
 	return fmt.Sprintf(`SELECT (CASE WHEN coalesce((SELECT t.oid = %d AND NOT EXISTS (
-			SELECT FROM (SELECT t.oid AS relid UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(t.oid) pt) p
+			SELECT FROM (WITH RECURSIVE tree(relid, level) AS (
+					SELECT t.oid, 0
+					UNION SELECT i.inhrelid, tree.level + 1 FROM tree JOIN pg_catalog.pg_inherits i ON i.inhparent = tree.relid WHERE tree.level < 32
+				) SELECT relid FROM tree) p
 			JOIN pg_catalog.pg_class c ON c.oid = p.relid JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
 			WHERE NOT (r.rolname = current_user OR r.rolsuper)
 				OR EXISTS (SELECT FROM pg_catalog.aclexplode(c.relacl) a WHERE a.privilege_type = 'TRIGGER' AND %s))
@@ -269,15 +272,18 @@ func GuardTable(what, name string, oid uint32) string {
 // LockSQL locks table name (quoted, qualified) as its writes would, for Guard.
 func LockSQL(name string) string { return "LOCK TABLE " + name + " IN ROW EXCLUSIVE MODE" }
 
-// tableSQL reads, for table $1 and its partitions, each relation's OID, name, owner and whether
+// tableSQL reads, for table $1 and the tables under it (its partitions and inheritance children,
+// to any depth: writes to it reach them), each relation's OID, name, owner and whether
 // the owner is trusted, the roles that may add triggers to it, and its enabled triggers.
 const tableSQL = `SELECT c.oid, c.oid::pg_catalog.regclass::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper), current_user::text,
 		` + triggerGrantsSQL + `,
 		array(SELECT t.tgname::text FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D' ORDER BY 1),
 		array(SELECT w.rulename::text FROM pg_rewrite w WHERE w.ev_class = c.oid ORDER BY 1),
 		array(SELECT p.polname::text FROM pg_policy p WHERE p.polrelid = c.oid ORDER BY 1)
-	FROM (SELECT pg_catalog.to_regclass($1)::oid AS relid, 0 AS level
-		UNION SELECT t.relid::oid, t.level FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1)) t) pt
+	FROM (WITH RECURSIVE tree(relid, level) AS (
+			SELECT pg_catalog.to_regclass($1)::oid, 0
+			UNION SELECT i.inhrelid, tree.level + 1 FROM tree JOIN pg_inherits i ON i.inhparent = tree.relid WHERE tree.level < 32
+		) SELECT relid, min(level) AS level FROM tree GROUP BY relid) pt
 	JOIN pg_class c ON c.oid = pt.relid JOIN pg_roles r ON r.oid = c.relowner
 	ORDER BY pt.level, 2`
 
@@ -312,7 +318,7 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 	for _, r := range rels {
 		of := ""
 		if r.oid != rels[0].oid {
-			of = " (its partition " + r.name + ")"
+			of = " (its partition or inheriting table " + r.name + ")"
 		}
 		if !r.trusted {
 			var code []string
