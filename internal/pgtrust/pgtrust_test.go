@@ -146,7 +146,7 @@ func TestTable(t *testing.T) {
 	require.NoError(t, pgtrust.Table(ctx, conn, "target table", `"public"."parted"`))
 	db.Exec(`ALTER TABLE public.parted_1 OWNER TO ` + other)
 	r = refusal(t, pgtrust.Table(ctx, conn, "target table", `"public"."parted"`))
-	require.Contains(t, r.Error(), "its partition public.parted_1")
+	require.Contains(t, r.Error(), "its partition or inheriting table public.parted_1")
 }
 
 // TestDomain: a column's domains (its type, an array's elements, a composite's fields) run their
