@@ -720,6 +720,17 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 	for _, k := range c.Key {
 		t.key = append(t.key, c.Names[k])
 	}
+	// An existing table is locked before it is read and checked: so checked, it stays as checked
+	// until the commit.
+	var found bool
+	if err := s.tx.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, t.ident).Scan(&found); err != nil {
+		return nil, fmt.Errorf("look up target table %s: %w", t.ident, err)
+	}
+	if found {
+		if _, err := s.tx.Exec(ctx, pgtrust.LockSQL(t.ident)); err != nil {
+			return nil, fmt.Errorf("lock target table %s: %w", t.ident, err)
+		}
+	}
 	exists, err := s.readTarget(ctx, t)
 	if err != nil {
 		return nil, err
@@ -729,10 +740,6 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 			return nil, err
 		}
 	} else {
-		// Locked first: checked, it stays as checked until the commit.
-		if _, err := s.tx.Exec(ctx, pgtrust.LockSQL(t.ident)); err != nil {
-			return nil, fmt.Errorf("lock target table %s: %w", t.ident, err)
-		}
 		if err := pgtrust.Table(ctx, s.tx, "target table", t.ident); err != nil {
 			return nil, err
 		}
