@@ -630,12 +630,13 @@ func runCommand(t *testing.T, bin string, env, args []string, control bool) {
 		_ = cmd.Process.Signal(syscall.SIGINT)
 	}
 	var err error
+	start := time.Now()
 	if args[0] == "stream" {
 		err = cmd.Wait()
 	} else {
 		err = cmd.Run()
 	}
-	t.Logf("%s: tidemark %s: %v", map[bool]string{true: "control", false: "pinned"}[control], args[0], err)
+	t.Logf("%s: tidemark %s: %v (%s)", map[bool]string{true: "control", false: "pinned"}[control], args[0], err, time.Since(start).Round(100*time.Millisecond))
 	if control && err != nil {
 		t.Logf("control: tidemark %s:\n%s", args[0], tailOf(errBuf.String()))
 	}
@@ -721,7 +722,9 @@ func runConnector(t *testing.T, srv *e2e.Server, bin string, env []string, db, d
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		cmd := exec.CommandContext(ctx, bin, args...)
 		cmd.Env = env
+		start := time.Now()
 		out, err := cmd.Output()
+		took := time.Since(start).Round(100 * time.Millisecond)
 		if ee, ok := err.(*exec.ExitError); ok {
 			out = append(out, ee.Stderr...)
 		}
@@ -757,7 +760,7 @@ func runConnector(t *testing.T, srv *e2e.Server, bin string, env []string, db, d
 			all = append(all, string(states[k]))
 		}
 		lastState = []byte("[" + strings.Join(all, ",") + "]")
-		t.Logf("%s: source-postgres %s: %v", map[bool]string{true: "control", false: "pinned"}[control], args[0], err)
+		t.Logf("%s: source-postgres %s: %v (%s)", map[bool]string{true: "control", false: "pinned"}[control], args[0], err, took)
 		if control && err != nil {
 			t.Logf("control: source-postgres %s:\n%s", args[0], tailOf(string(out)))
 		}

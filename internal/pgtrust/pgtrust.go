@@ -257,12 +257,9 @@ func Guard(what, name string) string {
 // commit. What a trusted owner adds (a trigger, a rule) is theirs to add.
 func GuardTable(what, name string, oid uint32) string {
 	return fmt.Sprintf(`SELECT (CASE WHEN coalesce((SELECT t.oid = %d AND NOT EXISTS (
-			SELECT FROM (WITH RECURSIVE tree(relid, level) AS (
-					SELECT t.oid, 0
-					UNION SELECT i.inhrelid, tree.level + 1 FROM tree JOIN pg_catalog.pg_inherits i ON i.inhparent = tree.relid WHERE tree.level < 32
-				) SELECT relid FROM tree) p
+			SELECT FROM (SELECT t.oid AS relid UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(t.oid) pt) p
 			JOIN pg_catalog.pg_class c ON c.oid = p.relid JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
-			WHERE NOT (r.rolname = current_user OR r.rolsuper)
+			WHERE NOT (r.rolname = current_user OR r.rolsuper) OR (c.relkind = 'r' AND EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid))
 				OR EXISTS (SELECT FROM pg_catalog.aclexplode(c.relacl) a WHERE a.privilege_type = 'TRIGGER' AND %s))
 		FROM pg_catalog.pg_class t WHERE t.oid = pg_catalog.to_regclass(%s)), false)
 		THEN '0' ELSE %s END)::pg_catalog.int4`, oid, untrustedGrantee, sqlfix.Literal(name),
@@ -272,18 +269,16 @@ func GuardTable(what, name string, oid uint32) string {
 // LockSQL locks table name (quoted, qualified) as its writes would, for Guard.
 func LockSQL(name string) string { return "LOCK TABLE " + name + " IN ROW EXCLUSIVE MODE" }
 
-// tableSQL reads, for table $1 and the tables under it (its partitions and inheritance children,
-// to any depth: writes to it reach them), each relation's OID, name, owner and whether
+// tableSQL reads, for table $1 and its partitions, each relation's OID, name, owner and whether
 // the owner is trusted, the roles that may add triggers to it, and its enabled triggers.
 const tableSQL = `SELECT c.oid, c.oid::pg_catalog.regclass::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper), current_user::text,
 		` + triggerGrantsSQL + `,
 		array(SELECT t.tgname::text FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D' ORDER BY 1),
 		array(SELECT w.rulename::text FROM pg_rewrite w WHERE w.ev_class = c.oid ORDER BY 1),
-		array(SELECT p.polname::text FROM pg_policy p WHERE p.polrelid = c.oid ORDER BY 1)
-	FROM (WITH RECURSIVE tree(relid, level) AS (
-			SELECT pg_catalog.to_regclass($1)::oid, 0
-			UNION SELECT i.inhrelid, tree.level + 1 FROM tree JOIN pg_inherits i ON i.inhparent = tree.relid WHERE tree.level < 32
-		) SELECT relid, min(level) AS level FROM tree GROUP BY relid) pt
+		array(SELECT p.polname::text FROM pg_policy p WHERE p.polrelid = c.oid ORDER BY 1),
+		array(SELECT i.inhrelid::pg_catalog.regclass::text FROM pg_inherits i WHERE i.inhparent = c.oid AND c.relkind = 'r' ORDER BY 1)
+	FROM (SELECT pg_catalog.to_regclass($1)::oid AS relid, 0 AS level
+		UNION SELECT t.relid::oid, t.level FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1)) t) pt
 	JOIN pg_class c ON c.oid = pt.relid JOIN pg_roles r ON r.oid = c.relowner
 	ORDER BY pt.level, 2`
 
@@ -305,10 +300,11 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 		name, owner, self                   string
 		trusted                             bool
 		grantees, triggers, rules, policies []string
+		children                            []string
 	}
 	var rels []rel
 	var r rel
-	if _, err := pgx.ForEachRow(rows, []any{&r.oid, &r.name, &r.owner, &r.trusted, &r.self, &r.grantees, &r.triggers, &r.rules, &r.policies}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&r.oid, &r.name, &r.owner, &r.trusted, &r.self, &r.grantees, &r.triggers, &r.rules, &r.policies, &r.children}, func() error {
 		rels = append(rels, r)
 		return nil
 	}); err != nil {
@@ -318,7 +314,7 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 	for _, r := range rels {
 		of := ""
 		if r.oid != rels[0].oid {
-			of = " (its partition or inheriting table " + r.name + ")"
+			of = " (its partition " + r.name + ")"
 		}
 		if !r.trusted {
 			var code []string
@@ -338,6 +334,12 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 			problems = append(problems, fmt.Sprintf("%s is owned by role %s, which is neither this role (%s) nor a superuser: its owner can add code (a trigger, a constraint, a default) that runs with this role's rights on every write%s",
 				"it"+of, ident(r.owner), ident(r.self), has))
 			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s OWNER TO %s;  -- or run Tidemark as role %s", r.name, ident(r.self), ident(r.owner)))
+		}
+		if len(r.children) > 0 {
+			problems = append(problems, fmt.Sprintf("tables inherit from %s (%s): the sink's deletes and truncations of it reach them, and run their triggers; Tidemark writes no table with inheritance children", r.name, strings.Join(r.children, ", ")))
+			for _, c := range r.children {
+				fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s NO INHERIT %s;  -- or write to another table", c, r.name))
+			}
 		}
 		if len(r.grantees) > 0 {
 			problems = append(problems, fmt.Sprintf("roles other than its owner may add triggers to %s (%s)", r.name, strings.Join(r.grantees, ", ")))
@@ -369,13 +371,13 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
 		SELECT $1::oid, 0
 		UNION
-		SELECT x.next, ty.depth + 1 FROM ty JOIN pg_type t ON t.oid = ty.oid
-		CROSS JOIN LATERAL (
-			SELECT t.typbasetype WHERE t.typtype = 'd'
-			UNION ALL SELECT t.typelem WHERE t.typcategory = 'A' AND t.typelem <> 0
-			UNION ALL SELECT a.atttypid FROM pg_attribute a WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
-			UNION ALL SELECT g.rngsubtype FROM pg_range g WHERE t.typtype = 'r' AND g.rngtypid = t.oid
-			UNION ALL SELECT g.rngtypid FROM pg_range g WHERE t.typtype = 'm' AND g.rngmultitypid = t.oid
+		SELECT x.next, ty.depth + 1 FROM ty CROSS JOIN LATERAL (
+			SELECT t.typbasetype FROM pg_type t WHERE t.oid = ty.oid AND t.typtype = 'd'
+			UNION ALL SELECT t.typelem FROM pg_type t WHERE t.oid = ty.oid AND t.typcategory = 'A' AND t.typelem <> 0
+			UNION ALL SELECT a.atttypid FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+				WHERE t.oid = ty.oid AND t.typtype = 'c' AND a.attnum > 0 AND NOT a.attisdropped
+			UNION ALL SELECT g.rngsubtype FROM pg_range g WHERE g.rngtypid = ty.oid
+			UNION ALL SELECT g.rngtypid FROM pg_range g WHERE g.rngmultitypid = ty.oid
 		) x(next)
 		WHERE ty.depth < 16
 	)
