@@ -331,3 +331,60 @@ func TestTableInheritanceChildren(t *testing.T) {
 	require.NoError(t, pgtrust.Table(ctx, conn, "target table", name))
 	require.NoError(t, guard())
 }
+
+// TestTableAncestors: a parent's owner can add a constraint or a default that applies to its
+// partitions and inheritance children, whoever owns them: a target table under a parent of
+// another role is refused (at the check, and by the guard if the parent changes hands since).
+func TestTableAncestors(t *testing.T) {
+	db, conn, other := fixture(t)
+	ctx := context.Background()
+	oid := func(name string) uint32 {
+		var oid uint32
+		require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, name).Scan(&oid))
+		return oid
+	}
+	guard := func(name string) error {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		_, err = tx.Exec(ctx, pgtrust.GuardTable("target table", name, oid(name)))
+		return err
+	}
+	db.Exec(`CREATE TABLE public.p (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	db.Exec(`CREATE TABLE public.c PARTITION OF public.p FOR VALUES FROM (0) TO (100)`)
+	db.Exec(`CREATE TABLE public.ip (id int PRIMARY KEY)`)
+	db.Exec(`CREATE TABLE public.ic (id int PRIMARY KEY) INHERITS (public.ip)`)
+	require.NoError(t, pgtrust.Table(ctx, conn, "target table", `"public"."c"`))
+	require.NoError(t, guard(`"public"."c"`))
+
+	db.Exec(`ALTER TABLE public.p OWNER TO ` + other)
+	r := refusal(t, pgtrust.Table(ctx, conn, "target table", `"public"."c"`))
+	require.Contains(t, r.Error(), "public.p")
+	require.ErrorContains(t, guard(`"public"."c"`), "changed while Tidemark ran")
+
+	// An inheritance child is refused whoever owns its parent: the parent's owner, or anyone
+	// it is given to, can add a constraint that runs on the child's rows.
+	r = refusal(t, pgtrust.Table(ctx, conn, "target table", `"public"."ic"`))
+	require.Contains(t, r.Error(), "inherits from public.ip")
+	require.ErrorContains(t, guard(`"public"."ic"`), "changed while Tidemark ran")
+	for _, fix := range r.Fixes {
+		db.Exec(fix)
+	}
+	require.NoError(t, pgtrust.Table(ctx, conn, "target table", `"public"."ic"`))
+}
+
+// TestDomainRangeFunction: a range type's subtype_diff runs in GiST index inserts on its
+// values (an exclusion constraint), with the rights of the role writing: a range type whose
+// subtype_diff belongs to another role is refused.
+func TestDomainRangeFunction(t *testing.T) {
+	db, conn, other := fixture(t)
+	ctx := context.Background()
+	db.Exec(`CREATE FUNCTION public.diff(float8, float8) RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT $1 - $2'`)
+	db.Exec(`CREATE TYPE public.fr AS RANGE (subtype = float8, subtype_diff = public.diff)`)
+	var oid uint32
+	require.NoError(t, conn.QueryRow(ctx, `SELECT 'public.fr'::regtype::oid`).Scan(&oid))
+	require.NoError(t, pgtrust.Domain(ctx, conn, "column", oid))
+	db.Exec(`ALTER FUNCTION public.diff(float8, float8) OWNER TO ` + other)
+	r := refusal(t, pgtrust.Domain(ctx, conn, "column", oid))
+	require.Contains(t, r.Error(), "public.diff(double precision,double precision)")
+}
