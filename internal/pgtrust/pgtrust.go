@@ -251,15 +251,19 @@ func Guard(what, name string) string {
 
 // GuardTable is Guard for a table of the user's that Table accepted (its OID then oid): a
 // statement that fails, naming what, unless name is still that table (not dropped and made again
-// by the schema's owner, who may drop any table in it), and it and its partitions are still
-// owned by this role or a superuser, with no TRIGGER granted to anyone else. Run it first in
+// by the schema's owner, who may drop any table in it), and it, its partitions and the
+// partitioned tables it is a partition of are still owned by this role or a superuser, with no
+// TRIGGER granted to anyone else, and it has no inheritance parent or child. Run it first in
 // each transaction that writes the table, after LockSQL(name), which holds it so until the
 // commit. What a trusted owner adds (a trigger, a rule) is theirs to add.
 func GuardTable(what, name string, oid uint32) string {
 	return fmt.Sprintf(`SELECT (CASE WHEN coalesce((SELECT t.oid = %d AND NOT EXISTS (
-			SELECT FROM (SELECT t.oid AS relid UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(t.oid) pt) p
+			SELECT FROM (SELECT t.oid AS relid UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(t.oid) pt
+				UNION SELECT pa.relid FROM pg_catalog.pg_partition_ancestors(t.oid) pa) p
 			JOIN pg_catalog.pg_class c ON c.oid = p.relid JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
-			WHERE NOT (r.rolname = current_user OR r.rolsuper) OR (c.relkind = 'r' AND EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid))
+			WHERE NOT (r.rolname = current_user OR r.rolsuper)
+				OR (c.relkind = 'r' AND EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid))
+				OR EXISTS (SELECT FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class pc ON pc.oid = i.inhparent WHERE i.inhrelid = c.oid AND pc.relkind = 'r')
 				OR EXISTS (SELECT FROM pg_catalog.aclexplode(c.relacl) a WHERE a.privilege_type = 'TRIGGER' AND %s))
 		FROM pg_catalog.pg_class t WHERE t.oid = pg_catalog.to_regclass(%s)), false)
 		THEN '0' ELSE %s END)::pg_catalog.int4`, oid, untrustedGrantee, sqlfix.Literal(name),
@@ -269,18 +273,25 @@ func GuardTable(what, name string, oid uint32) string {
 // LockSQL locks table name (quoted, qualified) as its writes would, for Guard.
 func LockSQL(name string) string { return "LOCK TABLE " + name + " IN ROW EXCLUSIVE MODE" }
 
-// tableSQL reads, for table $1 and its partitions, each relation's OID, name, owner and whether
-// the owner is trusted, the roles that may add triggers to it, and its enabled triggers.
-const tableSQL = `SELECT c.oid, c.oid::pg_catalog.regclass::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper), current_user::text,
+// tableSQL reads, for table $1, its partitions and the partitioned tables it is a partition of
+// (whose owners can add constraints and defaults that apply to it), each relation's place
+// ("table", "partition", "parent"), OID, name, owner and whether the owner is trusted, the roles
+// that may add triggers to it, its enabled triggers, rules and policies, its inheritance
+// children, and (for the table itself) its inheritance parents.
+const tableSQL = `SELECT pt.place, c.oid, c.oid::pg_catalog.regclass::text, r.rolname::text, (r.rolname = current_user OR r.rolsuper), current_user::text,
 		` + triggerGrantsSQL + `,
 		array(SELECT t.tgname::text FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D' ORDER BY 1),
 		array(SELECT w.rulename::text FROM pg_rewrite w WHERE w.ev_class = c.oid ORDER BY 1),
 		array(SELECT p.polname::text FROM pg_policy p WHERE p.polrelid = c.oid ORDER BY 1),
-		array(SELECT i.inhrelid::pg_catalog.regclass::text FROM pg_inherits i WHERE i.inhparent = c.oid AND c.relkind = 'r' ORDER BY 1)
-	FROM (SELECT pg_catalog.to_regclass($1)::oid AS relid, 0 AS level
-		UNION SELECT t.relid::oid, t.level FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1)) t) pt
+		array(SELECT i.inhrelid::pg_catalog.regclass::text FROM pg_inherits i WHERE i.inhparent = c.oid AND c.relkind = 'r' ORDER BY 1),
+		array(SELECT i.inhparent::pg_catalog.regclass::text FROM pg_inherits i JOIN pg_class pc ON pc.oid = i.inhparent
+			WHERE i.inhrelid = c.oid AND pc.relkind = 'r' ORDER BY 1)
+	FROM (SELECT 'table' AS place, pg_catalog.to_regclass($1)::oid AS relid, 0 AS level
+		UNION SELECT 'partition', t.relid::oid, t.level FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1)) t WHERE t.level > 0
+		UNION SELECT 'parent', a.relid::oid, -1 FROM pg_catalog.pg_partition_ancestors(pg_catalog.to_regclass($1)) a
+			WHERE a.relid <> pg_catalog.to_regclass($1)) pt
 	JOIN pg_class c ON c.oid = pt.relid JOIN pg_roles r ON r.oid = c.relowner
-	ORDER BY pt.level, 2`
+	ORDER BY pt.level = 0 DESC, pt.level, 3`
 
 // Table checks a table of the user's that Tidemark writes (a target table it did not create),
 // and each of its partitions. Everything on a table can run code with the writer's rights on
@@ -296,15 +307,16 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 		return fmt.Errorf("read the owner and triggers of %s %s: %w", what, name, err)
 	}
 	type rel struct {
+		place                               string
 		oid                                 uint32
 		name, owner, self                   string
 		trusted                             bool
 		grantees, triggers, rules, policies []string
-		children                            []string
+		children, parents                   []string
 	}
 	var rels []rel
 	var r rel
-	if _, err := pgx.ForEachRow(rows, []any{&r.oid, &r.name, &r.owner, &r.trusted, &r.self, &r.grantees, &r.triggers, &r.rules, &r.policies, &r.children}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&r.place, &r.oid, &r.name, &r.owner, &r.trusted, &r.self, &r.grantees, &r.triggers, &r.rules, &r.policies, &r.children, &r.parents}, func() error {
 		rels = append(rels, r)
 		return nil
 	}); err != nil {
@@ -313,8 +325,11 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 	var problems, fixes []string
 	for _, r := range rels {
 		of := ""
-		if r.oid != rels[0].oid {
+		switch r.place {
+		case "partition":
 			of = " (its partition " + r.name + ")"
+		case "parent":
+			of = " (the partitioned table " + r.name + " it is a partition of, whose constraints and defaults apply to it)"
 		}
 		if !r.trusted {
 			var code []string
@@ -339,6 +354,12 @@ func Table(ctx context.Context, q Querier, what, name string) error {
 			problems = append(problems, fmt.Sprintf("tables inherit from %s (%s): the sink's deletes and truncations of it reach them, and run their triggers; Tidemark writes no table with inheritance children", r.name, strings.Join(r.children, ", ")))
 			for _, c := range r.children {
 				fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s NO INHERIT %s;  -- or write to another table", c, r.name))
+			}
+		}
+		if len(r.parents) > 0 {
+			problems = append(problems, fmt.Sprintf("%s inherits from %s: their owners can add constraints and defaults that run on its rows; Tidemark writes no inheritance child", r.name, strings.Join(r.parents, ", ")))
+			for _, p := range r.parents {
+				fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s NO INHERIT %s;  -- or write to another table", r.name, p))
 			}
 		}
 		if len(r.grantees) > 0 {
@@ -391,7 +412,7 @@ const domainSQL = `WITH RECURSIVE ty(oid, depth) AS (
 				OR (dep.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND dep.objid = t.oid))
 			AND NOT (pr.rolname = current_user OR pr.rolsuper))
 	FROM ty JOIN pg_type t ON t.oid = ty.oid JOIN pg_roles r ON r.oid = t.typowner
-	WHERE t.typtype IN ('d', 'c')
+	WHERE t.typtype IN ('d', 'c', 'r')
 	ORDER BY 1`
 
 // Domain checks the type of a column Tidemark fills (typeOID), and the types under it (an
@@ -411,6 +432,15 @@ func Domain(ctx context.Context, q Rows, what string, typeOID uint32) error {
 	var trusted bool
 	var fns []string
 	if _, err := pgx.ForEachRow(rows, []any{&name, &kind, &owner, &trusted, &fns}, func() error {
+		if kind == "r" {
+			// A range type's owner cannot change its functions; its subtype_diff (run by GiST
+			// index inserts) may be another role's, who can replace the body.
+			if len(fns) > 0 {
+				problems = append(problems, fmt.Sprintf("its range type %s calls functions (%s) whose owners are neither this role nor a superuser, and could replace their body", name, strings.Join(fns, ", ")))
+				fixes = append(fixes, "ALTER FUNCTION <function> OWNER TO <this role or a superuser>;  -- for each of them")
+			}
+			return nil
+		}
 		if kind == "c" {
 			if !trusted {
 				problems = append(problems, fmt.Sprintf("its composite type %s is owned by role %s, which is neither this role nor a superuser: its owner can add a field of a domain at any time, whose constraints would run with this role's rights on every value written", name, ident(owner)))

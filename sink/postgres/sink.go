@@ -65,15 +65,13 @@ type Sink struct {
 	// (faults.CheckpointApart); nil otherwise.
 	apart *pgx.Conn
 
-	tx  pgx.Tx
-	txn int // counts the target transactions begun
-	// trustedTypes are the column types pgtrust.Domain accepted in this run.
-	trustedTypes map[uint32]bool
-	tables       map[string]*targetTable // by source schema.table
-	batches      []*tableBatch           // pending, in first-seen order
-	lastAudit    pglogrepl.LSN
-	copyBuf      bytes.Buffer
-	applied      int64 // events applied (for the summary)
+	tx        pgx.Tx
+	txn       int                     // counts the target transactions begun
+	tables    map[string]*targetTable // by source schema.table
+	batches   []*tableBatch           // pending, in first-seen order
+	lastAudit pglogrepl.LSN
+	copyBuf   bytes.Buffer
+	applied   int64 // events applied (for the summary)
 	// The pending rows are applied, inside the open transaction, once they reach either bound.
 	maxPendingRows, maxPendingBytes int
 	pendingRows, pendingBytes       int   // held in batches: distinct keys, and their estimated size
@@ -270,23 +268,6 @@ func (s *Sink) begin(ctx context.Context) error {
 	}
 	s.tx = tx
 	s.txn++
-	return nil
-}
-
-// checkType checks the type of a column the sink fills (pgtrust.Domain), once per type and run:
-// columns share a few types, and only a role already trusted (the type's owner) could make an
-// accepted type untrusted.
-func (s *Sink) checkType(ctx context.Context, what string, oid uint32) error {
-	if s.trustedTypes[oid] {
-		return nil
-	}
-	if err := pgtrust.Domain(ctx, s.tx, what, oid); err != nil {
-		return err
-	}
-	if s.trustedTypes == nil {
-		s.trustedTypes = map[uint32]bool{}
-	}
-	s.trustedTypes[oid] = true
 	return nil
 }
 
@@ -773,7 +754,7 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(t.oids)) {
-		if err := s.checkType(ctx, fmt.Sprintf("column %s of target table %s", Quote(n), t.ident), t.oids[n]); err != nil {
+		if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(n), t.ident), t.oids[n]); err != nil {
 			return nil, err
 		}
 	}
@@ -1069,7 +1050,7 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 		return fmt.Errorf("look up type %s on the target: %w", typ, err)
 	}
 	if typOID != nil {
-		if err := s.checkType(ctx, fmt.Sprintf("column %s of target table %s", Quote(name), t.ident), *typOID); err != nil {
+		if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(name), t.ident), *typOID); err != nil {
 			return err
 		}
 	}
