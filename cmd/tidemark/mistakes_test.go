@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/e2e"
+)
+
+// leftBehind lists what a sync could have left on the source: its slot, its publication.
+func leftBehind(t *testing.T, db *e2e.TestDB) []string {
+	t.Helper()
+	var left []string
+	if slotExists(t, db, db.Slot) {
+		left = append(left, "slot "+db.Slot)
+	}
+	if publicationExists(t, db, db.Publication) {
+		left = append(left, "publication "+db.Publication)
+	}
+	return left
+}
+
+// TestFirstRunMistakes: the mistakes of a first hour, each on a fresh database. Every one ends
+// the run with its exit code and a message that names the cause and the fix, and leaves the
+// source as it was: no slot, no publication (a run drops what it created when it ends before
+// its first checkpoint; most mistakes are found before it creates anything).
+func TestFirstRunMistakes(t *testing.T) {
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, db *e2e.TestDB) (source string)
+		args  func(t *testing.T, db *e2e.TestDB) []string // beyond --source, --slot, --publication
+		code  int
+		want  []string
+		after func(t *testing.T, db *e2e.TestDB)
+	}{{
+		name: "table name typo",
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			return []string{"--tables", "public.ordrs", "--to", filepath.Join(t.TempDir(), "out.jsonl")}
+		},
+		code: 1, want: []string{"public.ordrs does not exist"},
+	}, {
+		name: "a wildcard",
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			return []string{"--tables", "public.*", "--to", filepath.Join(t.TempDir(), "out.jsonl")}
+		},
+		code: 2, want: []string{"list the tables"},
+	}, {
+		name: "a key-less table",
+		setup: func(t *testing.T, db *e2e.TestDB) string {
+			db.Exec(`CREATE TABLE public.events (at timestamptz, v text); INSERT INTO public.events VALUES (now(), 'x')`)
+			return ""
+		},
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			return []string{"--tables", "public.orders,public.events", "--to", filepath.Join(t.TempDir(), "out.jsonl")}
+		},
+		code: 1, want: []string{"public.events has no primary key"},
+		after: func(t *testing.T, db *e2e.TestDB) {
+			// The application's own writes still work: no publication holds the table.
+			db.Exec(`UPDATE public.events SET v = 'y'`)
+			db.Exec(`DELETE FROM public.events`)
+		},
+	}, {
+		name: "no SELECT on a table",
+		setup: func(t *testing.T, db *e2e.TestDB) string {
+			role := "m_" + db.Name[2:]
+			db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD 'pw'`, role))
+			db.Exec(`GRANT CREATE ON DATABASE ` + db.Name + ` TO ` + role)
+			db.Exec(`ALTER TABLE public.orders OWNER TO ` + role)
+			db.Exec(`CREATE TABLE public.secret (id int PRIMARY KEY)`)
+			t.Cleanup(func() {
+				db.Exec(`DROP OWNED BY ` + role)
+				db.Exec(`DROP ROLE ` + role)
+			})
+			return server.UserDSN(db.Name, role, "pw")
+		},
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			return []string{"--tables", "public.orders,public.secret", "--to", filepath.Join(t.TempDir(), "out.jsonl")}
+		},
+		code: 1, want: []string{"may not read public.secret", `GRANT SELECT ON "public"."secret" TO`},
+	}, {
+		name: "a target table with another column type",
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			tgtDSN, tgt := targetDatabase(t, db)
+			_, err := tgt.Exec(context.Background(), `CREATE TABLE public.orders (id int PRIMARY KEY, v int)`)
+			require.NoError(t, err)
+			return []string{"--tables", "public.orders", "--to", tgtDSN}
+		},
+		code: 1, want: []string{`"v"`},
+	}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			db := e2e.NewTestDB(t, server)
+			db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY, v text); INSERT INTO public.orders SELECT g, 'o' || g FROM generate_series(1, 50) g`)
+			source := db.DSN
+			if c.setup != nil {
+				if s := c.setup(t, db); s != "" {
+					source = s
+				}
+			}
+			args := append([]string{"sync", "--source", source, "--slot", db.Slot, "--publication", db.Publication, "--stop-when-caught-up", "--quiet"}, c.args(t, db)...)
+			e, _, errOut := testEnv(t)
+			code := run(context.Background(), args, e)
+			require.Equal(t, c.code, code, errOut.String())
+			for _, w := range c.want {
+				require.Contains(t, errOut.String(), w)
+			}
+			require.Empty(t, leftBehind(t, db), "left on the source after: %s", errOut.String())
+			if c.after != nil {
+				c.after(t, db)
+			}
+		})
+	}
+}
+
+// TestCreatedPublicationPartitioned: the publication a sync creates publishes a partitioned
+// table through its root, so the table is captured under its own name.
+func TestCreatedPublicationPartitioned(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.m (id int PRIMARY KEY, v text) PARTITION BY RANGE (id);
+		CREATE TABLE public.m1 PARTITION OF public.m FOR VALUES FROM (0) TO (100);
+		CREATE TABLE public.m2 PARTITION OF public.m FOR VALUES FROM (100) TO (200);
+		INSERT INTO public.m SELECT g, 'v' FROM generate_series(1, 199) g`)
+	e, out, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.m", "--to", "-", "--stop-when-caught-up", "--quiet"}, e), errOut.String())
+	require.Len(t, lines(t, out), 199)
+	require.True(t, exists(t, db, `SELECT pubviaroot FROM pg_publication WHERE pubname = $1`, db.Publication))
+}
+
+// TestIdleSlotsListed: a slot nobody streams from (a run killed before its first checkpoint
+// cannot drop the slot it created) is listed by doctor and status, with the WAL it retains and
+// the command that drops it.
+func TestIdleSlotsListed(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY)`)
+	orphan := db.Slot + "_orphan"
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, orphan)
+	t.Cleanup(func() { db.Exec(`SELECT pg_drop_replication_slot($1)`, orphan) })
+	_, out := runDoctorCmd(t, "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--tables", "public.orders")
+	require.Contains(t, out, fmt.Sprintf("replication slot %q is not in use and retains", orphan))
+	require.Contains(t, out, "tidemark cleanup --slot "+orphan)
+
+	e, stdout, errOut := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"status", "--source", db.DSN, "--slot", db.Slot}, e), errOut.String())
+	require.Contains(t, stdout.String(), "other slot "+orphan+": inactive, retains")
+}
+
+// TestDoctorPublicationAdvice: doctor never suggests a publication that would break the
+// application's writes (a key-less table in it), and for a partitioned table published through
+// its partitions suggests publish_via_partition_root, not an ADD TABLE that fails (the table is
+// already a member).
+func TestDoctorPublicationAdvice(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY); CREATE TABLE public.events (at timestamptz, v text)`)
+	role := "adv_" + db.Name[2:]
+	db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD 'pw'`, role))
+	db.Exec(`GRANT SELECT ON ALL TABLES IN SCHEMA public TO ` + role)
+	t.Cleanup(func() {
+		db.Exec(`DROP OWNED BY ` + role)
+		db.Exec(`DROP ROLE ` + role)
+	})
+	_, out := runDoctorCmd(t, "--source", server.UserDSN(db.Name, role, "pw"), "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.orders,public.events")
+	require.Contains(t, out, `CREATE PUBLICATION "`+db.Publication+`" FOR TABLE "public"."orders" WITH (publish_via_partition_root = true);`)
+	require.NotContains(t, out, `"public"."events" WITH`)
+	require.Contains(t, out, "public.events has no primary key")
+
+	db.Exec(`CREATE TABLE public.m (id int PRIMARY KEY) PARTITION BY RANGE (id); CREATE TABLE public.m1 PARTITION OF public.m FOR VALUES FROM (0) TO (10)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE public.m`)
+	_, out = runDoctorCmd(t, "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--tables", "public.m")
+	require.Contains(t, out, "SET (publish_via_partition_root = true)")
+	require.NotContains(t, out, "ADD TABLE")
+	// And sync refuses it before creating its slot.
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.m", "--to", "-", "--stop-when-caught-up", "--quiet"}, e))
+	require.Contains(t, errOut.String(), "publish_via_partition_root = true")
+	require.False(t, slotExists(t, db, db.Slot))
+}
+
+// TestFailedRunKeepsWhatExisted: a publication that existed before the run stays, without the
+// table the run added to it; the slot it created goes.
+func TestFailedRunKeepsWhatExisted(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY, v text); INSERT INTO public.orders VALUES (1, 'a')`)
+	db.Exec(`CREATE TABLE public.other (id int PRIMARY KEY)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE public.other`)
+	tgtDSN, tgt := targetDatabase(t, db)
+	_, err := tgt.Exec(context.Background(), `CREATE TABLE public.orders (id int PRIMARY KEY, v int)`)
+	require.NoError(t, err)
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.orders", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, e))
+	require.False(t, slotExists(t, db, db.Slot), errOut.String())
+	require.True(t, publicationExists(t, db, db.Publication))
+	require.False(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'orders')`, db.Publication),
+		"the table the run added is taken out again")
+	require.True(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'other')`, db.Publication))
+}
