@@ -65,6 +65,9 @@ var (
 	ErrNotPublished  = errors.New("table is not in the publication")
 	ErrSchemaChanged = errors.New("table definition changed")
 	ErrRowFilter     = errors.New("the publication filters the table's rows")
+	// ErrNotViaRoot: a partitioned table belongs to the publication, which publishes its
+	// changes under its partitions' names (publish_via_partition_root off).
+	ErrNotViaRoot = errors.New("the publication publishes the partitioned table through its partitions")
 )
 
 // Discover reads the definition of schema.name and chooses its key: the columns of its replica
@@ -100,6 +103,18 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	}
 	// Not being published is reported after the key's problems, which adding the table to the
 	// publication would not fix.
+	if !published && publication != "" && kind == 'p' {
+		var member bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication p WHERE p.pubname = $1 AND NOT p.pubviaroot
+				AND (p.puballtables OR EXISTS (SELECT FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $2::oid)))`,
+			publication, t.OID).Scan(&member); err != nil {
+			return nil, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
+		}
+		if member {
+			return nil, fmt.Errorf("%w: publication %q holds the partitioned table %s but publishes its changes under its partitions' names, which the capture does not follow; publish them under the table's: ALTER PUBLICATION %s SET (publish_via_partition_root = true);",
+				ErrNotViaRoot, publication, t, pgx.Identifier{publication}.Sanitize())
+		}
+	}
 	if !published && publication != "" {
 		return nil, fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
 			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())

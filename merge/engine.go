@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/watermark"
 )
@@ -122,6 +125,8 @@ var (
 	ErrPositionAhead = errors.New("the position is ahead of the server's WAL")
 	// ErrNoTables: nothing to capture.
 	ErrNoTables = errors.New("no tables configured")
+	// ErrNoPrivilege: this role may not read a table to capture.
+	ErrNoPrivilege = errors.New("permission denied")
 )
 
 // ErrUnplaceable: a change the engine cannot place correctly (see UnplaceableError). The capture
@@ -229,7 +234,14 @@ func (c *Config) ensureDefaults() {
 type Engine struct {
 	cfg  Config
 	sink Sink
+	base zerolog.Logger // the caller's logger, for the components' own (one component key each)
 	log  zerolog.Logger
+	// checkpointing is set once the run gives the sink its first checkpoint: from then on, what
+	// the run created on the source (its slot, its publication) may be what the output resumes
+	// from, and stays.
+	checkpointing atomic.Bool
+	// addedTables are the tables this run added to an existing publication (prepare).
+	addedTables []pgx.Identifier
 }
 
 // New returns an Engine. It connects to nothing until Run.
@@ -238,7 +250,7 @@ func New(cfg Config, sink Sink, log zerolog.Logger) (*Engine, error) {
 		return nil, err
 	}
 	cfg.ensureDefaults()
-	return &Engine{cfg: cfg, sink: sink, log: log.With().Str("component", "merge").Logger()}, nil
+	return &Engine{cfg: cfg, sink: sink, base: log, log: log.With().Str("component", "merge").Logger()}, nil
 }
 
 // errFinished ends the engine's goroutines when the merge loop is done.
@@ -255,18 +267,100 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
+	// Nothing is created on the source before the tables are known to be capturable.
+	if err := e.checkTables(ctx, conn, from); err != nil {
+		return err
+	}
 	// The publication must exist before the signal table joins it; the replicator checks it
 	// (and creates it when allowed) in Open.
-	stream, err := replicator.Open(ctx, e.cfg.Source, e.log)
+	stream, err := replicator.Open(ctx, e.cfg.Source, e.base)
 	if err != nil {
 		return err
 	}
 	defer stream.Close(context.WithoutCancel(ctx))
+	e.checkpointing.Store(false)
+	e.addedTables = nil
+	err = e.runStream(ctx, conn, stream, from)
+	// A run that ends before its first checkpoint leaves the source as it was: what it created
+	// there is dropped (a slot left behind would retain WAL for ever, unseen).
+	if !e.checkpointing.Load() {
+		_ = stream.Close(context.WithoutCancel(ctx))
+		if _, pubCreated := stream.Created(); !pubCreated && len(e.addedTables) > 0 {
+			if uerr := e.undoAdded(ctx); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+		}
+		if uerr := stream.Undo(ctx); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+	}
+	return err
+}
+
+// undoAdded takes the tables this run added to an existing publication out of it again.
+func (e *Engine) undoAdded(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	defer cancel()
+	pub := e.cfg.Source.Publication
+	var fixes []string
+	conn, err := pgconf.Open(ctx, e.cfg.Source.DSN, "tidemark", e.cfg.Source.Configure)
+	if err == nil {
+		defer conn.Close(ctx)
+	}
+	for _, t := range e.addedTables {
+		if err == nil {
+			if _, err = conn.Exec(ctx, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()); err == nil {
+				e.log.Info().Str("table", t.Sanitize()).Str("publication", pub).Msg("table taken out of the publication again: this run added it and ends before its first checkpoint")
+				continue
+			}
+		}
+		fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()+";")
+	}
+	e.addedTables = nil
+	if len(fixes) > 0 {
+		return fmt.Errorf("%w: this run added tables to publication %q and could not take them out again (%w): %s",
+			replicator.ErrLeftBehind, pub, err, strings.Join(fixes, " "))
+	}
+	return nil
+}
+
+func (e *Engine) runStream(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, from *Position) error {
 	s, err := e.prepareRun(ctx, conn, stream, from)
 	if err != nil {
 		return err
 	}
 	return e.runGoroutines(ctx, conn, stream, s)
+}
+
+// checkTables checks, before the run creates anything on the source, that each table whose
+// capture starts now exists, has a key the stream carries, and may be read by this role. A
+// table resumed from the position is left to discovery, which knows what became of it.
+func (e *Engine) checkTables(ctx context.Context, conn *pgx.Conn, from *Position) error {
+	var errs []error
+	for _, tc := range e.cfg.Tables {
+		if p := progressOf(from, tc.Schema+"."+tc.Name); p != nil && !p.Refresh {
+			continue
+		}
+		_, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)
+		if errors.Is(err, chunker.ErrNotPublished) && (e.cfg.AddToPublication || e.cfg.Source.CreatePublication) {
+			err = nil // added to the publication (or created with it) later
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		id := pgx.Identifier{tc.Schema, tc.Name}
+		var readable bool
+		var role string
+		if err := conn.QueryRow(ctx, `SELECT has_table_privilege(to_regclass($1), 'SELECT'), current_user::text`, id.Sanitize()).Scan(&readable, &role); err != nil {
+			return fmt.Errorf("check the privileges on %s.%s: %w", tc.Schema, tc.Name, err)
+		}
+		if !readable {
+			errs = append(errs, fmt.Errorf("%w: role %s may not read %s.%s; grant it: %s",
+				ErrNoPrivilege, sqlfix.Ident(role), tc.Schema, tc.Name, sqlfix.GrantSelect(id, role)))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // runSetup is what a run starts from: its watermark writer, the position and tables resolved
@@ -325,7 +419,7 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	in := make(chan any, 1024)
 	verdicts := make(chan verdict, 8)
 	wake := make(chan wakeup, 1)
-	w := &worker{cfg: &e.cfg, conn: conn, reader: s.reader, writer: s.writer, in: in, verdicts: verdicts, wake: wake, log: e.log.With().Str("component", "chunker").Logger(),
+	w := &worker{cfg: &e.cfg, conn: conn, reader: s.reader, writer: s.writer, in: in, verdicts: verdicts, wake: wake, log: e.base.With().Str("component", "chunker").Logger(),
 		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
 		p := pos.Tables[name]
@@ -512,7 +606,7 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 	m.core.notices = m.core.notices[:0]
 	if n := len(m.core.out); n > 0 {
 		if err := m.e.sink.Emit(ctx, m.core.out); err != nil {
-			return fmt.Errorf("emit %d events: %w", n, err)
+			return err
 		}
 		if m.e.cfg.Faults.ackAhead() {
 			m.stream.Ack(m.core.out[n-1].LSN)
@@ -531,6 +625,7 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 func (m *mergeLoop) checkpoint(ctx context.Context) error {
 	m.core.pos.Invisible = m.core.guard.invisible()
 	pos := m.core.pos.Clone()
+	m.e.checkpointing.Store(true)
 	if err := m.e.sink.Checkpoint(ctx, pos); err != nil {
 		return fmt.Errorf("checkpoint at %s: %w", pos.LSN, err)
 	}

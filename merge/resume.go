@@ -151,6 +151,7 @@ func (e *Engine) addToPublication(ctx context.Context, conn *pgx.Conn, from *Pos
 		case err != nil:
 			return err
 		case added:
+			e.addedTables = append(e.addedTables, pgx.Identifier{tc.Schema, tc.Name})
 			e.log.Info().Str("table", name).Str("publication", pub).Msg("table added to the publication")
 		}
 	}

@@ -362,7 +362,7 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 			Int("bytes", c.Bytes).Strs("cursor", t.progress.Cursor).Msg("chunk done")
 		if t.progress.Done {
 			w.log.Info().Str("table", t.name).Int64("rows", t.progress.Rows).Int64("chunks", t.progress.Chunks).
-				Dur("select", w.selectTime).Dur("watermarks", w.markTime).Dur("verdicts", w.waitTime).Msg("backfill done")
+				Str("select", w.selectTime.Round(time.Millisecond).String()).Str("watermarks", w.markTime.Round(time.Millisecond).String()).Str("verdicts", w.waitTime.Round(time.Millisecond).String()).Msg("backfill done")
 		}
 		return nil
 	}
@@ -425,10 +425,20 @@ func (w *worker) retry(ctx context.Context, t *workTable, cause error) error {
 	if errors.Is(cause, pgtrust.ErrUntrusted) {
 		return fmt.Errorf("backfill of %s: %w", t.name, cause)
 	}
+	// Permission denied does not pass with time: stopped at once, with the grant.
+	if pgerr.Privilege(cause) {
+		return fmt.Errorf("%w: backfill of %s: %w; grant this role SELECT on it (GRANT SELECT ON %s TO <role>;)", ErrNoPrivilege, t.name, cause, t.table.Ident())
+	}
 	if w.fails > 20 && !errors.Is(cause, errVisibility) {
 		return fmt.Errorf("backfill of %s: %d chunks in a row failed, the last with: %w", t.name, w.fails, cause)
 	}
-	w.log.Warn().Str("table", t.name).Int("attempt", w.fails).Err(cause).Msg("chunk abandoned; retrying")
+	// A commit not yet visible to a chunk's snapshot is normal for a moment (it becomes visible
+	// microseconds after it is in the WAL); only a lasting one is worth a warning.
+	ev := w.log.Warn()
+	if errors.Is(cause, errVisibility) && w.fails < 5 {
+		ev = w.log.Debug()
+	}
+	ev.Str("table", t.name).Int("attempt", w.fails).Err(cause).Msg("chunk abandoned; retrying")
 	sleep(ctx, min(time.Duration(25<<min(w.fails, 7))*time.Millisecond, 2*time.Second))
 	return nil
 }

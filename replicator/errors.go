@@ -20,6 +20,8 @@ var (
 	ErrWalLevel           = errors.New("wal_level is not logical")
 	ErrServerVersion      = errors.New("server version is not supported")
 	ErrTimeout            = errors.New("replication connection timed out")
+	// ErrLeftBehind: a run could not drop the slot or publication it created (Stream.Undo).
+	ErrLeftBehind = errors.New("what this run created is left on the source")
 )
 
 // connectError wraps a connection failure with what to do about it. PostgreSQL's own message

@@ -32,7 +32,9 @@ func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string
 			}
 			tables = strings.Join(names, ", ")
 		}
-		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", quoteIdent(name), tables)
+		// Via the root: a partitioned table's changes then stream under its own name (otherwise
+		// under its partitions', which the capture does not follow); no effect on other tables.
+		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish_via_partition_root = true)", quoteIdent(name), tables)
 		if !s.cfg.CreatePublication {
 			return fmt.Errorf("%w: publication %q does not exist in database %q; create it with: %s;", ErrPublicationMissing, name, db, create)
 		}
@@ -51,6 +53,7 @@ func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string
 		}); err != nil {
 			return fmt.Errorf("create publication %q: %w", name, err)
 		}
+		s.pubCreated = true
 		s.log.Info().Str("publication", name).Int("tables", len(s.cfg.PublicationTables)).Msg("publication created")
 		return nil
 	}

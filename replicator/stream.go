@@ -39,14 +39,17 @@ type SlotInfo struct {
 
 // Stream is one replication session on a logical slot.
 type Stream struct {
-	cfg     Config
-	log     zerolog.Logger
-	conn    *pgconn.PgConn // the replication connection; owned by the goroutine running Run
-	user    string
-	sys     SystemInfo
-	slot    SlotInfo
-	acked   atomic.Uint64 // highest acknowledged LSN: the only flush position ever sent
-	started atomic.Bool
+	cfg  Config
+	log  zerolog.Logger
+	conn *pgconn.PgConn // the replication connection; owned by the goroutine running Run
+	user string
+	sys  SystemInfo
+	slot SlotInfo
+	// pubCreated: Open created the publication (Config.CreatePublication).
+	pubCreated bool
+	qcfg       *pgx.ConnConfig // the ordinary connection's configuration, for Undo
+	acked      atomic.Uint64   // highest acknowledged LSN: the only flush position ever sent
+	started    atomic.Bool
 	// messages is Config.Messages, which KeepMessages may set before Run.
 	messages atomic.Pointer[string]
 
@@ -75,7 +78,7 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 	rcfg := qcfg.Config.Copy()
 	rcfg.RuntimeParams["replication"] = "database"
 
-	s := &Stream{cfg: cfg, log: log, user: qcfg.User}
+	s := &Stream{cfg: cfg, log: log, user: qcfg.User, qcfg: qcfg}
 	s.messages.Store(&cfg.Messages)
 	// Logical messages not asked for, or too large, are dropped as they come (messages.go).
 	build := rcfg.BuildFrontend
@@ -86,18 +89,25 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Stream, error) 
 		}
 		return pgproto3.NewFrontend(f, w)
 	}
+	// What Open created is dropped again when Open fails after creating it.
+	fail := func(err error) (*Stream, error) {
+		if s.conn != nil {
+			_ = s.conn.Close(context.WithoutCancel(ctx))
+			s.conn = nil
+		}
+		return nil, errors.Join(err, s.Undo(ctx))
+	}
 	if err := s.preflight(ctx, qcfg); err != nil {
-		return nil, err
+		return fail(err)
 	}
 
 	s.conn, err = pgconf.DialReplication(ctx, rcfg)
 	if err != nil {
-		return nil, connectError("source "+pgconf.Describe(rcfg)+" for replication", qcfg.User, err)
+		return fail(connectError("source "+pgconf.Describe(rcfg)+" for replication", qcfg.User, err))
 	}
 	id, err := pglogrepl.IdentifySystem(ctx, s.conn)
 	if err != nil {
-		_ = s.conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("identify system: %w", err)
+		return fail(fmt.Errorf("identify system: %w", err))
 	}
 	s.sys.SystemID, s.sys.Timeline, s.sys.XLogPos, s.sys.Database = id.SystemID, id.Timeline, id.XLogPos, id.DBName
 	return s, nil
@@ -414,6 +424,71 @@ func (s *Stream) Close(ctx context.Context) error {
 		return nil
 	}
 	return s.conn.Close(ctx)
+}
+
+// Created reports what Open created: the slot, the publication.
+func (s *Stream) Created() (slot, publication bool) { return s.slot.Created, s.pubCreated }
+
+// undoWait bounds Undo's wait for the slot's server process to end after Close.
+const undoWait = 10 * time.Second
+
+// Undo drops what Open created, the slot and the publication, for a run that ends before anything
+// read from them was made durable downstream (its first checkpoint): the source is left as it
+// was. What existed before Open is never touched, nor a publication whose comment is no longer
+// the one Open gave it. Call it after Close (the slot is in use until its server process ends).
+// An error says what is left and the statement that drops it.
+func (s *Stream) Undo(ctx context.Context) error {
+	if !s.slot.Created && !s.pubCreated {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoWait+10*time.Second)
+	defer cancel()
+	conn, err := pgconf.Dial(ctx, s.qcfg)
+	if err != nil {
+		return s.undoFailed(err)
+	}
+	defer conn.Close(ctx)
+	if s.slot.Created {
+		if err := waitSlotFree(ctx, conn, s.cfg.Slot, undoWait); err != nil {
+			return s.undoFailed(err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots
+			WHERE slot_name = $1 AND NOT active`, s.cfg.Slot); err != nil {
+			return s.undoFailed(err)
+		}
+		s.slot.Created = false
+		s.log.Info().Msg("replication slot dropped: this run created it and ends before its first checkpoint")
+	}
+	if s.pubCreated {
+		var ours bool
+		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.obj_description(p.oid, 'pg_publication') = $2, false)
+			FROM pg_catalog.pg_publication p WHERE p.pubname = $1`, s.cfg.Publication, PublicationComment(s.cfg.Slot)).Scan(&ours); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return s.undoFailed(err)
+		}
+		if ours {
+			if _, err := conn.Exec(ctx, "DROP PUBLICATION "+quoteIdent(s.cfg.Publication)); err != nil {
+				return s.undoFailed(err)
+			}
+			s.log.Info().Str("publication", s.cfg.Publication).Msg("publication dropped: this run created it and ends before its first checkpoint")
+		}
+		s.pubCreated = false
+	}
+	return nil
+}
+
+// undoFailed is Undo's error: what this run created and leaves on the source, and how to drop it.
+func (s *Stream) undoFailed(err error) error {
+	var left, fix []string
+	if s.slot.Created {
+		left = append(left, fmt.Sprintf("replication slot %q (it retains WAL until dropped)", s.cfg.Slot))
+		fix = append(fix, sqlfix.DropSlot(s.cfg.Slot))
+	}
+	if s.pubCreated {
+		left = append(left, fmt.Sprintf("publication %q", s.cfg.Publication))
+		fix = append(fix, sqlfix.DropPublication(s.cfg.Publication))
+	}
+	return fmt.Errorf("%w: this run created %s and could not drop it (%w); drop it with: %s",
+		ErrLeftBehind, strings.Join(left, " and "), err, strings.Join(fix, " "))
 }
 
 // waitSlotFree waits up to wait for slot, when some process streams from it, to be released:

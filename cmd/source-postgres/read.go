@@ -263,7 +263,7 @@ func (r *reader) run(ctx context.Context, incremental []*readStream) error {
 				return err
 			}
 			if r.budgetSpent() {
-				s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
+				s.log.Info().Str("budget", s.cfg.budget().String()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
 				break
 			}
 		}
@@ -338,7 +338,7 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 			err = ferr
 		}
 		if errors.Is(err, errBudget) && ctx.Err() == nil {
-			s.log.Info().Dur("budget", s.cfg.budget()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
+			s.log.Info().Str("budget", s.cfg.budget().String()).Msg("the sync's time budget ran out: the next sync resumes where this one ended")
 			return nil
 		}
 		if errors.Is(err, replicator.ErrSlotLost) {

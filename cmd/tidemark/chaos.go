@@ -58,7 +58,6 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	case "jsonl", "postgres", "airbyte":
 		modes = []chaos.Mode{chaos.Mode(*mode)}
 	default:
-		fs.Usage()
 		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte or all", errUsage)
 	}
 	// A staging database's connection strings get the sslmode rule of every other command.

@@ -39,7 +39,6 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 		return fmt.Errorf("%w: --signal-table must be schema.table", errUsage)
 	}
 	if *source == "" {
-		fs.Usage()
 		return fmt.Errorf("%w: --source is required", errUsage)
 	}
 	opts := preflight.Options{Slot: *slot, Publication: *pub, CreateSlot: true, CreatePublication: true,

@@ -50,7 +50,7 @@ func TestDoctor(t *testing.T) {
 	}{
 		{[]string{`lacks the REPLICATION attribute`, `ALTER ROLE "` + role + `" WITH REPLICATION;`, "GRANT rds_replication"}, `ALTER ROLE ` + role + ` WITH REPLICATION`},
 		{[]string{`table public.orders cannot be read`, `GRANT SELECT ON "public"."orders" TO "` + role + `";`}, `GRANT SELECT ON orders TO ` + role},
-		{[]string{`publication "` + db.Publication + `" does not exist, and this role may not create it`, `CREATE PUBLICATION "` + db.Publication + `" FOR TABLE "public"."orders";`},
+		{[]string{`publication "` + db.Publication + `" does not exist, and this role may not create it`, `CREATE PUBLICATION "` + db.Publication + `" FOR TABLE "public"."orders" WITH (publish_via_partition_root = true);`},
 			`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE orders`},
 	}
 	for i, step := range steps {

@@ -46,6 +46,5 @@ func usageProblems(fs *flag.FlagSet, problems []string) error {
 	if len(problems) == 0 {
 		return nil
 	}
-	fs.Usage()
 	return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 }

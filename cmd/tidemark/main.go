@@ -117,28 +117,42 @@ func run(ctx context.Context, args []string, e *env) int {
 		usage(e.stdout)
 		return 0
 	}
+	if args[0] == "version" || args[0] == "--version" || args[0] == "-version" {
+		fmt.Fprintf(e.stdout, "tidemark %s\n", version())
+		return 0
+	}
+	var names []string
 	for _, c := range commands {
+		names = append(names, c.name)
 		if c.name != args[0] {
 			continue
 		}
 		err := c.run(ctx, args[1:], e)
+		if h, ok := isHelp(err); ok {
+			printHelp(e.stdout, h.fs)
+			return 0
+		}
 		switch {
 		case err == nil, errors.Is(err, context.Canceled):
 			return 0
 		case errors.Is(err, errProblems):
 			return 1
 		case errors.Is(err, errUsage):
-			if err != errUsage {
-				fmt.Fprintf(e.stderr, "tidemark %s: %s\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-			}
+			// The error first, then a short hint: the whole flag list is -h's.
+			fmt.Fprintf(e.stderr, "tidemark %s: %s\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+			usageHint(e.stderr, c.name)
 			return 2
 		default:
 			fmt.Fprintf(e.stderr, "tidemark %s: %v\n", c.name, err)
 			return 1
 		}
 	}
-	fmt.Fprintf(e.stderr, "tidemark: unknown command %q\n", args[0])
-	usage(e.stderr)
+	if m := closest(strings.TrimLeft(args[0], "-"), names); m != "" {
+		fmt.Fprintf(e.stderr, "tidemark: unknown command %q; did you mean %s?\n", args[0], m)
+	} else {
+		fmt.Fprintf(e.stderr, "tidemark: unknown command %q\n", args[0])
+	}
+	fmt.Fprintln(e.stderr, "Run `tidemark -h` for the commands; docs/cli.md for more.")
 	return 2
 }
 

@@ -217,6 +217,23 @@ func TestUsage(t *testing.T) {
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 2, run(context.Background(), []string{"stream", "--source", "x", "--from", "zz"}, e))
 	require.Contains(t, errOut.String(), `--from "zz" is not an LSN`)
+
+	// The error comes first, then a short hint, not the whole flag list.
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"sync", "--sorce", "x"}, e))
+	ls := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	require.Equal(t, "tidemark sync: unknown flag --sorce; did you mean --source?", ls[0])
+	require.LessOrEqual(t, len(ls), 3, errOut.String())
+	require.Contains(t, errOut.String(), "tidemark sync -h")
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"snyc"}, e))
+	require.Contains(t, errOut.String(), `unknown command "snyc"; did you mean sync?`)
+	e, out, _ := testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"--version"}, e))
+	require.Contains(t, out.String(), "tidemark ")
+	e, out, _ = testEnv(t)
+	require.Equal(t, 0, run(context.Background(), []string{"sync", "-h"}, e))
+	require.Contains(t, out.String(), "-stop-when-caught-up")
 }
 
 // TestBenchQuick: the benchmark runs end to end, so it cannot rot; its figures are not asserted.
@@ -340,10 +357,10 @@ func TestHelpMatchesDocs(t *testing.T) {
 	for _, c := range commands {
 		body, ok := sections[c.name]
 		require.True(t, ok, "docs/cli.md has no section for %s", c.name)
-		e, _, errOut := testEnv(t)
-		require.Equal(t, 2, run(context.Background(), []string{c.name, "-h"}, e))
+		e, out, _ := testEnv(t)
+		require.Equal(t, 0, run(context.Background(), []string{c.name, "-h"}, e))
 		var help []string
-		for _, l := range strings.Split(errOut.String(), "\n") {
+		for _, l := range strings.Split(out.String(), "\n") {
 			if f, ok := strings.CutPrefix(strings.TrimSpace(l), "-"); ok && strings.HasPrefix(l, "  -") {
 				help = append(help, strings.Fields(f)[0])
 			}

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -82,6 +84,12 @@ func TestFirstRunMistakes(t *testing.T) {
 		},
 		code: 1, want: []string{"may not read public.secret", `GRANT SELECT ON "public"."secret" TO`},
 	}, {
+		name: "the target is the source",
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			return []string{"--tables", "public.orders", "--to", db.DSN}
+		},
+		code: 1, want: []string{"the target is the source database itself"},
+	}, {
 		name: "a target table with another column type",
 		args: func(t *testing.T, db *e2e.TestDB) []string {
 			tgtDSN, tgt := targetDatabase(t, db)
@@ -89,7 +97,7 @@ func TestFirstRunMistakes(t *testing.T) {
 			require.NoError(t, err)
 			return []string{"--tables", "public.orders", "--to", tgtDSN}
 		},
-		code: 1, want: []string{`"v"`},
+		code: 1, want: []string{`is text on the source and integer on the existing target table "public"."orders"`, "--target-schema"},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -124,10 +132,13 @@ func TestCreatedPublicationPartitioned(t *testing.T) {
 		CREATE TABLE public.m1 PARTITION OF public.m FOR VALUES FROM (0) TO (100);
 		CREATE TABLE public.m2 PARTITION OF public.m FOR VALUES FROM (100) TO (200);
 		INSERT INTO public.m SELECT g, 'v' FROM generate_series(1, 199) g`)
-	e, out, errOut := testEnv(t)
+	e, _, errOut := testEnv(t)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
 	require.Equal(t, 0, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
-		"--tables", "public.m", "--to", "-", "--stop-when-caught-up", "--quiet"}, e), errOut.String())
-	require.Len(t, lines(t, out), 199)
+		"--tables", "public.m", "--to", out, "--stop-when-caught-up", "--quiet"}, e), errOut.String())
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, 199, strings.Count(string(b), `"table":"public.m"`))
 	require.True(t, exists(t, db, `SELECT pubviaroot FROM pg_publication WHERE pubname = $1`, db.Publication))
 }
 

@@ -22,7 +22,6 @@ func runSchema(ctx context.Context, args []string, e *env) error {
 		err = fmt.Errorf("--source is required")
 	}
 	if err != nil {
-		fs.Usage()
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	conn, err := pgconf.OpenDefaultSSL(ctx, *source, "tidemark")

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/term"
 
+	"github.com/tidemark/tidemark/cmd/internal/preflight"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
@@ -29,7 +30,7 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 	source := sourceFlag(fs)
 	slot := slotFlag(fs, "logical replication slot")
 	checkpoint := fs.String("checkpoint", "", "a JSON lines sync's checkpoint file (OUTPUT.checkpoint)")
-	target := fs.String("target", envTarget(), "a PostgreSQL sync's target connection string; default $TIDEMARK_TARGET when it is one")
+	target := targetFlag(fs, "a PostgreSQL sync's target connection string, a `DSN` ($TIDEMARK_TARGET serves only when it is one)")
 	checkpointID := fs.String("checkpoint-id", "", "the target's checkpoint row; default the slot name")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -63,6 +64,14 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 		fmt.Fprintf(w, "slot %s: %s, plugin %s, wal_status %s\n", *slot, state, plugin, walStatus)
 		fmt.Fprintf(w, "  confirmed_flush_lsn %s, restart_lsn %s\n", confirmed, restart)
 		fmt.Fprintf(w, "  retained WAL %s, not yet confirmed %s\n", bytesStr(retained), bytesStr(unconfirmed))
+	}
+
+	idle, err := preflight.IdleSlots(ctx, conn, *slot)
+	if err != nil {
+		return fmt.Errorf("read replication slots: %w", err)
+	}
+	for _, sl := range idle {
+		fmt.Fprintf(w, "other slot %s: inactive, retains %s of WAL; %s\n", sl.Name, bytesStr(sl.Retained), preflight.IdleSlotFix(sl.Name))
 	}
 
 	var pos *merge.Position
@@ -130,7 +139,6 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 // connectSource connects to the --source of a command that needs one, or explains its usage.
 func connectSource(ctx context.Context, fs *flag.FlagSet, source string) (*pgx.Conn, error) {
 	if source == "" {
-		fs.Usage()
 		return nil, fmt.Errorf("%w: --source is required", errUsage)
 	}
 	return pgconf.OpenDefaultSSL(ctx, source, "tidemark")
@@ -156,7 +164,6 @@ func runCleanup(ctx context.Context, args []string, e *env) error {
 	}
 	sigSchema, sigTable, ok := strings.Cut(*signalTable, ".")
 	if !ok || sigSchema == "" || sigTable == "" {
-		fs.Usage()
 		return fmt.Errorf("%w: --signal-table must be schema.table", errUsage)
 	}
 	conn, err := connectSource(ctx, fs, *source)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -16,27 +18,38 @@ import (
 	"github.com/tidemark/tidemark/replicator"
 )
 
-// newFlags makes a flag set that reports errors to the command's stderr.
+// newFlags makes a command's flag set. Its errors are not printed by the flag package: run
+// prints the error first, then a short usage hint (usageHint); -h prints the whole flag list.
 func newFlags(name, synopsis string, e *env) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "Usage: tidemark %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard)
+	synopses.Store(name, synopsis)
+	fs.Usage = func() {}
 	return fs
+}
+
+// synopses are the commands' synopses (newFlags), for the usage hint after an error.
+var synopses sync.Map
+
+// printHelp prints command fs's synopsis and every flag to w.
+func printHelp(w io.Writer, fs *flag.FlagSet) {
+	syn, _ := synopses.Load(fs.Name())
+	fmt.Fprintf(w, "Usage: tidemark %s\n\nFlags:\n", syn)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
 }
 
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
+			return helpRequest{fs}
 		}
-		return fmt.Errorf("%w: %w", errUsage, err)
+		return fmt.Errorf("%w: %s", errUsage, flagError(fs, err))
 	}
+	applyEnvDefaults(fs)
 	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+		return fmt.Errorf("%w: unexpected argument %q (flags come as --name value)", errUsage, fs.Arg(0))
 	}
 	// A slot name goes into queries and into the SQL printed for a DBA: one PostgreSQL would
 	// refuse is refused here, before anything uses it.
@@ -71,7 +84,6 @@ func runStream(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	if *source == "" {
-		fs.Usage()
 		return fmt.Errorf("%w: --source is required (or run `tidemark demo`)", errUsage)
 	}
 	start, err := pglogrepl.ParseLSN(*from)
@@ -123,6 +135,12 @@ func streamJSON(ctx context.Context, cfg replicator.Config, from pglogrepl.LSN, 
 	})
 	if errors.Is(err, errDone) {
 		return nil
+	}
+	// A slot this run created and never acknowledged from is dropped when the run fails: it
+	// would retain WAL for nothing.
+	if err != nil && ctx.Err() == nil && !(ack && commits > 0) {
+		_ = st.Close(context.WithoutCancel(ctx))
+		err = errors.Join(err, st.Undo(ctx))
 	}
 	return err
 }

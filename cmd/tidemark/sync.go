@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -30,7 +29,6 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	}
 	plan, problems := f.check(fs)
 	if len(problems) > 0 {
-		fs.Usage()
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
 	srcConn, err := pgconf.OpenDefaultSSL(ctx, *f.source, "tidemark")
@@ -74,7 +72,7 @@ type syncFlags struct {
 func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f := &syncFlags{source: sourceFlag(fs)}
 	f.tables = fs.String("tables", "", "comma-separated tables to capture, as schema.table")
-	f.to = fs.String("to", os.Getenv("TIDEMARK_TARGET"), "target: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output; default $TIDEMARK_TARGET")
+	f.to = envFlag(fs, "to", "TIDEMARK_TARGET", nil, "where to write, a `TARGET`: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output")
 	f.targetSchema = fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
 	f.checkpointID = fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
 	f.audit = fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
@@ -255,6 +253,9 @@ func parseTables(s string) ([]merge.TableConfig, error) {
 		schema, name, ok := strings.Cut(strings.TrimSpace(t), ".")
 		if !ok || schema == "" || name == "" {
 			return nil, fmt.Errorf("table %q: write it as schema.table", t)
+		}
+		if strings.ContainsAny(schema+name, "*?%") {
+			return nil, fmt.Errorf("table %q: patterns are not taken; list the tables (schema.table,...): a table created later would need its own backfill", t)
 		}
 		out = append(out, merge.TableConfig{Schema: schema, Name: name})
 	}

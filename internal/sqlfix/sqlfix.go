@@ -48,13 +48,15 @@ func DropSlot(slot string) string {
 	return "SELECT pg_catalog.pg_drop_replication_slot(" + Literal(slot) + ");"
 }
 
-// CreatePublication creates publication pub of tables (each {schema, name}).
+// CreatePublication creates publication pub of tables (each {schema, name}), publishing a
+// partitioned table's changes under its own name (publish_via_partition_root; no effect on
+// other tables).
 func CreatePublication(pub string, tables ...pgx.Identifier) string {
 	list := make([]string, len(tables))
 	for i, t := range tables {
 		list[i] = Ident(t...)
 	}
-	return "CREATE PUBLICATION " + Ident(pub) + " FOR TABLE " + strings.Join(list, ", ") + ";"
+	return "CREATE PUBLICATION " + Ident(pub) + " FOR TABLE " + strings.Join(list, ", ") + " WITH (publish_via_partition_root = true);"
 }
 
 // AddTable adds table {schema, name} to publication pub.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -145,15 +146,45 @@ type Options struct {
 	Log   zerolog.Logger
 }
 
+// ErrTargetIsSource: the target connection reaches the source's own database.
+var ErrTargetIsSource = errors.New("the target is the source")
+
+// isSource reports whether target is a session of source's own database. The same system
+// identifier is not enough (a physical copy of the source, a restored backup, is a legitimate
+// target): the source takes a mark only a session of that very database sees at once, a
+// transaction advisory lock on a random key, and the target looks for it.
+func isSource(ctx context.Context, target, source *pgx.Conn) (bool, error) {
+	key := rand.Uint64()
+	var same bool
+	err := pgx.BeginFunc(ctx, source, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, int64(key)); err != nil {
+			return err
+		}
+		return target.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+			AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+			AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid AND l.objsubid = 1)`, int64(key>>32), int64(key&0xffffffff)).Scan(&same)
+	})
+	if err != nil {
+		return false, fmt.Errorf("check that the target is not the source: %w", err)
+	}
+	return same, nil
+}
+
 // Open opens the sink on target (a connection it uses alone, from the engine's merge loop),
 // with source for the definitions of the tables and columns to create, and returns the position
-// to resume from (nil for a first run). It first takes the checkpoint's lock, then creates the
+// to resume from (nil for a first run). It first refuses a target that is the source itself, then takes the checkpoint's lock, then creates the
 // checkpoint table (and the ledger) when missing and reads the checkpoint row.
 func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *merge.Position, error) {
 	id, schema, log := o.ID, o.Schema, o.Log
 	s := &Sink{target: target, source: source, id: id, schema: schema, tables: map[string]*targetTable{}, log: log,
 		cpName:         CheckpointTable,
 		maxPendingRows: defaultPieceRows, maxPendingBytes: defaultPieceBytes}
+	if same, err := isSource(ctx, target, source); err != nil {
+		return nil, nil, err
+	} else if same {
+		return nil, nil, fmt.Errorf("%w: the target is the source database itself (database %q of the same server): the sync would capture its own writes and apply them again, for ever; give a target in another database or server",
+			ErrTargetIsSource, target.Config().Database)
+	}
 	// One writer per checkpoint, before anything is read or written: a session lock, held until
 	// this connection ends (a crash releases it).
 	if !faults.NoFence {
@@ -926,7 +957,7 @@ func (s *Sink) reconcile(ctx context.Context, t *targetTable, before, c *merge.C
 		case !t.cols[n]:
 			missing = append(missing, i)
 		case t.types[n] != types[i]:
-			if err := s.alterType(ctx, t, c, i, types[i]); err != nil {
+			if err := s.alterType(ctx, t, c, i, types[i], before == nil); err != nil {
 				return err
 			}
 		}
@@ -972,7 +1003,7 @@ func (s *Sink) reconcile(ctx context.Context, t *targetTable, before, c *merge.C
 
 // alterType changes the type of column i on the target to the source's when only the modifiers
 // differ; otherwise it stops with the statement.
-func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, i int, typ string) error {
+func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, i int, typ string, firstMet bool) error {
 	name := c.Names[i]
 	var base string
 	if err := s.source.QueryRow(ctx, BaseTypeSQL, c.Types[i]).Scan(&base); err != nil {
@@ -983,6 +1014,11 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 		// installed in one schema on the source and another on the target.
 		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: a type of the same name in another schema (an extension installed in another schema?); Tidemark uses the source's type, schema-qualified: install it in schema %s on the target too, or create the target table with the source's type, then run the sync again",
 			name, c.Schema, c.Table, base, t.bases[name], t.ident, strings.TrimSuffix(base, "."+unqualified(base)))
+	}
+	if base != t.bases[name] && firstMet {
+		// A table made on the target before the sync, with another type.
+		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on the existing target table %s: give the target's column the source's type (%s), or sync into a new table (--target-schema), then run the sync again",
+			name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
 	}
 	if base != t.bases[name] {
 		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again",

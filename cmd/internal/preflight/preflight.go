@@ -157,6 +157,7 @@ func (d *doctor) run(ctx context.Context, cfg *pgx.ConnConfig) {
 		d.ok("wal_level = logical")
 	}
 	d.checkSlot(ctx, conn, maxSlots, usedSlots)
+	d.checkIdleSlots(ctx, conn)
 	if usedSenders >= maxSenders {
 		d.problem(fmt.Sprintf("all %d WAL senders are in use (max_wal_senders)", maxSenders),
 			fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d;  -- then restart PostgreSQL", maxSenders+5))
@@ -183,6 +184,9 @@ func (d *doctor) run(ctx context.Context, cfg *pgx.ConnConfig) {
 func connectFix(err error, user string) []string {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
+		if strings.Contains(err.Error(), "server refused TLS connection") {
+			return []string{"the server offers no TLS: enable it on the server (ssl = on), or, on a network you trust, say sslmode=disable in the connection string"}
+		}
 		return []string{"check the host, port, and that the server accepts TCP connections (listen_addresses, firewall)"}
 	}
 	switch pgErr.Code {
@@ -236,6 +240,53 @@ func (d *doctor) checkSlot(ctx context.Context, conn *pgx.Conn, maxSlots, usedSl
 	}
 }
 
+// IdleSlot is a pgoutput slot of the database that nobody streams from.
+type IdleSlot struct {
+	Name     string
+	Retained int64 // bytes of WAL it retains
+}
+
+// IdleSlots lists the pgoutput slots of conn's database, but except, that nobody streams from,
+// with the WAL each retains, most first: a capture stopped for good, or a run killed before its
+// first checkpoint (which cannot drop the slot it created), keeps WAL until the disk fills.
+func IdleSlots(ctx context.Context, conn *pgx.Conn, except string) ([]IdleSlot, error) {
+	rows, err := conn.Query(ctx, `SELECT slot_name::text, coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint
+		FROM pg_replication_slots WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database()
+		AND NOT active AND slot_name <> $1 ORDER BY 2 DESC, 1`, except)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (IdleSlot, error) {
+		var i IdleSlot
+		return i, r.Scan(&i.Name, &i.Retained)
+	})
+}
+
+// IdleSlotFix is what to do about an idle slot: drop it, once nothing is to resume from it.
+func IdleSlotFix(slot string) string {
+	return fmt.Sprintf("if nothing resumes from it: tidemark cleanup --slot %s  (or %s)", shellWord(slot), sqlfix.DropSlot(slot))
+}
+
+func (d *doctor) checkIdleSlots(ctx context.Context, conn *pgx.Conn) {
+	slots, err := IdleSlots(ctx, conn, d.slot)
+	if err != nil {
+		d.problem(fmt.Sprintf("cannot read replication slots: %v", err))
+		return
+	}
+	for _, sl := range slots {
+		d.warn(fmt.Sprintf("replication slot %q is not in use and retains %s of WAL: a capture stopped, or a run killed before its first checkpoint", sl.Name, Bytes(sl.Retained)),
+			IdleSlotFix(sl.Name))
+	}
+}
+
+// shellWord quotes s for a POSIX shell when it needs it.
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 func (d *doctor) checkRole(ctx context.Context, conn *pgx.Conn) {
 	var super, repl, rds bool
 	err := conn.QueryRow(ctx, `SELECT rolsuper, rolreplication,
@@ -282,8 +333,22 @@ func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
 		var canCreate bool
 		_ = conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&canCreate)
 		create := "CREATE PUBLICATION " + sqlfix.Ident(d.pub) + " FOR TABLE <schema>.<table>, ...;"
-		if len(d.tables) > 0 {
-			create = sqlfix.CreatePublication(d.pub, d.tables...)
+		// Only tables the capture can take: a table without a usable replica identity in a
+		// publication of updates and deletes makes the application's own UPDATE and DELETE on it
+		// fail. The others are reported with their fix below (checkTables).
+		var usable []pgx.Identifier
+		for _, t := range d.tables {
+			if _, err := chunker.Discover(ctx, conn, t[0], t[1], nil, ""); err == nil {
+				usable = append(usable, t)
+			}
+		}
+		if len(usable) > 0 {
+			create = sqlfix.CreatePublication(d.pub, usable...)
+			if len(usable) < len(d.tables) {
+				create += "  -- the tables that can be captured as they are; fix the others (below) before adding them"
+			}
+		} else if len(d.tables) > 0 {
+			create = "-- fix the tables (below) first: a publication holding a table without a usable key breaks the application's updates and deletes of it"
 		}
 		switch {
 		case !d.createPub:
