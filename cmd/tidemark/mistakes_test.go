@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
@@ -211,4 +214,49 @@ func TestFailedRunKeepsWhatExisted(t *testing.T) {
 	require.False(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'orders')`, db.Publication),
 		"the table the run added is taken out again")
 	require.True(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'other')`, db.Publication))
+}
+
+// TestSyncReconnects: a sync whose connections the server ends (pg_terminate_backend: 57P01, as
+// a restart or a failover does) starts again from its last checkpoint and goes on, saying so;
+// the output holds every row once. A run that never reached a checkpoint is not retried (see
+// TestFirstRunMistakes: its error is reported at once).
+func TestSyncReconnects(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.r (id int PRIMARY KEY, v text); INSERT INTO public.r SELECT g, 'a' FROM generate_series(1, 500) g`)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	var logs syncBuffer
+	e, _, errOut := testEnv(t)
+	e.log = zerolog.New(&logs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+			"--tables", "public.r", "--to", out, "--quiet"}, e)
+	}()
+	keys := func() map[string]int {
+		b, _ := os.ReadFile(out)
+		m := map[string]int{}
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var line struct {
+				Op  string         `json:"op"`
+				Key map[string]any `json:"key"`
+			}
+			if json.Unmarshal([]byte(l), &line) == nil && line.Key != nil {
+				m[fmt.Sprint(line.Key["id"])]++
+			}
+		}
+		return m
+	}
+	require.Eventually(t, func() bool { return len(keys()) == 500 }, 30*time.Second, 50*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // a checkpoint after the backfill (--checkpoint-interval 1s)
+	db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'tidemark%'`)
+	db.Exec(`INSERT INTO public.r SELECT g, 'b' FROM generate_series(501, 600) g`)
+	require.Eventually(t, func() bool { return len(keys()) == 600 }, 60*time.Second, 100*time.Millisecond, "the run goes on after the connections were ended:\n%s", logs.String())
+	require.Contains(t, logs.String(), "connection lost: reconnecting")
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
+	for k, n := range keys() {
+		require.Equal(t, 1, n, "key %s written %d times", k, n)
+	}
 }
