@@ -19,7 +19,7 @@ var (
 	ErrPublication        = errors.New("publication does not publish every change")
 	ErrWalLevel           = errors.New("wal_level is not logical")
 	ErrServerVersion      = errors.New("server version is not supported")
-	ErrTimeout            = errors.New("replication connection timed out")
+	ErrTimeout            = fmt.Errorf("replication connection timed out: %w", pgerr.ErrTimeout)
 	// ErrLeftBehind: a run could not drop the slot or publication it created (Stream.Undo).
 	ErrLeftBehind = errors.New("what this run created is left on the source")
 )

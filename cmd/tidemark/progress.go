@@ -47,6 +47,7 @@ type syncStats struct {
 	backfilled  time.Duration        // time from the start until every backfill was done
 	firstRow    map[string]time.Time // when the table's first backfilled row was emitted
 	doneAt      map[string]time.Time // when a checkpoint first had the table's backfill done
+	reconnects  int64                // runs restarted after a lost connection
 }
 
 func newSyncStats(tables []merge.TableConfig) *syncStats {
@@ -341,11 +342,12 @@ var (
 	descCheckpoint  = prometheus.NewDesc("tidemark_checkpoint_age_seconds", "Seconds since the last durable checkpoint.", nil, nil)
 	descErrors      = prometheus.NewDesc("tidemark_errors_total", "Retried failures, by class (chunks abandoned: visibility, schema, truncate, stale, withdrawn, other).", []string{"class"}, nil)
 	descChangesRate = prometheus.NewDesc("tidemark_changes_total", "Changes from the stream written to the target.", nil, nil)
+	descReconnects  = prometheus.NewDesc("tidemark_reconnects_total", "Runs restarted from the last checkpoint after a lost connection (source or target).", nil, nil)
 )
 
 // Describe and Collect make syncStats a Prometheus collector, read at each scrape.
 func (s *syncStats) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descBackfill, descChunks, descDone, descLagBytes, descLagSeconds, descRetained, descCheckpoint, descErrors, descChangesRate} {
+	for _, d := range []*prometheus.Desc{descEvents, descBackfill, descChunks, descDone, descLagBytes, descLagSeconds, descRetained, descCheckpoint, descErrors, descChangesRate, descReconnects} {
 		ch <- d
 	}
 }
@@ -378,6 +380,7 @@ func (s *syncStats) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(n), c)
 	}
 	ch <- prometheus.MustNewConstMetric(descChangesRate, prometheus.CounterValue, float64(s.changes))
+	ch <- prometheus.MustNewConstMetric(descReconnects, prometheus.CounterValue, float64(s.reconnects))
 }
 
 // serveMetrics serves /metrics on addr until ctx ends.

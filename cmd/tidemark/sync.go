@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -31,6 +32,38 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
+	stats := newSyncStats(plan.tables)
+	// A lost connection (the source or the target restarted, failed over, or a network fault)
+	// does not end a run that got going (one checkpoint): it starts again from the last
+	// checkpoint, with a growing wait.
+	// Everything else stops it at once, with its cause and fix.
+	for attempt := 1; ; attempt++ {
+		err := f.syncOnce(ctx, e, plan, stats)
+		// A run that never reached a checkpoint in this process has a setup problem to report
+		// (a host name mistyped is a network error too), not a connection to restore.
+		stats.mu.Lock()
+		running := !stats.checkpoint.IsZero()
+		stats.mu.Unlock()
+		if err == nil || ctx.Err() != nil || !running || !pgerr.Reconnectable(err) {
+			return err
+		}
+		wait := min(time.Second<<min(attempt-1, 5), 30*time.Second)
+		stats.mu.Lock()
+		stats.reconnects++
+		stats.mu.Unlock()
+		e.log.Warn().Err(err).Int("attempt", attempt).Str("retry_in", wait.String()).
+			Msg("connection lost: reconnecting, then resuming from the last checkpoint")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// syncOnce runs sync once: it opens the source and the output (reading its checkpoint), and runs
+// the engine from there.
+func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *syncStats) error {
 	srcConn, err := pgconf.OpenDefaultSSL(ctx, *f.source, "tidemark")
 	if err != nil {
 		return err
@@ -47,14 +80,17 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	defer closeOut()
-	if from != nil {
+	// A re-backfill asked for applies until a checkpoint of this process has recorded it.
+	stats.mu.Lock()
+	checkpointed := !stats.checkpoint.IsZero()
+	stats.mu.Unlock()
+	if from != nil && !checkpointed {
 		for _, name := range plan.refresh {
 			from.Tables[name] = &merge.TableProgress{Refresh: true}
 			e.log.Info().Str("table", name).Msg("re-backfill asked for: the table's output starts over")
 		}
 	}
 	cfg := f.engineConfig(plan, srcDSN)
-	stats := newSyncStats(plan.tables)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
 	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *f.metricsAddr, *f.quiet))
 }

@@ -6,6 +6,9 @@ package pgerr
 
 import (
 	"errors"
+	"io"
+	"net"
+	"syscall"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -87,3 +90,31 @@ func Transient(err error) bool {
 	return pgerrcode.IsConnectionException(c) || pgerrcode.IsOperatorIntervention(c) || pgerrcode.IsInsufficientResources(c) ||
 		c == pgerrcode.SerializationFailure || c == pgerrcode.DeadlockDetected || c == pgerrcode.LockNotAvailable
 }
+
+// Reconnectable reports a lost connection that a new one may well not meet: the connection
+// broke or was refused (a restart, a failover, a network fault: no SQLSTATE, or class 08), the
+// server ended the session (57P01 admin shutdown, 57P02 crash shutdown, 57P03 starting up or
+// shutting down), or a replication connection timed out. A run that meets one starts again from
+// its last checkpoint. Not reconnectable: every error a person must act on (a privilege, a
+// missing object, all slots in use: 53400), and every stop of the engine's own.
+func Reconnectable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if c := Code(err); c != "" {
+		return pgerrcode.IsConnectionException(c) || c == pgerrcode.AdminShutdown || c == pgerrcode.CrashShutdown || c == pgerrcode.CannotConnectNow
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, ErrTimeout) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}
+
+// ErrTimeout marks a connection the server stopped answering on (replication keepalives).
+var ErrTimeout = errors.New("connection timed out")
