@@ -93,6 +93,15 @@ func TestFirstRunMistakes(t *testing.T) {
 		},
 		code: 1, want: []string{"the target is the source database itself"},
 	}, {
+		name: "a target table with a column the source lacks, NOT NULL",
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			tgtDSN, tgt := targetDatabase(t, db)
+			_, err := tgt.Exec(context.Background(), `CREATE TABLE public.orders (id int PRIMARY KEY, v text, extra int NOT NULL)`)
+			require.NoError(t, err)
+			return []string{"--tables", "public.orders", "--to", tgtDSN}
+		},
+		code: 1, want: []string{`"extra"`},
+	}, {
 		name: "a target table with another column type",
 		args: func(t *testing.T, db *e2e.TestDB) []string {
 			tgtDSN, tgt := targetDatabase(t, db)
@@ -259,4 +268,27 @@ func TestSyncReconnects(t *testing.T) {
 	for k, n := range keys() {
 		require.Equal(t, 1, n, "key %s written %d times", k, n)
 	}
+}
+
+// TestFailedRunPublicationShared: a publication the failed run created stays when another
+// pgoutput slot of the database exists (another capture may have taken it up meanwhile, and its
+// slot would fail without it); the run says so, with the statement. Its own slot goes.
+func TestFailedRunPublicationShared(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY, v text); INSERT INTO public.orders VALUES (1, 'a')`)
+	other := db.Slot + "_other"
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, other)
+	t.Cleanup(func() { db.Exec(`SELECT pg_drop_replication_slot($1)`, other) })
+	tgtDSN, tgt := targetDatabase(t, db)
+	_, err := tgt.Exec(context.Background(), `CREATE TABLE public.orders (id int PRIMARY KEY, v int)`)
+	require.NoError(t, err)
+	var logs syncBuffer
+	e, _, errOut := testEnv(t)
+	e.log = zerolog.New(&logs)
+	require.Equal(t, 1, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.orders", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, e))
+	require.False(t, slotExists(t, db, db.Slot), errOut.String())
+	require.True(t, publicationExists(t, db, db.Publication), "another pgoutput slot may stream it")
+	require.Contains(t, logs.String(), "publication kept")
+	require.Contains(t, logs.String(), `DROP PUBLICATION \"`+db.Publication+`\";`)
 }
