@@ -125,6 +125,9 @@ var (
 	ErrPositionAhead = errors.New("the position is ahead of the server's WAL")
 	// ErrNoTables: nothing to capture.
 	ErrNoTables = errors.New("no tables configured")
+	// ErrCommitUnknown: a sink's Checkpoint failed while committing, and the checkpoint may be
+	// durable (a connection lost after COMMIT was sent). Sinks wrap such errors with it.
+	ErrCommitUnknown = errors.New("the checkpoint's commit outcome is unknown")
 	// ErrNoPrivilege: this role may not read a table to capture.
 	ErrNoPrivilege = errors.New("permission denied")
 )
@@ -236,7 +239,7 @@ type Engine struct {
 	sink Sink
 	base zerolog.Logger // the caller's logger, for the components' own (one component key each)
 	log  zerolog.Logger
-	// checkpointing is set once the run gives the sink its first checkpoint: from then on, what
+	// checkpointing is set once the run's first checkpoint is, or may be, durable: from then on, what
 	// the run created on the source (its slot, its publication) may be what the output resumes
 	// from, and stays.
 	checkpointing atomic.Bool
@@ -306,6 +309,21 @@ func (e *Engine) undoAdded(ctx context.Context) error {
 	conn, err := pgconf.Open(ctx, e.cfg.Source.DSN, "tidemark", e.cfg.Source.Configure)
 	if err == nil {
 		defer conn.Close(ctx)
+		// Another capture of the publication may have begun to rely on a table meanwhile: its
+		// slot would lose the table's changes. Then the tables stay (they have usable keys:
+		// checkTables), and the statements are said.
+		var others []string
+		err = conn.QueryRow(ctx, `SELECT array(SELECT slot_name::text FROM pg_catalog.pg_replication_slots WHERE plugin = 'pgoutput'
+			AND database = pg_catalog.current_database() AND slot_name <> $1 ORDER BY 1)`, e.cfg.Source.Slot).Scan(&others)
+		if err == nil && len(others) > 0 {
+			for _, t := range e.addedTables {
+				fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()+";")
+			}
+			e.addedTables = nil
+			e.log.Warn().Str("publication", pub).Strs("other_slots", others).
+				Msgf("tables this run added to the publication stay: other pgoutput slots of the database may stream them; once none does, take them out with %s", strings.Join(fixes, " "))
+			return nil
+		}
 	}
 	for _, t := range e.addedTables {
 		if err == nil {
@@ -625,10 +643,15 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 func (m *mergeLoop) checkpoint(ctx context.Context) error {
 	m.core.pos.Invisible = m.core.guard.invisible()
 	pos := m.core.pos.Clone()
-	m.e.checkpointing.Store(true)
 	if err := m.e.sink.Checkpoint(ctx, pos); err != nil {
+		// A commit whose outcome is unknown may have made the checkpoint durable: what the run
+		// created is kept then, as the output may resume from it.
+		if errors.Is(err, ErrCommitUnknown) {
+			m.e.checkpointing.Store(true)
+		}
 		return fmt.Errorf("checkpoint at %s: %w", pos.LSN, err)
 	}
+	m.e.checkpointing.Store(true)
 	m.checkpointed, m.lastCheckpoint, m.chunkDone = pos, time.Now(), false
 	if h := m.e.cfg.Hooks.AfterCheckpoint; h != nil {
 		h(ctx, pos)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/sqlfix"
 )
 
@@ -452,26 +454,54 @@ func (s *Stream) Undo(ctx context.Context) error {
 		if err := waitSlotFree(ctx, conn, s.cfg.Slot, undoWait); err != nil {
 			return s.undoFailed(err)
 		}
-		if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots
-			WHERE slot_name = $1 AND NOT active`, s.cfg.Slot); err != nil {
+		var pid int32
+		err := conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&pid)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
 			return s.undoFailed(err)
+		case pid != 0:
+			// Still streamed (a server process that has not noticed the closed connection, or
+			// another run that took it up): not dropped, and nothing after it either.
+			return fmt.Errorf("%w: this run created replication slot %q, and server process %d still streams from it, so it was not dropped (it retains WAL while it stays): once that process is gone (SELECT pg_terminate_backend(%d); if it is a leftover), and if nothing resumes from the slot, drop it with %s",
+				ErrLeftBehind, s.cfg.Slot, pid, pid, sqlfix.DropSlot(s.cfg.Slot))
+		default:
+			if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
+				if pgerr.Is(err, pgerrcode.ObjectInUse) {
+					return fmt.Errorf("%w: this run created replication slot %q, and another process took it up before it could be dropped (%w): it stays; find out who streams from it (pg_replication_slots.active_pid)",
+						ErrLeftBehind, s.cfg.Slot, err)
+				}
+				return s.undoFailed(err)
+			}
 		}
 		s.slot.Created = false
 		s.log.Info().Msg("replication slot dropped: this run created it and ends before its first checkpoint")
 	}
 	if s.pubCreated {
+		s.pubCreated = false
 		var ours bool
-		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.obj_description(p.oid, 'pg_publication') = $2, false)
-			FROM pg_catalog.pg_publication p WHERE p.pubname = $1`, s.cfg.Publication, PublicationComment(s.cfg.Slot)).Scan(&ours); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		var others []string
+		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.obj_description(p.oid, 'pg_publication') = $2, false),
+				array(SELECT r.slot_name::text FROM pg_catalog.pg_replication_slots r WHERE r.plugin = 'pgoutput'
+					AND r.database = pg_catalog.current_database() AND r.slot_name <> $3 ORDER BY 1)
+			FROM pg_catalog.pg_publication p WHERE p.pubname = $1`, s.cfg.Publication, PublicationComment(s.cfg.Slot), s.cfg.Slot).Scan(&ours, &others); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			s.pubCreated = true
 			return s.undoFailed(err)
 		}
-		if ours {
+		switch {
+		case !ours:
+			s.log.Info().Str("publication", s.cfg.Publication).Msg("publication kept: this run created it, but its comment has changed since (someone else took it up)")
+		case len(others) > 0:
+			// Another capture may have taken it up meanwhile: its slot would fail without it.
+			s.log.Warn().Str("publication", s.cfg.Publication).Strs("other_slots", others).
+				Msgf("publication kept: this run created it, but other pgoutput slots of the database may stream it; once none does, drop it with %s", sqlfix.DropPublication(s.cfg.Publication))
+		default:
 			if _, err := conn.Exec(ctx, "DROP PUBLICATION "+quoteIdent(s.cfg.Publication)); err != nil {
+				s.pubCreated = true
 				return s.undoFailed(err)
 			}
 			s.log.Info().Str("publication", s.cfg.Publication).Msg("publication dropped: this run created it and ends before its first checkpoint")
 		}
-		s.pubCreated = false
 	}
 	return nil
 }

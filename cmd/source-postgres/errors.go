@@ -42,7 +42,7 @@ func classify(err error) string {
 		replicator.ErrPublicationMissing, replicator.ErrPublication, replicator.ErrWalLevel,
 		replicator.ErrServerVersion, merge.ErrSystemChanged, merge.ErrPositionBehindSlot,
 		merge.ErrNoTables, chunker.ErrNoKey, chunker.ErrNoTable, chunker.ErrNotPublished,
-		chunker.ErrRowFilter, watermark.ErrSetup,
+		chunker.ErrRowFilter, chunker.ErrNotViaRoot, merge.ErrNoPrivilege, replicator.ErrLeftBehind, watermark.ErrSetup,
 		// A change that cannot be placed, or a table whose key, identity, publication
 		// membership or partitions changed: the user must act (restore, then reset the stream);
 		// a retry would stop the same way.

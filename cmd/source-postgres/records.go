@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"slices"
 	"strconv"
@@ -358,7 +359,11 @@ func (s *recordSink) Checkpoint(_ context.Context, pos *merge.Position) error {
 		return err
 	}
 	s.r.setPosition(pos)
-	return s.r.emitState(nil)
+	if err := s.r.emitState(nil); err != nil {
+		// A STATE partly written may have reached the platform.
+		return fmt.Errorf("%w: %w", merge.ErrCommitUnknown, err)
+	}
+	return nil
 }
 
 // flush writes the held records.

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/tidemark/tidemark/internal/secret"
+	"github.com/tidemark/tidemark/replicator"
 )
 
 // command is one subcommand: it parses its own flags and runs.
@@ -133,6 +134,10 @@ func run(ctx context.Context, args []string, e *env) int {
 			return 0
 		}
 		switch {
+		case errors.Is(err, replicator.ErrLeftBehind):
+			// Even when stopped by a signal: what is left on the source must be said.
+			fmt.Fprintf(e.stderr, "tidemark %s: %v\n", c.name, err)
+			return 1
 		case err == nil, errors.Is(err, context.Canceled):
 			return 0
 		case errors.Is(err, errProblems):

@@ -480,13 +480,17 @@ func (s *Sink) checkpointApart(ctx context.Context, pos *merge.Position) error {
 	if _, err := s.apart.Exec(ctx, ForceCheckpointSQL(s.cpName), s.id, b, s.schema); err != nil {
 		return fmt.Errorf("write the target's checkpoint: %w", err)
 	}
+	// The checkpoint is committed already: whatever fails now, it stands.
 	if err := s.begin(ctx); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", merge.ErrCommitUnknown, err)
 	}
 	if err := s.flush(ctx); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", merge.ErrCommitUnknown, err)
 	}
-	return s.commit(ctx, b)
+	if err := s.commit(ctx, b); err != nil {
+		return fmt.Errorf("%w: %w", merge.ErrCommitUnknown, err)
+	}
+	return nil
 }
 
 // commit commits the open target transaction, which carries the checkpoint at pos.
@@ -494,6 +498,10 @@ func (s *Sink) commit(ctx context.Context, pos []byte) error {
 	err := s.tx.Commit(ctx)
 	s.tx = nil
 	if err != nil {
+		if pgerr.Code(err) == "" {
+			// No answer to COMMIT (a connection lost): it may have committed.
+			return fmt.Errorf("commit target transaction: %w: %w", merge.ErrCommitUnknown, err)
+		}
 		return fmt.Errorf("commit target transaction: %w", err)
 	}
 	s.lastPos = pos
