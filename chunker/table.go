@@ -256,10 +256,10 @@ func (t *Table) chooseKey(ctx context.Context, conn *pgx.Conn, override []string
 		return fmt.Errorf("%w: %s has REPLICA IDENTITY NOTHING, so updates and deletes carry no key; run ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key) or REPLICA IDENTITY FULL",
 			ErrNoKey, t, t.Ident())
 	case len(keyCols) == 0 && t.ReplicaIdentity == 'f':
-		return fmt.Errorf("%w: %s has no primary key; give a key override (NOT NULL columns with a unique index), or add a primary key", ErrNoKey, t)
+		return fmt.Errorf("%w: %s has no primary key; give a key override (--key %s=col1,col2: NOT NULL columns with a unique index), add a primary key, or leave the table out", ErrNoKey, t, t)
 	case len(keyCols) == 0:
-		return fmt.Errorf("%w: %s has no primary key, so updates and deletes carry no key (and fail while the table is in a publication that publishes them); add a primary key, or run ALTER TABLE %s REPLICA IDENTITY FULL; and give a key override",
-			ErrNoKey, t, t.Ident())
+		return fmt.Errorf("%w: %s has no primary key, so updates and deletes carry no key (and fail while the table is in a publication that publishes them); add a primary key, or give a key override (--key %s=col1,col2: NOT NULL columns with a unique index, made its replica identity), or leave the table out",
+			ErrNoKey, t, t)
 	}
 	for _, k := range keyCols {
 		i := slices.IndexFunc(t.Columns, func(c Column) bool { return c.Name == k })
@@ -315,8 +315,28 @@ func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, iden
 	}
 	// Carried: REPLICA IDENTITY FULL sends whole old rows; otherwise only the identity's columns.
 	if t.ReplicaIdentity != 'f' && !sameSet(override, identity) {
-		return fmt.Errorf("%w: key override (%s) of %s differs from its replica identity (%s), so deletes and key changes would not carry it; run ALTER TABLE %s REPLICA IDENTITY FULL;",
-			ErrNoKey, strings.Join(override, ", "), t, strings.Join(identity, ", "), t.Ident())
+		// The cheapest identity that carries it: a unique index on exactly these columns
+		// (NOT NULL, not partial, not deferrable), which REPLICA IDENTITY USING INDEX accepts.
+		var index string
+		err := conn.QueryRow(ctx, `
+			SELECT coalesce((SELECT i.indexrelid::regclass::text FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate
+				AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = cardinality($2::text[])
+				AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+					WHERE NOT a.attname = ANY($2))
+				ORDER BY 1 LIMIT 1), '')`, t.OID, override).Scan(&index)
+		if err != nil {
+			return fmt.Errorf("check key override of %s: %w", t, err)
+		}
+		fix := fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL;", t.Ident())
+		if index != "" {
+			fix = fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY USING INDEX %s;  (or REPLICA IDENTITY FULL, which logs whole old rows)", t.Ident(), pgx.Identifier{strings.TrimPrefix(index, t.Schema+".")}.Sanitize())
+		}
+		idn := "none"
+		if len(identity) > 0 {
+			idn = strings.Join(identity, ", ")
+		}
+		return fmt.Errorf("%w: key override (%s) of %s differs from its replica identity (%s), so its updates and deletes would not carry it (and, without one, fail while the table is in a publication); run %s",
+			ErrNoKey, strings.Join(override, ", "), t, idn, fix)
 	}
 	return nil
 }

@@ -4,7 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 
+	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/watermark"
 )
 
@@ -79,4 +82,40 @@ func signalTableFlag(fs *flag.FlagSet, usage string) *string {
 // defaulting to $TIDEMARK_TARGET when that is a PostgreSQL connection string.
 func targetFlag(fs *flag.FlagSet, usage string) *string {
 	return envFlag(fs, "target", "TIDEMARK_TARGET", isDSN, usage)
+}
+
+// keyFlag defines --key schema.table=col1,col2 (repeatable): a key override, for a table
+// without a primary key whose columns identify its rows (NOT NULL, under a unique index).
+func keyFlag(fs *flag.FlagSet) *[]string {
+	var keys []string
+	fs.Func("key", "key override, as schema.table=col1,col2 (repeat for more tables): NOT NULL columns under a unique index, for a table without a primary key; its replica identity must be that index (doctor prints the statement)", func(v string) error {
+		keys = append(keys, v)
+		return nil
+	})
+	return &keys
+}
+
+// applyKeys sets the key overrides of --key on tables, each of which must be among them.
+func applyKeys(keys []string, tables []merge.TableConfig) error {
+	for _, k := range keys {
+		table, cols, ok := strings.Cut(k, "=")
+		schema, name, tok := strings.Cut(strings.TrimSpace(table), ".")
+		if !ok || !tok || schema == "" || name == "" || strings.TrimSpace(cols) == "" {
+			return fmt.Errorf("--key %q: write it as schema.table=col1,col2", k)
+		}
+		i := slices.IndexFunc(tables, func(t merge.TableConfig) bool { return t.Schema == schema && t.Name == name })
+		if i < 0 {
+			return fmt.Errorf("--key %q: %s.%s is not among --tables", k, schema, name)
+		}
+		if tables[i].Key != nil {
+			return fmt.Errorf("--key %q: %s.%s has a key override already", k, schema, name)
+		}
+		for _, c := range strings.Split(cols, ",") {
+			if c = strings.TrimSpace(c); c == "" {
+				return fmt.Errorf("--key %q: an empty column name", k)
+			}
+			tables[i].Key = append(tables[i].Key, c)
+		}
+	}
+	return nil
 }

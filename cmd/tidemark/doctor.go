@@ -20,6 +20,7 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("doctor", "doctor --source DSN [--tables SCHEMA.TABLE,...] [flags]", e)
 	source := sourceFlag(fs)
 	tables := fs.String("tables", "", "comma-separated tables to capture, as schema.table")
+	keys := keyFlag(fs)
 	slot := slotFlag(fs, "logical replication slot")
 	pub := publicationFlag(fs, "publication")
 	watermarks := fs.String("watermarks", "auto", "the watermark transport the capture will use: auto, message or table (as tidemark sync)")
@@ -48,8 +49,15 @@ func runDoctor(ctx context.Context, args []string, e *env) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
+		if err := applyKeys(*keys, parsed); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		opts.Keys = map[string][]string{}
 		for _, t := range parsed {
 			opts.Tables = append(opts.Tables, pgx.Identifier{t.Schema, t.Name})
+			if t.Key != nil {
+				opts.Keys[t.Schema+"."+t.Name] = t.Key
+			}
 		}
 	}
 	dsn, rule, err := pgconf.DefaultSSLMode(*source)

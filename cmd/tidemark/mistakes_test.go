@@ -292,3 +292,37 @@ func TestFailedRunPublicationShared(t *testing.T) {
 	require.Contains(t, logs.String(), "publication kept")
 	require.Contains(t, logs.String(), `DROP PUBLICATION \"`+db.Publication+`\";`)
 }
+
+// TestKeyOverride: a table without a primary key, whose NOT NULL columns under a unique index
+// identify its rows, is captured with --key once that index is its replica identity; before,
+// doctor and sync print the statement, and sync creates nothing.
+func TestKeyOverride(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.ev (tenant text NOT NULL, n int NOT NULL, v text);
+		CREATE UNIQUE INDEX ev_tn ON public.ev (tenant, n);
+		INSERT INTO public.ev SELECT 't' || (g % 3), g, 'x' FROM generate_series(1, 300) g`)
+	args := []string{"--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--tables", "public.ev", "--key", "public.ev=tenant,n"}
+	fix := `ALTER TABLE "public"."ev" REPLICA IDENTITY USING INDEX "ev_tn";`
+	_, out := runDoctorCmd(t, args...)
+	require.Contains(t, out, fix)
+
+	dir := t.TempDir()
+	sync := append([]string{"sync"}, append(args, "--to", filepath.Join(dir, "out.jsonl"), "--stop-when-caught-up", "--quiet")...)
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(context.Background(), sync, e))
+	require.Contains(t, errOut.String(), fix)
+	require.Empty(t, leftBehind(t, db))
+
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"sync", "--source", db.DSN, "--tables", "public.ev", "--key", "public.other=a", "--to", "-"}, e))
+	require.Contains(t, errOut.String(), "public.other is not among --tables")
+
+	db.Exec(`ALTER TABLE public.ev REPLICA IDENTITY USING INDEX ev_tn`)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 0, run(context.Background(), sync, e), errOut.String())
+	b, err := os.ReadFile(filepath.Join(dir, "out.jsonl"))
+	require.NoError(t, err)
+	require.Equal(t, 300, strings.Count(string(b), `"key":{"tenant":`))
+	// The application's writes work as before.
+	db.Exec(`UPDATE public.ev SET v = 'y' WHERE n = 1`)
+}

@@ -103,11 +103,13 @@ type syncFlags struct {
 	chunkSize, maxChunkBytes                                              *int
 	interval, wmTimeout                                                   *time.Duration
 	testing                                                               testingFlags
+	keys                                                                  *[]string
 }
 
 func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f := &syncFlags{source: sourceFlag(fs)}
 	f.tables = fs.String("tables", "", "comma-separated tables to capture, as schema.table")
+	f.keys = keyFlag(fs)
 	f.to = envFlag(fs, "to", "TIDEMARK_TARGET", nil, "where to write, a `TARGET`: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output")
 	f.targetSchema = fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
 	f.checkpointID = fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
@@ -161,6 +163,9 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	}
 	for i := range p.tables {
 		p.tables[i].NoBackfill = *f.noBackfill
+	}
+	if err := applyKeys(*f.keys, p.tables); err != nil {
+		problems = append(problems, err.Error())
 	}
 	var ok bool
 	if p.sigSchema, p.sigName, ok = strings.Cut(*f.signalTable, "."); !ok || p.sigSchema == "" || p.sigName == "" {

@@ -35,7 +35,9 @@ type Options struct {
 	Slot        string           // replication slot
 	Publication string           // publication
 	Tables      []pgx.Identifier // captured tables, {schema, table}
-	CreateSlot  bool             // the capture creates the slot when it is missing
+	// Keys are the key overrides, by "schema.table".
+	Keys       map[string][]string
+	CreateSlot bool // the capture creates the slot when it is missing
 	// CreatePublication: the capture creates the publication when it is missing, and adds the
 	// captured tables to it, when the role may.
 	CreatePublication bool
@@ -49,7 +51,7 @@ type Options struct {
 // Check checks everything a capture needs on the source, all at once, and returns the findings
 // in order. It never stops at the first problem, except when it cannot connect.
 func Check(ctx context.Context, cfg *pgx.ConnConfig, opts Options) []Finding {
-	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, createSlot: opts.CreateSlot, createPub: opts.CreatePublication,
+	d := &doctor{slot: opts.Slot, pub: opts.Publication, tables: opts.Tables, keys: opts.Keys, createSlot: opts.CreateSlot, createPub: opts.CreatePublication,
 		watermarks: opts.Watermarks, signal: opts.SignalTable}
 	if len(d.signal) == 0 {
 		d.signal = watermark.DefaultTable
@@ -103,6 +105,7 @@ type doctor struct {
 	signal     pgx.Identifier
 	findings   []Finding
 	user       string
+	keys       map[string][]string // key overrides, by "schema.table"
 }
 
 func (d *doctor) ok(format string, args ...any) {
@@ -338,7 +341,7 @@ func (d *doctor) checkPublication(ctx context.Context, conn *pgx.Conn) {
 		// fail. The others are reported with their fix below (checkTables).
 		var usable []pgx.Identifier
 		for _, t := range d.tables {
-			if _, err := chunker.Discover(ctx, conn, t[0], t[1], nil, ""); err == nil {
+			if _, err := chunker.Discover(ctx, conn, t[0], t[1], d.keys[t[0]+"."+t[1]], ""); err == nil {
 				usable = append(usable, t)
 			}
 		}
@@ -391,7 +394,7 @@ func (d *doctor) checkTables(ctx context.Context, conn *pgx.Conn) {
 				sqlfix.GrantSelect(t, d.user)+"  -- if the table exists")
 			continue
 		}
-		_, err = chunker.Discover(ctx, conn, t[0], t[1], nil, d.pub)
+		_, err = chunker.Discover(ctx, conn, t[0], t[1], d.keys[t[0]+"."+t[1]], d.pub)
 		switch {
 		case errors.Is(err, chunker.ErrNotPublished):
 			var pubExists bool
