@@ -107,7 +107,12 @@ func main() {
 // newEnv is the environment of a command run from a shell: output to stdout, logs (and, on a
 // terminal, the progress display) to stderr.
 func newEnv(stdout, stderr *os.File) *env {
+	// A terminal without a width (a pseudo-terminal nobody sized) gets log lines: bars would
+	// draw nothing there.
 	terminal := term.IsTerminal(int(stderr.Fd()))
+	if w, _, err := term.GetSize(int(stderr.Fd())); terminal && (err != nil || w <= 0) {
+		terminal = false
+	}
 	logs := &logOutput{base: stderr}
 	return &env{stdout: stdout, stderr: stderr, log: newLogger(logs, terminal), terminal: terminal, logs: logs}
 }

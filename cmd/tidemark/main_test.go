@@ -305,7 +305,7 @@ func TestSyncProgress(t *testing.T) {
 	shown := errOut.String()
 	require.Contains(t, shown, "public.big")
 	require.Contains(t, shown, "rows/s")
-	require.Contains(t, shown, "/ 200000")
+	require.Contains(t, shown, "/ ~200000 rows")
 	require.Contains(t, shown, "changes 0")
 }
 

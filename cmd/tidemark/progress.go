@@ -30,7 +30,9 @@ type syncStats struct {
 	mu          sync.Mutex
 	start       time.Time
 	tables      []string
-	estimate    map[string]int64 // rows, from pg_class.reltuples at the start
+	estimate    map[string]int64 // rows estimated at the start (estimateSQL); -1 unknown
+	base        map[string]int64 // rows a resumed backfill had emitted before this run
+	earlier     map[string]bool  // the backfill was done before this run
 	snapshot    map[string]int64 // backfilled rows emitted
 	done        map[string]bool
 	chunks      map[string]int64
@@ -51,7 +53,7 @@ type syncStats struct {
 }
 
 func newSyncStats(tables []merge.TableConfig) *syncStats {
-	s := &syncStats{start: time.Now(), estimate: map[string]int64{}, snapshot: map[string]int64{}, done: map[string]bool{},
+	s := &syncStats{start: time.Now(), estimate: map[string]int64{}, base: map[string]int64{}, earlier: map[string]bool{}, snapshot: map[string]int64{}, done: map[string]bool{},
 		chunks: map[string]int64{}, events: map[[2]string]int64{}, abandoned: map[string]int64{},
 		firstRow: map[string]time.Time{}, doneAt: map[string]time.Time{}}
 	for _, t := range tables {
@@ -180,16 +182,72 @@ func (s *syncStats) poll(ctx context.Context, conn *pgx.Conn, slot string) {
 	}
 }
 
-// estimates reads each table's estimated row count.
+// estimateSQL estimates the rows of table $1 without trusting reltuples alone: it is -1 until a
+// table is first vacuumed or analyzed (right after a load or a restore), and always for a
+// partitioned table. So: over the table's leaf partitions (the table itself when it has none),
+// each leaf's reltuples when known, otherwise its pages on disk times the rows a page holds for
+// the leaf's column widths (a variable-length column counted as 32 bytes); NULL when the table
+// cannot be read.
+const estimateSQL = `SELECT sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples
+		ELSE floor(pg_relation_size(c.oid) / current_setting('block_size')::float8)
+			* floor((current_setting('block_size')::float8 - 24) / (28 + coalesce((SELECT sum(CASE WHEN t.typlen > 0 THEN t.typlen ELSE 32 END)
+				FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), 0)))
+		END)::float8
+	FROM pg_class c WHERE c.oid IN (SELECT l.relid FROM pg_partition_tree(to_regclass($1)) l WHERE l.isleaf
+		UNION SELECT to_regclass($1) WHERE NOT EXISTS (SELECT FROM pg_partition_tree(to_regclass($1)) l WHERE l.isleaf AND l.relid <> to_regclass($1)))`
+
+// estimates reads each table's estimated row count (estimateSQL); -1 when unknown.
 func (s *syncStats) estimates(ctx context.Context, conn *pgx.Conn) {
 	for _, name := range s.tables {
 		schema, table, _ := strings.Cut(name, ".")
-		var n float64
-		if err := conn.QueryRow(ctx, `SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = to_regclass($1)`, pgx.Identifier{schema, table}.Sanitize()).Scan(&n); err == nil {
-			s.mu.Lock()
-			s.estimate[name] = int64(n)
-			s.mu.Unlock()
+		n := -1.0
+		var v *float64
+		if err := conn.QueryRow(ctx, estimateSQL, pgx.Identifier{schema, table}.Sanitize()).Scan(&v); err == nil && v != nil {
+			n = *v
 		}
+		s.mu.Lock()
+		s.estimate[name] = int64(n)
+		s.mu.Unlock()
+	}
+}
+
+// resumed records what the position a run resumes from says of each table: a backfill done
+// earlier (with its rows), or the rows a backfill in progress had emitted.
+func (s *syncStats) resumed(from *merge.Position) {
+	if from == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, p := range from.Tables {
+		if p.Refresh {
+			continue
+		}
+		s.base[name] = p.Rows
+		if p.Done && len(p.Reread) == 0 {
+			s.earlier[name] = true
+			s.done[name] = true
+		}
+	}
+}
+
+// progressText is a table's progress as the display and the log lines show it: rows so far of
+// the estimate, a percentage that reaches 100 only when the engine says the backfill is done,
+// "done earlier" for a table a previous run finished. The caller holds s.mu.
+func (s *syncStats) progressText(name string) (rows, pct string) {
+	cur, est := s.base[name]+s.snapshot[name], s.estimate[name]
+	switch {
+	case s.earlier[name] && s.snapshot[name] == 0:
+		return fmt.Sprintf("done earlier (%d rows)", cur), "100 %"
+	case s.done[name]:
+		return fmt.Sprintf("%d rows", cur), "100 %"
+	case est < 0:
+		return fmt.Sprintf("%d / ? rows", cur), "? %"
+	case cur >= est:
+		// Past the estimate: it was stale.
+		return fmt.Sprintf("%d / ~%d rows", cur, est), "99 %"
+	default:
+		return fmt.Sprintf("%d / ~%d rows", cur, est), fmt.Sprintf("%d %%", min(99, cur*100/max(est, 1)))
 	}
 }
 
@@ -231,26 +289,38 @@ func (s *syncStats) display(ctx context.Context, e *env) {
 	bars := map[string]*mpb.Bar{}
 	s.mu.Lock()
 	for _, name := range s.tables {
-		total := max(s.estimate[name], 1)
-		rows := decor.Any(func(st decor.Statistics) string {
-			if st.Completed {
-				return fmt.Sprintf("%d rows", st.Current)
-			}
-			return fmt.Sprintf("%d / %d", st.Current, st.Total)
+		rows := decor.Any(func(decor.Statistics) string {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			r, _ := s.progressText(name)
+			return r
 		}, decor.WCSyncWidth)
+		pct := decor.Any(func(decor.Statistics) string {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			_, p := s.progressText(name)
+			return p
+		}, decor.WCSyncSpace)
 		rate := decor.Any(func(decor.Statistics) string {
 			s.mu.Lock()
 			defer s.mu.Unlock()
+			if s.earlier[name] && s.snapshot[name] == 0 {
+				return ""
+			}
 			return fmt.Sprintf("%.0f rows/s", s.rate(name, time.Now()))
 		}, decor.WCSyncSpace)
 		// Names, counters and rates each in a column of their own width, the same on every bar.
-		bars[name] = p.AddBar(total, mpb.BarWidth(30),
+		// The bar is complete only when the engine says the backfill is done (update).
+		// A bar made with a total would complete once its rows reach it (a stale estimate):
+		// made without, it completes only when update says so.
+		bars[name] = p.AddBar(0, mpb.BarWidth(30),
 			mpb.PrependDecorators(decor.Name(name, decor.WCSyncSpaceR), rows),
-			mpb.AppendDecorators(decor.Percentage(decor.WCSyncSpace), rate,
+			mpb.AppendDecorators(pct, rate,
 				decor.OnComplete(decor.EwmaETA(decor.ET_STYLE_GO, 30, decor.WCSyncSpace), "done")))
 	}
 	s.mu.Unlock()
-	live := p.AddBar(0, mpb.BarFillerClearOnComplete(), mpb.PrependDecorators(decor.Any(func(decor.Statistics) string {
+	// The live line is text only: no bar, which would stay empty.
+	live := p.New(0, mpb.NopStyle(), mpb.BarFillerClearOnComplete(), mpb.PrependDecorators(decor.Any(func(decor.Statistics) string {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		b, sec := s.lag()
@@ -268,18 +338,22 @@ func (s *syncStats) display(ctx context.Context, e *env) {
 		states := map[string]state{}
 		s.mu.Lock()
 		for name := range bars {
-			states[name] = state{s.snapshot[name], s.estimate[name], s.done[name]}
+			states[name] = state{s.base[name] + s.snapshot[name], s.estimate[name], s.done[name]}
 		}
 		s.mu.Unlock()
 		for name, b := range bars {
 			st := states[name]
-			switch {
-			case st.done:
-				b.SetTotal(st.cur, true)
+			if st.done {
+				b.SetTotal(max(st.cur, 1), true)
 				continue
-			case st.cur >= st.estimate:
-				b.SetTotal(st.cur+1, false)
 			}
+			// Never complete before the engine says so: the total stays above the rows so far
+			// (an unknown one is drawn as twice the rows so far: the bar says nothing it knows).
+			total := max(st.estimate, st.cur+1)
+			if st.estimate < 0 {
+				total = 2*st.cur + 1
+			}
+			b.SetTotal(total, false)
 			b.EwmaSetCurrent(st.cur, now.Sub(last))
 			if final {
 				b.Abort(false)
@@ -307,11 +381,8 @@ func (s *syncStats) logLine(log zerolog.Logger) {
 	defer s.mu.Unlock()
 	ev := log.Info()
 	for _, name := range s.tables {
-		state := fmt.Sprintf("%d/%d", s.snapshot[name], s.estimate[name])
-		if s.done[name] {
-			state += " done"
-		}
-		ev = ev.Str(name, state)
+		rows, pct := s.progressText(name)
+		ev = ev.Str(name, rows+", "+pct)
 	}
 	b, sec := s.lag()
 	ev.Int64("changes", s.changes).Int64("lag_bytes", b).Float64("lag_seconds", sec).Int64("slot_retained_bytes", s.retainedWAL).Msg("progress")

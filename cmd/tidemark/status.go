@@ -118,19 +118,19 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 	for _, name := range slices.Sorted(maps.Keys(pos.Tables)) {
 		p := pos.Tables[name]
 		schema, table, _ := strings.Cut(name, ".")
-		var est float64
-		_ = conn.QueryRow(ctx, `SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = to_regclass($1)`, pgx.Identifier{schema, table}.Sanitize()).Scan(&est)
+		var est *float64
+		_ = conn.QueryRow(ctx, estimateSQL, pgx.Identifier{schema, table}.Sanitize()).Scan(&est)
 		switch {
 		case p.Done && len(p.Reread) == 0:
 			fmt.Fprintf(w, "  %s: backfill done (%d rows, %d chunks)\n", name, p.Rows, p.Chunks)
 		case p.Done:
 			fmt.Fprintf(w, "  %s: backfill done, %d rows to read again\n", name, len(p.Reread))
+		case est == nil || *est <= 0:
+			fmt.Fprintf(w, "  %s: backfill in progress: %d rows so far of an unknown total (%d chunks, after key %v)\n", name, p.Rows, p.Chunks, p.Cursor)
+		case float64(p.Rows) >= *est:
+			fmt.Fprintf(w, "  %s: backfill in progress: %d rows so far, past the estimate of ~%.0f (%d chunks, after key %v)\n", name, p.Rows, *est, p.Chunks, p.Cursor)
 		default:
-			pct := 0.0
-			if est > 0 {
-				pct = min(100, 100*float64(p.Rows)/est)
-			}
-			fmt.Fprintf(w, "  %s: backfill %.0f%% (%d of ~%.0f rows, %d chunks, after key %v)\n", name, pct, p.Rows, est, p.Chunks, p.Cursor)
+			fmt.Fprintf(w, "  %s: backfill %.0f%% (%d of ~%.0f rows, %d chunks, after key %v)\n", name, 100*float64(p.Rows) / *est, p.Rows, *est, p.Chunks, p.Cursor)
 		}
 	}
 	return nil

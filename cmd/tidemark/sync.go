@@ -90,6 +90,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 			e.log.Info().Str("table", name).Msg("re-backfill asked for: the table's output starts over")
 		}
 	}
+	stats.resumed(from)
 	cfg := f.engineConfig(plan, srcDSN)
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
 	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *f.metricsAddr, *f.quiet))
