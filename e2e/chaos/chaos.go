@@ -101,6 +101,7 @@ type Report struct {
 	Stops       map[string]int // clear stops with the cause a fault explains, by fault kind
 	Remedies    map[string]int // what followed them: "undo KIND", "rebackfill TABLE" (or all), "reset TABLE" (Airbyte)
 	Starts      int            // capture processes started
+	Reconnects  int            // restarts from the checkpoint a capture made by itself after a lost connection
 	Failures    int            // capture processes that failed on their own (not killed by the harness), expected stops included
 	LastFailure string         // the last one's error, apart from expected stops
 	// OtherFailures counts the failures that named no cause (a connection dropped or reset by
@@ -152,7 +153,7 @@ func (r *Report) Write(w io.Writer) {
 	if len(r.Stops) > 0 || len(r.Remedies) > 0 {
 		fmt.Fprintf(w, "stopped with the expected cause: %d (%s); remedies: %s\n", sum(r.Stops), formatCounts(r.Stops), formatCounts(r.Remedies))
 	}
-	fmt.Fprintf(w, "capture: %d starts, %d restarts, %d failed on their own", r.Starts, max(r.Starts-1, 0), r.Failures)
+	fmt.Fprintf(w, "capture: %d starts, %d restarts, %d reconnections by itself, %d failed on their own", r.Starts, max(r.Starts-1, 0), r.Reconnects, r.Failures)
 	if r.LastFailure != "" {
 		fmt.Fprintf(w, " (last: %.200s)", r.LastFailure)
 	}
@@ -567,6 +568,7 @@ func (r *run) execute(ctx context.Context) error {
 	wg.Wait()
 	r.report.Transactions = w.commits.Load()
 	r.report.Starts, r.report.Failures, r.report.LastFailure = r.sup.counts()
+	r.report.Reconnects = r.sup.reconnectCount()
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -494,11 +494,23 @@ func failureText(stderr string, trace *errTrace, err error) string {
 type tail struct {
 	mu  sync.Mutex
 	buf []byte
+	// reconnects counts the capture's own reconnections (reconnectMark), found in the whole
+	// output as it passes; carry is the end of the last write, for a mark split across two.
+	reconnects int
+	carry      []byte
 }
+
+// reconnectMark is what tidemark sync logs when it restarts from its checkpoint after a lost
+// connection, by itself: a restart the supervisor does not see.
+var reconnectMark = []byte("connection lost: reconnecting")
 
 func (t *tail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// carry is shorter than the mark: every mark counted here ends in b, and none twice.
+	window := append(t.carry, b...)
+	t.reconnects += bytes.Count(window, reconnectMark)
+	t.carry = append([]byte(nil), window[max(0, len(window)-len(reconnectMark)+1):]...)
 	t.buf = append(t.buf, b...)
 	if len(t.buf) > 16<<10 {
 		t.buf = append([]byte(nil), t.buf[len(t.buf)-16<<10:]...)
@@ -525,6 +537,7 @@ type supervisor struct {
 	cur        *process
 	held       chan struct{} // non-nil while held: closed to resume
 	starts     int
+	reconnects int // by the processes that ended (tail.reconnects)
 	failures   int
 	expected   int // failures that were stops a fault explains
 	last       string
@@ -569,6 +582,7 @@ func (s *supervisor) run(ctx context.Context) {
 		}
 		s.mu.Lock()
 		s.cur = nil
+		s.reconnects += p.stderr.count()
 		switch {
 		case p.wasKilled() || ctx.Err() != nil:
 			s.quickFails = 0
@@ -651,6 +665,24 @@ func (s *supervisor) counts() (starts, failures int, last string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.starts, s.failures, s.last
+}
+
+// reconnects counts the times the capture restarted by itself after a lost connection, in the
+// processes that ended and the one running.
+func (s *supervisor) reconnectCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.reconnects
+	if s.cur != nil {
+		n += s.cur.stderr.count()
+	}
+	return n
+}
+
+func (t *tail) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reconnects
 }
 
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.
