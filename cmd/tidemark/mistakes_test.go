@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -325,4 +326,36 @@ func TestKeyOverride(t *testing.T) {
 	require.Equal(t, 300, strings.Count(string(b), `"key":{"tenant":`))
 	// The application's writes work as before.
 	db.Exec(`UPDATE public.ev SET v = 'y' WHERE n = 1`)
+}
+
+// TestPasswordFromEnvironment: a connection string without a password takes it from
+// PGPASSWORD, or from the file PGPASSFILE names, as libpq's tools do.
+func TestPasswordFromEnvironment(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	role := "pw_" + db.Name[2:]
+	db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'S3cret-pw'`, role))
+	t.Cleanup(func() { db.Exec(`DROP ROLE ` + role) })
+	cfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	dsn := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, db.Name)
+	status := func() (int, string) {
+		e, out, errOut := testEnv(t)
+		code := run(context.Background(), []string{"status", "--source", dsn, "--slot", db.Slot}, e)
+		return code, out.String() + errOut.String()
+	}
+	t.Setenv("PGPASSFILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("PGPASSWORD", "")
+	code, out := status()
+	require.Equal(t, 1, code, "no password anywhere: refused\n%s", out)
+
+	t.Setenv("PGPASSWORD", "S3cret-pw")
+	code, out = status()
+	require.Equal(t, 0, code, out)
+
+	t.Setenv("PGPASSWORD", "")
+	pass := filepath.Join(t.TempDir(), "pgpass")
+	require.NoError(t, os.WriteFile(pass, []byte(fmt.Sprintf("%s:%d:%s:%s:S3cret-pw\n", cfg.Host, cfg.Port, db.Name, role)), 0o600))
+	t.Setenv("PGPASSFILE", pass)
+	code, out = status()
+	require.Equal(t, 0, code, out)
 }

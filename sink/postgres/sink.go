@@ -147,7 +147,7 @@ type Options struct {
 }
 
 // ErrTargetIsSource: the target connection reaches the source's own database.
-var ErrTargetIsSource = errors.New("the target is the source")
+var ErrTargetIsSource = errors.New("the target is the source database itself")
 
 // isSource reports whether target is a session of source's own database. The same system
 // identifier is not enough (a physical copy of the source, a restored backup, is a legitimate
@@ -182,7 +182,7 @@ func Open(ctx context.Context, target, source *pgx.Conn, o Options) (*Sink, *mer
 	if same, err := isSource(ctx, target, source); err != nil {
 		return nil, nil, err
 	} else if same {
-		return nil, nil, fmt.Errorf("%w: the target is the source database itself (database %q of the same server): the sync would capture its own writes and apply them again, for ever; give a target in another database or server",
+		return nil, nil, fmt.Errorf("%w (database %q of the same server): the sync would capture its own writes and apply them again, for ever; give a target in another database or server",
 			ErrTargetIsSource, target.Config().Database)
 	}
 	// One writer per checkpoint, before anything is read or written: a session lock, held until
