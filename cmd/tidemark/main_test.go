@@ -389,26 +389,41 @@ func targetDatabase(t *testing.T, db *e2e.TestDB) (string, *pgx.Conn) {
 }
 
 // TestSyncDirectCopy: backfilled rows are copied straight into the target table; a chunk with a
-// key the target already has (a row left there before, as the stream would leave one) falls back
-// to the upsert for that batch, and the target ends equal to the source.
+// key the target already has (a row the stream wrote there first: a change of a key the backfill
+// had not reached) falls back to the upsert for that batch, and the target ends equal to the
+// source.
 func TestSyncDirectCopy(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE d (id int PRIMARY KEY, v text, n numeric)`)
 	db.Exec(`INSERT INTO d SELECT g, md5(g::text), g * 1.5 FROM generate_series(1, 5000) g`)
 	ctx := context.Background()
-	tgtDSN, tgt := targetDatabase(t, db)
-	_, err := tgt.Exec(ctx, `CREATE TABLE d (id int PRIMARY KEY, v text, n numeric); INSERT INTO d VALUES (2500, 'stale', 0), (9999, 'target only', 0)`)
-	require.NoError(t, err)
+	tgtDSN, _ := targetDatabase(t, db)
 
+	// The backfill waits behind a lock while a change of key 2500 commits: the stream writes
+	// that row to the target before the chunk that holds it is read.
+	// The lock takes a transaction id, for which a slot's creation would wait: both first.
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE d`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	lock := db.Connect()
+	tx, err := lock.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE d IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
 	var logBuf syncBuffer
 	e, _, errOut := testEnv(t)
 	e.log = zerolog.New(&logBuf).Level(zerolog.DebugLevel)
-	require.Equal(t, 0, run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
-		"--tables", "public.d", "--to", tgtDSN, "--chunk-size", "1000", "--stop-when-caught-up"}, e), errOut.String())
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+			"--tables", "public.d", "--to", tgtDSN, "--chunk-size", "1000", "--stop-when-caught-up", "--quiet"}, e)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(logBuf.String(), "start replication") }, 30*time.Second, 20*time.Millisecond, "%s", &logBuf)
+	_, err = tx.Exec(ctx, `UPDATE d SET v = 'changed first' WHERE id = 2500`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 0, <-done, errOut.String())
 
 	src, err := e2e.SourceRows(ctx, db.DSN, "public", "d", []string{"id"})
-	require.NoError(t, err)
-	_, err = tgt.Exec(ctx, `DELETE FROM d WHERE id = 9999`)
 	require.NoError(t, err)
 	dst, err := e2e.SourceRows(ctx, tgtDSN, "public", "d", []string{"id"})
 	require.NoError(t, err)
@@ -425,6 +440,35 @@ func TestSyncDirectCopy(t *testing.T) {
 	// skips the attempt after that failure.
 	require.Equal(t, int64(3000), direct)
 	require.Equal(t, int64(1000), fallback)
+}
+
+// TestSyncTargetWithRows: an existing target table that holds rows this sync's checkpoint does
+// not account for is refused (rows the source does not have would stay, and the sync would say
+// the target caught up), with the choices; --rebackfill empties it first; nothing is left on the
+// source by the refused run.
+func TestSyncTargetWithRows(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE d (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO d SELECT g, md5(g::text) FROM generate_series(1, 100) g`)
+	ctx := context.Background()
+	tgtDSN, tgt := targetDatabase(t, db)
+	_, err := tgt.Exec(ctx, `CREATE TABLE d (id int PRIMARY KEY, v text); INSERT INTO d VALUES (9999, 'target only')`)
+	require.NoError(t, err)
+	args := []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.d", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(ctx, args, e))
+	require.Contains(t, errOut.String(), `target table "public"."d" already holds rows, and this sync's checkpoint accounts for none of them`)
+	require.Contains(t, errOut.String(), "--rebackfill public.d")
+	require.False(t, slotExists(t, db, db.Slot))
+	require.False(t, publicationExists(t, db, db.Publication))
+
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 0, run(ctx, append(args, "--rebackfill", "public.d"), e), errOut.String())
+	var n, stray int
+	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE id = 9999) FROM d`).Scan(&n, &stray))
+	require.Equal(t, 100, n)
+	require.Zero(t, stray)
 }
 
 // TestSyncTargetWithoutKey: an existing target table without a unique index on the key is
