@@ -202,7 +202,15 @@ func (s *syncStats) estimates(ctx context.Context, conn *pgx.Conn) {
 		schema, table, _ := strings.Cut(name, ".")
 		n := -1.0
 		var v *float64
-		if err := conn.QueryRow(ctx, estimateSQL, pgx.Identifier{schema, table}.Sanitize()).Scan(&v); err == nil && v != nil {
+		// pg_relation_size takes the table's lightest lock: behind an ALTER TABLE's it waits
+		// at most a moment, and the estimate is unknown.
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '500ms'`); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, estimateSQL, pgx.Identifier{schema, table}.Sanitize()).Scan(&v)
+		})
+		if err == nil && v != nil {
 			n = *v
 		}
 		s.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -75,7 +76,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 	if err != nil {
 		return err
 	}
-	out, from, closeOut, err := f.openOutput(ctx, e, srcConn)
+	out, from, closeOut, err := f.openOutput(ctx, e, srcConn, plan)
 	if err != nil {
 		return err
 	}
@@ -187,7 +188,7 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 
 // openOutput opens (locks, cuts back to its checkpoint) the output --to names, and returns the
 // position to resume from and what closes it (the output, then its connection).
-func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn) (sink.Output, *merge.Position, func(), error) {
+func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, plan syncPlan) (sink.Output, *merge.Position, func(), error) {
 	if !isDSN(*f.to) {
 		js, pos, err := jsonl.Open(*f.to, *f.checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *f.slot) })
 		if err != nil {
@@ -203,7 +204,16 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn) (
 	if id == "" {
 		id = *f.slot
 	}
-	ps, pos, err := postgres.Open(ctx, tgt, srcConn, postgres.Options{ID: id, Schema: *f.targetSchema, Audit: *f.audit, Log: e.log})
+	// Rows a target table holds that the checkpoint does not account for are refused, unless
+	// the table is to be re-backfilled (emptied) or nothing is backfilled (they are the user's).
+	empty := map[string]bool{}
+	for _, t := range plan.tables {
+		if n := t.Schema + "." + t.Name; plan.refreshAll || slices.Contains(plan.refresh, n) {
+			empty[n] = true
+		}
+	}
+	ps, pos, err := postgres.Open(ctx, tgt, srcConn, postgres.Options{ID: id, Schema: *f.targetSchema, Audit: *f.audit, Log: e.log,
+		Empty: empty, KeepRows: *f.noBackfill})
 	if err != nil {
 		_ = tgt.Close(context.WithoutCancel(ctx))
 		return nil, nil, nil, err
