@@ -89,16 +89,16 @@ type Sink struct {
 
 // targetTable is a target table as the sink knows it.
 type targetTable struct {
-	ident  string            // quoted target name
+	ident string // quoted target name
 	// unaccounted: the table held rows this sync's checkpoint does not account for when it was
 	// first met; its first event must be a Refresh (which empties it), or the sync stops.
 	unaccounted bool
-	cols   map[string]bool   // columns the target has
-	types  map[string]string // their types (format_type, with modifiers)
-	bases  map[string]string // their types without modifiers
-	oids   map[string]uint32 // their type OIDs
-	key    []string          // key columns
-	keyOps []chunker.Ops     // the comparison operators of each key column's type
+	cols        map[string]bool   // columns the target has
+	types       map[string]string // their types (format_type, with modifiers)
+	bases       map[string]string // their types without modifiers
+	oids        map[string]uint32 // their type OIDs
+	key         []string          // key columns
+	keyOps      []chunker.Ops     // the comparison operators of each key column's type
 	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
 	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
 	overriding bool
