@@ -359,3 +359,37 @@ func TestPasswordFromEnvironment(t *testing.T) {
 	code, out = status()
 	require.Equal(t, 0, code, out)
 }
+
+// TestEnumCreatedOnTarget: a table with an enum column (and an array of it) syncs into a fresh
+// target: the enum is created there as on the source; an enum of that name with fewer labels is
+// refused with the ALTER TYPE statements that complete it, before anything is left on the source.
+func TestEnumCreatedOnTarget(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE SCHEMA app; CREATE TYPE app.mood AS ENUM ('ok', 'meh', 'it''s fine');
+		CREATE TABLE public.m (id int PRIMARY KEY, m app.mood, ms app.mood[]);
+		INSERT INTO public.m VALUES (1, 'ok', '{meh,ok}'), (2, 'it''s fine', NULL)`)
+	ctx := context.Background()
+	tgtDSN, tgt := targetDatabase(t, db)
+	args := []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.m", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}
+
+	_, err := tgt.Exec(ctx, `CREATE SCHEMA app; CREATE TYPE app.mood AS ENUM ('ok', 'it''s fine')`)
+	require.NoError(t, err)
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(ctx, args, e))
+	require.Contains(t, errOut.String(), `ALTER TYPE "app"."mood" ADD VALUE 'meh' AFTER 'ok';`)
+	require.Empty(t, leftBehind(t, db))
+
+	_, err = tgt.Exec(ctx, `DROP TYPE app.mood`)
+	require.NoError(t, err)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 0, run(ctx, args, e), errOut.String())
+	var labels string
+	require.NoError(t, tgt.QueryRow(ctx, `SELECT string_agg(enumlabel::text, ',' ORDER BY enumsortorder) FROM pg_enum WHERE enumtypid = 'app.mood'::regtype`).Scan(&labels))
+	require.Equal(t, "ok,meh,it's fine", labels)
+	src, err := e2e.SourceRows(ctx, db.DSN, "public", "m", []string{"id"})
+	require.NoError(t, err)
+	dst, err := e2e.SourceRows(ctx, tgtDSN, "public", "m", []string{"id"})
+	require.NoError(t, err)
+	require.Empty(t, e2e.Diff(dst, src))
+}
