@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgtrust"
+	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink"
@@ -915,12 +916,93 @@ func (s *Sink) create(ctx context.Context, t *targetTable, schema string, c *mer
 	if _, err := s.tx.Exec(ctx, CreateSchemaSQL(schema)); err != nil {
 		return fmt.Errorf("create schema %s on the target: %w", schema, err)
 	}
+	for i := range c.Names {
+		if err := s.ensureEnum(ctx, c.Types[i]); err != nil {
+			return fmt.Errorf("column %s of %s.%s: %w", Quote(c.Names[i]), c.Schema, c.Table, err)
+		}
+	}
 	if _, err := s.tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create %s on the target (%s): %w; create the table, or the types it uses, on the target first", t.ident, ddl, err)
 	}
 	s.log.Info().Str("table", t.ident).Msg("target table created")
 	_, err = s.readTarget(ctx, t) // the types as the target names them
 	return err
+}
+
+// ErrEnumDiffers: an enum a created table needs exists on the target with other labels.
+var ErrEnumDiffers = errors.New("the target's enum differs from the source's")
+
+// ensureEnum makes sure that the enum a column of a table to create has (typeOID on the source,
+// or its element type for an array) exists on the target, in the schema and with the name it has
+// on the source, with the same labels in the same order: it creates a missing one (owned by this
+// role), uses an equal one, and refuses one with other labels, with the statements that make it
+// equal when the source's only adds labels to it. Other types are left to CREATE TABLE (a
+// domain, a composite or an extension's type must exist on the target already).
+func (s *Sink) ensureEnum(ctx context.Context, typeOID uint32) error {
+	var schema, name string
+	var labels []string
+	err := s.source.QueryRow(ctx, `SELECT n.nspname::text, t.typname::text,
+			array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+		WHERE t.oid = (SELECT CASE WHEN a.typcategory = 'A' AND a.typelem <> 0 THEN a.typelem ELSE a.oid END FROM pg_type a WHERE a.oid = $1)
+			AND t.typtype = 'e'`, typeOID).Scan(&schema, &name, &labels)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the type on the source: %w", err)
+	}
+	ident := pgx.Identifier{schema, name}.Sanitize()
+	var have []string
+	err = s.tx.QueryRow(ctx, `SELECT array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'e'`, schema, name).Scan(&have)
+	if errors.Is(err, pgx.ErrNoRows) {
+		quoted := make([]string, len(labels))
+		for i, l := range labels {
+			quoted[i] = sqlfix.Literal(l)
+		}
+		var found bool
+		if err := s.tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, pgx.Identifier{schema}.Sanitize()).Scan(&found); err != nil {
+			return fmt.Errorf("look up schema %s on the target: %w", schema, err)
+		}
+		if !found {
+			if _, err := s.tx.Exec(ctx, CreateSchemaSQL(schema)); err != nil {
+				return fmt.Errorf("create schema %s on the target: %w", schema, err)
+			}
+		}
+		if _, err := s.tx.Exec(ctx, "CREATE TYPE "+ident+" AS ENUM ("+strings.Join(quoted, ", ")+")"); err != nil {
+			return fmt.Errorf("create enum %s on the target: %w", ident, err)
+		}
+		s.log.Info().Str("type", ident).Int("labels", len(labels)).Msg("enum created on the target, as on the source")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read enum %s on the target: %w", ident, err)
+	}
+	if slices.Equal(have, labels) {
+		return nil
+	}
+	// The target's labels in the source's order, the source having more: ADD VALUE makes them
+	// equal (each in a transaction of its own before PostgreSQL 12 allows it in one).
+	var adds []string
+	j := 0
+	for i, l := range labels {
+		if j < len(have) && have[j] == l {
+			j++
+			continue
+		}
+		where := ""
+		if i > 0 {
+			where = " AFTER " + sqlfix.Literal(labels[i-1])
+		}
+		adds = append(adds, "ALTER TYPE "+ident+" ADD VALUE "+sqlfix.Literal(l)+where+";")
+	}
+	if j == len(have) {
+		return fmt.Errorf("%w: enum %s has the labels (%s) on the target, and (%s) on the source; add the missing ones on the target: %s",
+			ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "), strings.Join(adds, " "))
+	}
+	return fmt.Errorf("%w: enum %s has the labels (%s) on the target, and (%s) on the source, in another order or with labels the source lacks: values would be compared and sorted otherwise; make the target's enum the source's (or use another schema on the target)",
+		ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "))
 }
 
 // readTarget reads an existing target table's columns and their types; it reports false when
