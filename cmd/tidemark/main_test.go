@@ -469,6 +469,25 @@ func TestSyncTargetWithRows(t *testing.T) {
 	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE id = 9999) FROM d`).Scan(&n, &stray))
 	require.Equal(t, 100, n)
 	require.Zero(t, stray)
+
+	// A table whose source is empty sends no event: its target is checked before the start all
+	// the same, and so again after a refusal.
+	db.Exec(`CREATE TABLE e (id int PRIMARY KEY)`)
+	_, err = tgt.Exec(ctx, `CREATE TABLE e (id int PRIMARY KEY); INSERT INTO e VALUES (1)`)
+	require.NoError(t, err)
+	argsE := []string{"sync", "--source", db.DSN, "--slot", db.Slot + "_e", "--publication", db.Publication + "_e",
+		"--tables", "public.e", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}
+	for range 2 {
+		e, _, errOut = testEnv(t)
+		require.Equal(t, 1, run(ctx, argsE, e), errOut.String())
+		require.Contains(t, errOut.String(), `target table "public"."e" already holds rows`)
+	}
+	// The rows another capture (another checkpoint on this target) wrote are not emptied.
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 1, run(ctx, append(args, "--checkpoint-id", "second", "--rebackfill", "public.d"), e))
+	require.Contains(t, errOut.String(), "holds the rows of another capture (checkpoint "+db.Slot+")")
+	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*) FROM d`).Scan(&n))
+	require.Equal(t, 100, n)
 }
 
 // TestSyncTargetWithoutKey: an existing target table without a unique index on the key is

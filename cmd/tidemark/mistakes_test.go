@@ -303,7 +303,7 @@ func TestKeyOverride(t *testing.T) {
 		CREATE UNIQUE INDEX ev_tn ON public.ev (tenant, n);
 		INSERT INTO public.ev SELECT 't' || (g % 3), g, 'x' FROM generate_series(1, 300) g`)
 	args := []string{"--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--tables", "public.ev", "--key", "public.ev=tenant,n"}
-	fix := `ALTER TABLE "public"."ev" REPLICA IDENTITY USING INDEX "ev_tn";`
+	fix := `ALTER TABLE "public"."ev" REPLICA IDENTITY USING INDEX ev_tn;`
 	_, out := runDoctorCmd(t, args...)
 	require.Contains(t, out, fix)
 
@@ -326,6 +326,13 @@ func TestKeyOverride(t *testing.T) {
 	require.Equal(t, 300, strings.Count(string(b), `"key":{"tenant":`))
 	// The application's writes work as before.
 	db.Exec(`UPDATE public.ev SET v = 'y' WHERE n = 1`)
+
+	// An index name that needs quotes is printed so that the statement runs as printed.
+	db.Exec(`CREATE TABLE public."Ev2" (a int NOT NULL, b text); CREATE UNIQUE INDEX "Ev2_a" ON public."Ev2" (a)`)
+	_, out = runDoctorCmd(t, "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--tables", "public.Ev2", "--key", "public.Ev2=a")
+	fix2 := `ALTER TABLE "public"."Ev2" REPLICA IDENTITY USING INDEX "Ev2_a";`
+	require.Contains(t, out, fix2)
+	db.Exec(strings.TrimSuffix(fix2, ";"))
 }
 
 // TestPasswordFromEnvironment: a connection string without a password takes it from
@@ -379,6 +386,15 @@ func TestEnumCreatedOnTarget(t *testing.T) {
 	require.Equal(t, 1, run(ctx, args, e))
 	require.Contains(t, errOut.String(), `ALTER TYPE "app"."mood" ADD VALUE 'meh' AFTER 'ok';`)
 	require.Empty(t, leftBehind(t, db))
+
+	// One with the same labels, but another role's: its owner could rename them.
+	role := "en_" + db.Name[2:]
+	_, err = tgt.Exec(ctx, `DROP TYPE app.mood; CREATE ROLE `+role+`; CREATE TYPE app.mood AS ENUM ('ok', 'meh', 'it''s fine'); ALTER TYPE app.mood OWNER TO `+role)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = tgt.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role) })
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 1, run(ctx, args, e))
+	require.Contains(t, errOut.String(), `ALTER TYPE "app"."mood" OWNER TO CURRENT_USER;`)
 
 	_, err = tgt.Exec(ctx, `DROP TYPE app.mood`)
 	require.NoError(t, err)

@@ -1,11 +1,16 @@
 package pgerr
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
 )
 
 func TestClassification(t *testing.T) {
@@ -36,5 +41,28 @@ func TestClassification(t *testing.T) {
 	}
 	if !Canceled(wrap("57014")) || !Privilege(wrap("42501")) || !UndefinedTable(wrap("42P01")) || !UniqueViolation(wrap("23505")) {
 		t.Error("a named predicate misses its code")
+	}
+}
+
+// TestReconnectable: what a new connection may not meet is reconnectable; a name that no longer
+// resolves, a refused certificate, and every error a person must act on are not.
+func TestReconnectable(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{io.EOF, true},
+		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
+		{&pgconn.PgError{Code: "57P01"}, true},
+		{&pgconn.PgError{Code: "08006"}, true},
+		{&pgconn.PgError{Code: "42501"}, false},
+		{&pgconn.PgError{Code: "53400"}, false},
+		{&net.DNSError{Err: "no such host", Name: "db.example", IsNotFound: true}, false},
+		{fmt.Errorf("tls: %w", x509.UnknownAuthorityError{}), false},
+		{fmt.Errorf("tls: %w", x509.HostnameError{Host: "db"}), false},
+		{errors.New("a stop of the engine's own"), false},
+	} {
+		require.Equal(t, c.want, Reconnectable(c.err), "%v", c.err)
 	}
 }
