@@ -319,7 +319,7 @@ func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, iden
 		// (NOT NULL, not partial, not deferrable), which REPLICA IDENTITY USING INDEX accepts.
 		var index string
 		err := conn.QueryRow(ctx, `
-			SELECT coalesce((SELECT i.indexrelid::regclass::text FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate
+			SELECT coalesce((SELECT quote_ident(x.relname) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate
 				AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = cardinality($2::text[])
 				AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 					WHERE NOT a.attname = ANY($2))
@@ -329,7 +329,7 @@ func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, iden
 		}
 		fix := fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL;", t.Ident())
 		if index != "" {
-			fix = fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY USING INDEX %s;  (or REPLICA IDENTITY FULL, which logs whole old rows)", t.Ident(), pgx.Identifier{strings.TrimPrefix(index, t.Schema+".")}.Sanitize())
+			fix = fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY USING INDEX %s;  (or REPLICA IDENTITY FULL, which logs whole old rows)", t.Ident(), index)
 		}
 		idn := "none"
 		if len(identity) > 0 {

@@ -231,7 +231,9 @@ func (s *syncStats) resumed(from *merge.Position) {
 		if p.Refresh {
 			continue
 		}
-		s.base[name] = p.Rows
+		// Another attempt of the same process resumes here too: its rows are in the base now.
+		s.base[name], s.snapshot[name] = p.Rows, 0
+		delete(s.firstRow, name)
 		if p.Done && len(p.Reread) == 0 {
 			s.earlier[name] = true
 			s.done[name] = true

@@ -38,17 +38,27 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	// does not end a run that got going (one checkpoint): it starts again from the last
 	// checkpoint, with a growing wait.
 	// Everything else stops it at once, with its cause and fix.
+	stalled := 0 // attempts in a row that took no checkpoint
 	for attempt := 1; ; attempt++ {
+		stats.mu.Lock()
+		before := stats.checkpoint
+		stats.mu.Unlock()
 		err := f.syncOnce(ctx, e, plan, stats)
 		// A run that never reached a checkpoint in this process has a setup problem to report
 		// (a host name mistyped is a network error too), not a connection to restore.
 		stats.mu.Lock()
-		running := !stats.checkpoint.IsZero()
+		running, progressed := !stats.checkpoint.IsZero(), stats.checkpoint.After(before)
 		stats.mu.Unlock()
-		if err == nil || ctx.Err() != nil || !running || !pgerr.Reconnectable(err) {
+		if err == nil || ctx.Err() != nil || !running || !pgerr.Reconnectable(err) || errors.Is(err, replicator.ErrLeftBehind) {
 			return err
 		}
-		wait := min(time.Second<<min(attempt-1, 5), 30*time.Second)
+		if stalled = stalled + 1; progressed {
+			stalled = 0
+		}
+		if stalled >= maxStalledAttempts {
+			return fmt.Errorf("gave up after %d attempts in a row that took no checkpoint (about %s): %w", stalled, stalledTime, err)
+		}
+		wait := min(time.Second<<min(max(stalled, 1)-1, 5), 30*time.Second) // from 1 s again after progress
 		stats.mu.Lock()
 		stats.reconnects++
 		stats.mu.Unlock()
@@ -61,6 +71,13 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		}
 	}
 }
+
+// maxStalledAttempts bounds the reconnections that make no progress: a failover is done within
+// minutes; a connection that keeps breaking at once is a fault of its own to report.
+const (
+	maxStalledAttempts = 20
+	stalledTime        = "8 minutes"
+)
 
 // syncOnce runs sync once: it opens the source and the output (reading its checkpoint), and runs
 // the engine from there.
@@ -215,6 +232,16 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 	ps, pos, err := postgres.Open(ctx, tgt, srcConn, postgres.Options{ID: id, Schema: *f.targetSchema, Audit: *f.audit, Log: e.log,
 		Empty: empty, KeepRows: *f.noBackfill})
 	if err != nil {
+		_ = tgt.Close(context.WithoutCancel(ctx))
+		return nil, nil, nil, err
+	}
+	var names []string
+	for _, t := range plan.tables {
+		names = append(names, t.Schema+"."+t.Name)
+	}
+	// Before the engine creates anything on the source.
+	if err := ps.CheckTables(ctx, names); err != nil {
+		_ = ps.Close(context.WithoutCancel(ctx))
 		_ = tgt.Close(context.WithoutCancel(ctx))
 		return nil, nil, nil, err
 	}

@@ -5,6 +5,7 @@
 package pgerr
 
 import (
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -107,6 +108,17 @@ func Reconnectable(err error) bool {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, ErrTimeout) {
 		return true
+	}
+	// A name that no longer resolves, or a certificate refused, is a configuration to fix.
+	var dns *net.DNSError
+	if errors.As(err, &dns) && dns.IsNotFound {
+		return false
+	}
+	var unknownCA x509.UnknownAuthorityError
+	var invalid x509.CertificateInvalidError
+	var host x509.HostnameError
+	if errors.As(err, &unknownCA) || errors.As(err, &invalid) || errors.As(err, &host) {
+		return false
 	}
 	var ne net.Error
 	if errors.As(err, &ne) {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -323,6 +324,68 @@ func (s *Sink) begin(ctx context.Context) error {
 // ErrUnaccountedRows: an existing target table holds rows this sync's checkpoint does not
 // account for.
 var ErrUnaccountedRows = errors.New("the target table holds rows this sync did not write")
+
+// CheckTables checks, before the capture starts (and creates anything on the source), the
+// target table of each captured table (source schema.table) that the checkpoint has no progress
+// for: one that holds rows this sync did not write is refused, unless KeepRows; one the run was
+// asked to re-backfill (Empty) is emptied, once it has passed the checks of a table the sink
+// writes, unless another capture's checkpoint on this target covers it (its rows are that
+// capture's). A table checked here that the run never meets (an empty source table) is so
+// checked too.
+func (s *Sink) CheckTables(ctx context.Context, tables []string) error {
+	var errs []error
+	for _, name := range tables {
+		if s.accounted[name] || s.keepRows {
+			continue
+		}
+		schema, table, _ := strings.Cut(name, ".")
+		if s.schema != "" {
+			schema = s.schema
+		}
+		ident := pgx.Identifier{schema, table}.Sanitize()
+		var found, rows bool
+		if err := s.target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ident).Scan(&found); err != nil {
+			return fmt.Errorf("look up target table %s: %w", ident, err)
+		}
+		if !found {
+			continue
+		}
+		if err := s.target.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+ident+")").Scan(&rows); err != nil {
+			return fmt.Errorf("read target table %s: %w", ident, err)
+		}
+		if !rows {
+			continue
+		}
+		var others []string
+		if err := s.target.QueryRow(ctx, `SELECT array(SELECT id FROM `+s.cpName+` WHERE id <> $1 AND position->'tables' ? $2
+			AND target_schema = $3 ORDER BY 1)`, s.id, name, s.schema).Scan(&others); err != nil {
+			return fmt.Errorf("read the target's checkpoints: %w", err)
+		}
+		switch {
+		case len(others) > 0:
+			errs = append(errs, fmt.Errorf("%w: target table %s holds the rows of another capture (checkpoint %s): this one would write over them; give this capture a table of its own (another --target-schema)",
+				ErrUnaccountedRows, ident, strings.Join(others, ", ")))
+		case s.empty[name]:
+			if err := pgx.BeginFunc(ctx, s.target, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, pgtrust.LockSQL(ident)); err != nil {
+					return err
+				}
+				if err := pgtrust.Table(ctx, tx, "target table", ident); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, TruncateSQL(ident))
+				return err
+			}); err != nil {
+				return fmt.Errorf("empty target table %s, as --rebackfill asked: %w", ident, err)
+			}
+			s.log.Info().Str("table", ident).Msg("target table emptied, as --rebackfill asked: its rows were not this sync's")
+		default:
+			errs = append(errs, fmt.Errorf("%w: target table %s already holds rows, and this sync's checkpoint accounts for none of them: rows the source does not have would stay there, and the sync would still say the target caught up; sync into an empty table (another --target-schema, or empty this one), or have Tidemark empty it first with --rebackfill %s",
+				ErrUnaccountedRows, ident, name))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // checkRows marks an existing target table first met with rows in it that the checkpoint does
 // not account for (a table the checkpoint has no progress for): emptied now when the run was
@@ -954,8 +1017,15 @@ func (s *Sink) ensureEnum(ctx context.Context, typeOID uint32) error {
 	}
 	ident := pgx.Identifier{schema, name}.Sanitize()
 	var have []string
-	err = s.tx.QueryRow(ctx, `SELECT array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
-		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'e'`, schema, name).Scan(&have)
+	var owner string
+	var trusted bool
+	read := func() error {
+		return s.tx.QueryRow(ctx, `SELECT array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder),
+				r.rolname::text, (r.rolname = current_user OR r.rolsuper)
+			FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_roles r ON r.oid = t.typowner
+			WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'e'`, schema, name).Scan(&have, &owner, &trusted)
+	}
+	err = read()
 	if errors.Is(err, pgx.ErrNoRows) {
 		quoted := make([]string, len(labels))
 		for i, l := range labels {
@@ -970,14 +1040,35 @@ func (s *Sink) ensureEnum(ctx context.Context, typeOID uint32) error {
 				return fmt.Errorf("create schema %s on the target: %w", schema, err)
 			}
 		}
-		if _, err := s.tx.Exec(ctx, "CREATE TYPE "+ident+" AS ENUM ("+strings.Join(quoted, ", ")+")"); err != nil {
+		// Another sync may create it at the same moment: then its enum is the one checked.
+		if _, err := s.tx.Exec(ctx, "SAVEPOINT tidemark_enum"); err != nil {
+			return err
+		}
+		_, err := s.tx.Exec(ctx, "CREATE TYPE "+ident+" AS ENUM ("+strings.Join(quoted, ", ")+")")
+		switch {
+		case err == nil:
+			s.log.Info().Str("type", ident).Int("labels", len(labels)).Msg("enum created on the target, as on the source")
+			_, err = s.tx.Exec(ctx, "RELEASE SAVEPOINT tidemark_enum")
+			return err
+		case pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation):
+			if _, rerr := s.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT tidemark_enum"); rerr != nil {
+				return rerr
+			}
+			if err := read(); err != nil {
+				return fmt.Errorf("read enum %s on the target: %w", ident, err)
+			}
+		default:
 			return fmt.Errorf("create enum %s on the target: %w", ident, err)
 		}
-		s.log.Info().Str("type", ident).Int("labels", len(labels)).Msg("enum created on the target, as on the source")
-		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("read enum %s on the target: %w", ident, err)
+	}
+	if !trusted {
+		// Its owner could rename its labels (relabelling the rows written) or drop it with the
+		// columns using it.
+		return fmt.Errorf("%w: enum %s on the target is owned by role %s, which is neither this role nor a superuser: its owner could rename its labels or drop it with the columns that use it; run ALTER TYPE %s OWNER TO CURRENT_USER; (as a superuser or its owner), or create the table first",
+			pgtrust.ErrUntrusted, ident, sqlfix.Ident(owner), ident)
 	}
 	if slices.Equal(have, labels) {
 		return nil
