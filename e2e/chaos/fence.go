@@ -40,6 +40,12 @@ func (c *syncCapture) second(ctx context.Context) string {
 		return noEffect + "the capture could not be frozen: " + err.Error()
 	}
 	defer func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) }()
+	// Between two attempts of its own (it lost a connection and waits to reconnect), a capture
+	// holds neither the slot nor the output, as one that crashed and waits for its restart: a
+	// second one may then take over, and the first is refused when it tries again.
+	if betweenAttempts(first.stderr.String()) {
+		return noEffect + "the capture was between two attempts of its own (reconnecting), holding nothing"
+	}
 	n := r.exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, r.slot)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 50*time.Millisecond) {
 		if r.exec(ctx, `SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, r.slot) == 1 {
@@ -93,6 +99,12 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 		return noEffect + "the capture could not be frozen: " + err.Error()
 	}
 	defer func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) }()
+	// Between two attempts of its own (it lost a connection and waits to reconnect), a capture
+	// holds neither the slot nor the output, as one that crashed and waits for its restart: a
+	// second one may then take over, and the first is refused when it tries again.
+	if betweenAttempts(first.stderr.String()) {
+		return noEffect + "the capture was between two attempts of its own (reconnecting), holding nothing"
+	}
 	holder := r.slotHolder(ctx)
 	if holder == 0 {
 		return noEffect + "the first read does not hold the slot"
@@ -263,4 +275,11 @@ func firstLine(s string) string {
 		s = s[:300] + "..."
 	}
 	return s
+}
+
+// betweenAttempts reports whether a capture's output ends with its reconnection warning: it
+// waits to start again, and holds nothing meanwhile.
+func betweenAttempts(stderr string) bool {
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	return len(lines) > 0 && strings.Contains(lines[len(lines)-1], string(reconnectMark))
 }
