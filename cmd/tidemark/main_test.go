@@ -485,7 +485,7 @@ func TestSyncTargetWithRows(t *testing.T) {
 	// The rows another capture (another checkpoint on this target) wrote are not emptied.
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 1, run(ctx, append(args, "--checkpoint-id", "second", "--rebackfill", "public.d"), e))
-	require.Contains(t, errOut.String(), "holds the rows of another capture (checkpoint "+db.Slot+")")
+	require.Contains(t, errOut.String(), "holds the rows of another tidemark sync (checkpoint "+db.Slot+")")
 	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*) FROM d`).Scan(&n))
 	require.Equal(t, 100, n)
 }

@@ -363,7 +363,7 @@ func (s *Sink) CheckTables(ctx context.Context, tables []string) error {
 		}
 		switch {
 		case len(others) > 0:
-			errs = append(errs, fmt.Errorf("%w: target table %s holds the rows of another capture (checkpoint %s): this one would write over them; give this capture a table of its own (another --target-schema)",
+			errs = append(errs, fmt.Errorf("%w: target table %s holds the rows of another tidemark sync (checkpoint %s): this one would write over them; give this capture a table of its own (another --target-schema)",
 				ErrUnaccountedRows, ident, strings.Join(others, ", ")))
 		case s.empty[name]:
 			if err := pgx.BeginFunc(ctx, s.target, func(tx pgx.Tx) error {
