@@ -34,6 +34,17 @@
 //   - A target table has a unique index on exactly the key's columns (created so, or checked when
 //     it exists), no foreign key from or to it, and no non-key column GENERATED ALWAYS AS
 //     IDENTITY; otherwise the sink stops with the statements that fix it.
+//   - Open refuses a target that is the source database itself (a transaction advisory lock the
+//     source takes on a random key, looked for in the target's pg_locks: a physical copy of the
+//     source does not see it). Before the capture starts, CheckTables refuses an existing target
+//     table holding rows the checkpoint does not account for (a first run into a filled table:
+//     rows the source lacks would stay), unless the run re-backfills it (emptied, after the
+//     checks of a table the sink writes, and never when another capture's checkpoint covers it)
+//     or backfills nothing.
+//   - An enum a created table needs is created as on the source (schema, name, labels); an
+//     existing one must have the same labels and a trusted owner.
+//   - A commit with no answer (the connection lost) may have happened: Checkpoint's error then
+//     wraps merge.ErrCommitUnknown, and the run keeps what it created on the source.
 //   - Unchanged TOASTed values are never written: their columns are left out of the upsert.
 //   - The source's definition changes are followed where that is safe (a column added, a type's
 //     modifiers changed); otherwise the sink stops with the statements to run (a rename that

@@ -91,16 +91,13 @@ type Sink struct {
 
 // targetTable is a target table as the sink knows it.
 type targetTable struct {
-	ident string // quoted target name
-	// unaccounted: the table held rows this sync's checkpoint does not account for when it was
-	// first met; its first event must be a Refresh (which empties it), or the sync stops.
-	unaccounted bool
-	cols        map[string]bool   // columns the target has
-	types       map[string]string // their types (format_type, with modifiers)
-	bases       map[string]string // their types without modifiers
-	oids        map[string]uint32 // their type OIDs
-	key         []string          // key columns
-	keyOps      []chunker.Ops     // the comparison operators of each key column's type
+	ident  string            // quoted target name
+	cols   map[string]bool   // columns the target has
+	types  map[string]string // their types (format_type, with modifiers)
+	bases  map[string]string // their types without modifiers
+	oids   map[string]uint32 // their type OIDs
+	key    []string          // key columns
+	keyOps []chunker.Ops     // the comparison operators of each key column's type
 	// overriding: a key column is GENERATED ALWAYS AS IDENTITY (a target made from pg_dump -s
 	// of the source): inserts give the source's values with OVERRIDING SYSTEM VALUE.
 	overriding bool
@@ -155,7 +152,7 @@ type Options struct {
 	Audit bool
 	Log   zerolog.Logger
 	// Empty are the tables (source schema.table) to empty on the target when they hold rows
-	// the checkpoint does not account for (--rebackfill on a first run).
+	// the checkpoint does not account for (--rebackfill on a first run; CheckTables).
 	Empty map[string]bool
 	// KeepRows accepts such rows (a capture without a backfill: the rows are the user's).
 	KeepRows bool
@@ -387,32 +384,6 @@ func (s *Sink) CheckTables(ctx context.Context, tables []string) error {
 	return errors.Join(errs...)
 }
 
-// checkRows marks an existing target table first met with rows in it that the checkpoint does
-// not account for (a table the checkpoint has no progress for): emptied now when the run was
-// asked to re-backfill it (--rebackfill on a first run), accepted with KeepRows, otherwise the
-// table's first event must empty it (a Refresh) or Emit stops the sync.
-func (s *Sink) checkRows(ctx context.Context, t *targetTable, name string) error {
-	if s.accounted[name] || s.keepRows {
-		return nil
-	}
-	var rows bool
-	if err := s.tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+t.ident+")").Scan(&rows); err != nil {
-		return fmt.Errorf("read target table %s: %w", t.ident, err)
-	}
-	if !rows {
-		return nil
-	}
-	if s.empty[name] {
-		if _, err := s.tx.Exec(ctx, TruncateSQL(t.ident)); err != nil {
-			return fmt.Errorf("empty target table %s: %w", t.ident, err)
-		}
-		s.log.Info().Str("table", t.ident).Msg("target table emptied, as --rebackfill asked: its rows were not this sync's")
-		return nil
-	}
-	t.unaccounted = true
-	return nil
-}
-
 // guard locks target table t for the open transaction, as its writes would, and checks that it
 // is still the table the sink checked or created (pgtrust.GuardTable): between two
 // transactions, the owner of its schema may have dropped it and made another of the same name,
@@ -447,13 +418,6 @@ func (s *Sink) Emit(ctx context.Context, evs []merge.Event) error {
 		t, err := s.table(ctx, ev.Columns)
 		if err != nil {
 			return err
-		}
-		if t.unaccounted {
-			if ev.Op != merge.Refresh {
-				return fmt.Errorf("%w: target table %s already holds rows, and this sync's checkpoint accounts for none of them: rows the source does not have would stay there, and the sync would still say the target caught up; sync into an empty table (another --target-schema, or empty this one), or have Tidemark empty it first with --rebackfill %s.%s",
-					ErrUnaccountedRows, t.ident, ev.Columns.Schema, ev.Columns.Table)
-			}
-			t.unaccounted = false
 		}
 		if ev.Op == merge.Truncate || ev.Op == merge.Refresh {
 			if err := s.flush(ctx); err != nil {
@@ -907,9 +871,6 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 			return nil, err
 		}
 		if err := s.reconcile(ctx, t, nil, c); err != nil {
-			return nil, err
-		}
-		if err := s.checkRows(ctx, t, name); err != nil {
 			return nil, err
 		}
 	}
