@@ -313,8 +313,7 @@ func (e *Engine) undoAdded(ctx context.Context) error {
 		// slot would lose the table's changes. Then the tables stay (they have usable keys:
 		// checkTables), and the statements are said.
 		var others []string
-		err = conn.QueryRow(ctx, `SELECT array(SELECT slot_name::text FROM pg_catalog.pg_replication_slots WHERE plugin = 'pgoutput'
-			AND database = pg_catalog.current_database() AND slot_name <> $1 ORDER BY 1)`, e.cfg.Source.Slot).Scan(&others)
+		others, err = replicator.OtherSlots(ctx, conn, e.cfg.Source.Slot)
 		if err == nil && len(others) > 0 {
 			for _, t := range e.addedTables {
 				fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()+";")

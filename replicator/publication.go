@@ -99,3 +99,14 @@ func AddToPublication(ctx context.Context, conn *pgx.Conn, pub string, table pgx
 	}
 	return true, nil
 }
+
+// OtherSlots lists the logical pgoutput slots of conn's database but slot: each may be another
+// capture streaming a publication, so what it may use is never dropped from under it.
+func OtherSlots(ctx context.Context, conn *pgx.Conn, slot string) ([]string, error) {
+	rows, err := conn.Query(ctx, `SELECT slot_name::text FROM pg_catalog.pg_replication_slots
+		WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = pg_catalog.current_database() AND slot_name <> $1 ORDER BY 1`, slot)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

@@ -480,11 +480,13 @@ func (s *Stream) Undo(ctx context.Context) error {
 	if s.pubCreated {
 		s.pubCreated = false
 		var ours bool
+		err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.obj_description(p.oid, 'pg_publication') = $2, false)
+			FROM pg_catalog.pg_publication p WHERE p.pubname = $1`, s.cfg.Publication, PublicationComment(s.cfg.Slot)).Scan(&ours)
 		var others []string
-		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.obj_description(p.oid, 'pg_publication') = $2, false),
-				array(SELECT r.slot_name::text FROM pg_catalog.pg_replication_slots r WHERE r.plugin = 'pgoutput'
-					AND r.database = pg_catalog.current_database() AND r.slot_name <> $3 ORDER BY 1)
-			FROM pg_catalog.pg_publication p WHERE p.pubname = $1`, s.cfg.Publication, PublicationComment(s.cfg.Slot), s.cfg.Slot).Scan(&ours, &others); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err == nil || errors.Is(err, pgx.ErrNoRows) {
+			others, err = OtherSlots(ctx, conn, s.cfg.Slot)
+		}
+		if err != nil {
 			s.pubCreated = true
 			return s.undoFailed(err)
 		}

@@ -258,12 +258,7 @@ func planCleanup(ctx context.Context, conn *pgx.Conn, slot, pub string, sig pgx.
 
 	// Any other logical pgoutput slot of the database may be another capture that streams this
 	// publication or writes to this signal table (before its first mark, it has no row there).
-	var otherSlots []string
-	rows, err := conn.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
-		WHERE slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database() AND slot_name <> $1 ORDER BY 1`, slot)
-	if err == nil {
-		otherSlots, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	}
+	otherSlots, err := replicator.OtherSlots(ctx, conn, slot)
 	if err != nil {
 		return nil, fmt.Errorf("list the other slots of database %q: %w", db, err)
 	}
