@@ -79,25 +79,10 @@ func TestDemo(t *testing.T) {
 // rate it was backfilled at (not 0 rows/s).
 func TestDemoOnATerminal(t *testing.T) {
 	e2e.NeedsLocal(t, server, "the demo starts a local cluster of its own")
-	master, slave, err := openPTY(120, 40)
-	if err != nil {
-		t.Skipf("no pseudo-terminal here: %v", err)
-	}
-	defer master.Close()
-	var raw bytes.Buffer
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		_, _ = io.Copy(&raw, master) // ends with EIO once the slave is closed
-	}()
-	e := newEnv(slave, slave)
-	require.True(t, e.terminal)
-	code := run(context.Background(), []string{"demo", "--rows", "20000", "--live", "2s"}, e)
-	slave.Close()
-	<-read
-	var sc screen
-	sc.write(raw.Bytes())
-	lines := sc.text()
+	var code int
+	lines := onTerminal(t, 120, 40, func(e *env) {
+		code = run(context.Background(), []string{"demo", "--rows", "20000", "--live", "2s"}, e)
+	})
 	final := strings.Join(lines, "\n")
 	require.Equal(t, 0, code, final)
 	t.Log("\n" + final)

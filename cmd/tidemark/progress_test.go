@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -43,17 +41,6 @@ func TestEstimates(t *testing.T) {
 // a table a previous run finished says "done earlier" with its rows; the live line has no bar;
 // and a terminal without a width gets log lines instead.
 func TestProgressDisplay(t *testing.T) {
-	master, slave, err := openPTY(140, 20)
-	if err != nil {
-		t.Skipf("no pseudo-terminal here: %v", err)
-	}
-	defer master.Close()
-	var raw bytes.Buffer
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		_, _ = io.Copy(&raw, master)
-	}()
 	s := newSyncStats([]merge.TableConfig{{Schema: "public", Name: "unknown"}, {Schema: "public", Name: "stale"}, {Schema: "public", Name: "resumed"}, {Schema: "public", Name: "finished"}})
 	s.estimate["public.unknown"], s.snapshot["public.unknown"] = -1, 500
 	s.estimate["public.stale"], s.snapshot["public.stale"] = 100, 300
@@ -63,19 +50,15 @@ func TestProgressDisplay(t *testing.T) {
 	for _, n := range []string{"public.unknown", "public.stale", "public.finished"} {
 		s.firstRow[n] = time.Now().Add(-time.Second)
 	}
-	e := newEnv(slave, slave)
-	require.True(t, e.terminal)
-	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
-	defer cancel()
-	s.display(ctx, e)
-	slave.Close()
-	<-read
-	var sc screen
-	sc.write(raw.Bytes())
-	final := strings.Join(sc.text(), "\n")
+	lines := onTerminal(t, 140, 20, func(e *env) {
+		ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+		defer cancel()
+		s.display(ctx, e)
+	})
+	final := strings.Join(lines, "\n")
 	t.Log("\n" + final)
 	line := func(name string) string {
-		for _, l := range sc.text() {
+		for _, l := range lines {
 			if strings.HasPrefix(l, name+" ") {
 				return l
 			}
@@ -92,7 +75,7 @@ func TestProgressDisplay(t *testing.T) {
 	require.Contains(t, line("public.resumed"), "done earlier (1000 rows)")
 	require.Contains(t, line("public.finished"), "100 %")
 	require.Contains(t, line("public.finished"), "done")
-	for _, l := range sc.text() {
+	for _, l := range lines {
 		if strings.HasPrefix(l, "changes ") {
 			require.NotContains(t, l, "[", "the live line has no bar: %q", l)
 		}

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
+	"testing"
 	"unsafe"
 
+	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
 
@@ -120,4 +124,30 @@ func (s *screen) text() []string {
 		out[i] = strings.TrimRight(string(l), " ")
 	}
 	return out
+}
+
+// onTerminal runs f with an environment whose streams are a pseudo-terminal of cols x rows, as
+// a person's shell gives them, and returns the screen's lines once f is done (skipping the test
+// where there is no pseudo-terminal).
+func onTerminal(t *testing.T, cols, rows int, f func(e *env)) []string {
+	t.Helper()
+	master, slave, err := openPTY(cols, rows)
+	if err != nil {
+		t.Skipf("no pseudo-terminal here: %v", err)
+	}
+	defer master.Close()
+	var raw bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = io.Copy(&raw, master) // ends with EIO once the slave is closed
+	}()
+	e := newEnv(slave, slave)
+	require.True(t, e.terminal)
+	f(e)
+	slave.Close()
+	<-read
+	var sc screen
+	sc.write(raw.Bytes())
+	return sc.text()
 }
