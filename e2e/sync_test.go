@@ -23,6 +23,18 @@ func targetDB(t *testing.T, db *e2e.TestDB) string {
 	return server.DSN(name)
 }
 
+// verifyOutput runs `tidemark verify` on a sync's output, as a user would after
+// --stop-when-caught-up with the writes stopped: exact, no re-check; every table must be equal.
+func verifyOutput(t *testing.T, db *e2e.TestDB, to, tables string) {
+	t.Helper()
+	out, err := exec.Command(tidemarkBinary(t), "verify", "--source", db.DSN, "--publication", db.Publication,
+		"--tables", tables, "--to", to, "--recheck-for", "0").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, table := range strings.Split(tables, ",") {
+		require.Contains(t, string(out), table+": equal (")
+	}
+}
+
 // auditedWorkload is workload plus a log row in every transaction, so that every source
 // transaction leaves a trace in the target.
 func auditedWorkload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func() {
@@ -86,6 +98,7 @@ func TestSyncPostgresKill9(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, e2e.Diff(dst, src), "target table %s", tc.table)
 	}
+	verifyOutput(t, db, tgt, "public.t,public.txlog")
 	var logged, applied int
 	require.NoError(t, db.Conn.QueryRow(ctx, `SELECT count(*) FROM txlog`).Scan(&logged))
 	tc, err := pgxConnect(ctx, tgt)
@@ -117,4 +130,5 @@ func TestSyncJSONLKill9(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, e2e.Diff(o.Rows("public."+table), src), "table %s", table)
 	}
+	verifyOutput(t, db, out, "public.t,public.txlog")
 }

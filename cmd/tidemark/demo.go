@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/postgres"
+	"github.com/tidemark/tidemark/verify"
 )
 
 // demoTables are the demo's source tables.
@@ -182,30 +183,23 @@ func syncDemo(ctx context.Context, e *env, src string, srcConn, tgtConn *pgx.Con
 	return &demoResult{stats: stats, txns: txns, elapsed: elapsed}, nil
 }
 
-// verifyDemo compares every demo table on the source and the target: row counts and a digest
-// of all rows.
+// verifyDemo compares every demo table on the source and the target with tidemark verify's
+// comparison: row counts and per-chunk digests in key order, key by key where they differ.
 func verifyDemo(ctx context.Context, e *env, srcConn, tgtConn *pgx.Conn) (bool, error) {
-	fmt.Fprintf(e.stdout, "\nVerifying that the target equals the source...\n")
-	ok := true
+	fmt.Fprintf(e.stdout, "\nVerifying that the target equals the source (tidemark verify)...\n")
+	opts := verify.Options{Source: srcConn, Publication: "demo", RecheckFor: 10 * time.Second, Log: e.log}
 	for _, t := range []string{"customers", "orders", "products"} {
-		var n, m int64
-		var srcSum, tgtSum string
-		q := fmt.Sprintf(`SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM public.%s t`, t)
-		if err := srcConn.QueryRow(ctx, q).Scan(&n, &srcSum); err != nil {
-			return false, err
-		}
-		if err := tgtConn.QueryRow(ctx, q).Scan(&m, &tgtSum); err != nil {
-			return false, err
-		}
-		same := n == m && srcSum == tgtSum
-		ok = ok && same
-		mark := "equal"
-		if !same {
-			mark = fmt.Sprintf("DIFFERENT (source %d rows, target %d)", n, m)
-		}
-		fmt.Fprintf(e.stdout, "  %-10s %9d rows  %s\n", t, n, mark)
+		opts.Tables = append(opts.Tables, verify.Table{Schema: "public", Name: t})
 	}
-	return ok, nil
+	opts.Progress = func(t *verify.TableReport) {
+		fmt.Fprintf(e.stdout, "  ")
+		printTableReport(e.stdout, t, 5)
+	}
+	rep, err := verify.Postgres(ctx, opts, tgtConn, "")
+	if err != nil {
+		return false, err
+	}
+	return rep.Equal(), nil
 }
 
 // print writes the demo's summary; total is the demo's whole time.

@@ -67,7 +67,7 @@ func TestDemo(t *testing.T) {
 	e2e.NeedsLocal(t, server, "the demo starts a local cluster of its own")
 	e, out, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"demo", "--rows", "20000", "--live", "2s"}, e), errOut.String())
-	for _, w := range []string{"orders         20", "equal", "rows backfilled", "live changes applied", "change latency", "verification         passed"} {
+	for _, w := range []string{"public.orders: equal (20", "tidemark verify", "rows backfilled", "live changes applied", "change latency", "verification         passed"} {
 		require.Contains(t, out.String(), w)
 	}
 	t.Log(out.String())

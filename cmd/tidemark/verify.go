@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/verify"
+)
+
+// runVerify compares a sync's output with its source: a PostgreSQL target, or a JSON lines file
+// replayed. It takes sync's own flags for what they share, so that a sync's command line with
+// "verify" for "sync" checks that sync.
+func runVerify(ctx context.Context, args []string, e *env) error {
+	fs := newFlags("verify", "verify --source DSN --tables schema.table,... --to TARGET [--target-schema NAME] [--recheck-for DURATION]", e)
+	source := sourceFlag(fs)
+	tables := fs.String("tables", "", "comma-separated tables to compare, as schema.table")
+	keys := keyFlag(fs)
+	to := envFlag(fs, "to", "TIDEMARK_TARGET", nil, "the sync's output, a `TARGET`: a PostgreSQL connection string (postgres://...) or a JSON lines file")
+	targetSchema := fs.String("target-schema", "", "PostgreSQL target: the schema of its tables, as sync's; default the source's")
+	pub := publicationFlag(fs, "the sync's publication: a table in it is compared within its column list")
+	chunkSize := fs.Int("chunk-size", merge.DefaultChunkSize, "rows per source chunk")
+	recheckFor := fs.Duration("recheck-for", 30*time.Second, "longest time a differing key is read again while the source or the output still changes it (a live sync's lag); 0 compares once")
+	show := fs.Int("show", 10, "differing keys printed per table")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var problems []string
+	if *tables == "" {
+		problems = append(problems, "--tables is required")
+	}
+	if *to == "" {
+		problems = append(problems, "--to is required: the sync's target or JSON lines file")
+	}
+	if *to == "-" {
+		problems = append(problems, "--to -: standard output cannot be read back; verify a file or a PostgreSQL target")
+	}
+	if *to != "" && !isDSN(*to) && *targetSchema != "" {
+		problems = append(problems, "--target-schema is for a PostgreSQL target")
+	}
+	problems = append(problems, outOfRange(intRange("chunk-size", *chunkSize, 1, 1_000_000),
+		durationRange("recheck-for", *recheckFor, 0, 24*time.Hour), intRange("show", *show, 0, 1_000_000))...)
+	if err := usageProblems(fs, problems); err != nil {
+		return err
+	}
+	parsed, err := parseTables(*tables)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if err := applyKeys(*keys, parsed); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	conn, err := connectSource(ctx, fs, *source)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	opts := verify.Options{Source: conn, Publication: *pub, ChunkSize: *chunkSize, RecheckFor: *recheckFor, Log: e.log,
+		Progress: func(t *verify.TableReport) { printTableReport(e.stdout, t, *show) }}
+	for _, t := range parsed {
+		opts.Tables = append(opts.Tables, verify.Table{Schema: t.Schema, Name: t.Name, Key: t.Key})
+	}
+	var rep *verify.Report
+	if isDSN(*to) {
+		tc, err := pgconf.OpenDefaultSSL(ctx, *to, "tidemark")
+		if err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+		defer tc.Close(context.WithoutCancel(ctx))
+		rep, err = verify.Postgres(ctx, opts, tc, *targetSchema)
+		if err != nil {
+			return err
+		}
+	} else if rep, err = verify.JSONLines(ctx, opts, *to); err != nil {
+		return err
+	}
+	return verdict(rep)
+}
+
+// printTableReport prints one table's result, with up to show of its differing keys.
+func printTableReport(w io.Writer, t *verify.TableReport, show int) {
+	switch {
+	case t.Problem != "":
+		fmt.Fprintf(w, "%s: DIFFERENT: %s\n", t.Table, t.Problem)
+		return
+	case t.Equal():
+		fmt.Fprintf(w, "%s: equal (%d rows, %d chunks, %s)\n", t.Table, t.SourceRows, t.Chunks, t.Elapsed.Round(time.Millisecond))
+	default:
+		n := int64(len(t.Differences)) + t.Unchecked
+		fmt.Fprintf(w, "%s: DIFFERENT: %d keys differ (source %d rows, target %d)\n", t.Table, n, t.SourceRows, t.TargetRows)
+	}
+	for i, d := range t.Differences {
+		if i == show {
+			fmt.Fprintf(w, "  ... and %d more\n", int64(len(t.Differences)-show)+t.Unchecked)
+			break
+		}
+		fmt.Fprintf(w, "  %s\n", d)
+	}
+	if len(t.Differences) <= show && t.Unchecked > 0 {
+		fmt.Fprintf(w, "  ... and %d more, not re-checked\n", t.Unchecked)
+	}
+	if len(t.Ignored) > 0 {
+		fmt.Fprintf(w, "  not compared: the target's columns %v, which the source does not have\n", t.Ignored)
+	}
+}
+
+// verdict is verify's result: nil when every table is equal.
+func verdict(rep *verify.Report) error {
+	var different, changing int
+	for _, t := range rep.Tables {
+		if !t.Equal() {
+			different++
+		}
+		for _, d := range t.Differences {
+			if d.Changing {
+				changing++
+				break
+			}
+		}
+	}
+	switch {
+	case different == 0:
+		return nil
+	case changing > 0:
+		return fmt.Errorf("%d of %d tables differ from the source; in %d, keys were still changing on the source when the re-check ended (--recheck-for): run verify again, or after `sync --stop-when-caught-up` with the writes stopped, for an exact answer", different, len(rep.Tables), changing)
+	default:
+		return fmt.Errorf("%d of %d tables differ from the source", different, len(rep.Tables))
+	}
+}

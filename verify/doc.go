@@ -1,0 +1,52 @@
+// Package verify compares a capture's output with its source: a PostgreSQL target table by
+// table, or a JSON lines output replayed. It reads the source the way the backfill does
+// (package chunker: keyset chunks in key order, each in one short REPEATABLE READ transaction,
+// no lock beyond ACCESS SHARE, no long snapshot), so it may run against production while the
+// capture keeps going.
+//
+// # What it compares
+//
+// Every column the capture carries (the table's columns that are not generated, within the
+// publication's column list when the table is in it), in the form the output holds: for a
+// PostgreSQL target the values' text forms under the same pinned session settings on both
+// servers (internal/pgconf), for JSON lines each value's JSON form (internal/pgjson, the form
+// sync writes) with the original text where that form is lossy. A row is identified by its key,
+// encoded as chunker does; a target column the source does not have is not compared, a source
+// column the target lacks is a difference of the table's definition.
+//
+// # A PostgreSQL target: per chunk, in key order
+//
+// For each source chunk (after key A, up to its last key L), the target's rows with keys in
+// (A, L] are read in pages of the chunk's size and matched against the chunk's rows by key; a
+// count and an order-free digest (the XOR of each row's SHA-256) say whether the two are equal,
+// and only a chunk that differs is compared key by key. The rows past the source's last key are
+// read at the end. Memory holds one chunk of each side and the differing keys kept (Options.Keep).
+// The ranges are evaluated by each server with its own collation: a target whose key columns sort
+// otherwise shows rows that moved between ranges as missing in one and extra in another, never as
+// equal.
+//
+// # JSON lines: replayed
+//
+// The output is replayed per key in file order (insert, update and snapshot set the row, an
+// update's "unchanged" columns keep their earlier values, delete removes it, truncate and refresh
+// empty the table). Past Options.PartBytes of output, lines are first split by a hash of their key
+// into partition files (truncate and refresh go to each), and the source's row digests into
+// partition files of the same hash; each partition is then replayed and compared in memory, so
+// memory holds one partition. A line that does not end in a newline is being written: it is left
+// out.
+//
+// # A live source
+//
+// A source that keeps changing cannot be read as of the output's position (a live server has no
+// such snapshot), so a difference may only be the capture's lag. Each differing key is read again
+// on both sides every Options.RecheckEvery for up to Options.RecheckFor: a key whose two sides
+// become equal is dropped; a key whose source row and output row both stay the same for three
+// reads in a row is a difference; a key still changing when the time is up is reported as
+// changing, which is not equality either. After `sync --stop-when-caught-up` with the writes
+// stopped, the first comparison is exact.
+//
+// # Concurrency
+//
+// The connections are the caller's; verify uses them from one goroutine and holds no transaction
+// between chunks.
+package verify
