@@ -409,3 +409,34 @@ func TestEnumCreatedOnTarget(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, e2e.Diff(dst, src))
 }
+
+// TestSlotsFull: a sync that cannot create its slot because every replication slot of the
+// server is taken (53400) says so with doctor's fixes: the slots nobody streams from, each with
+// its cleanup, and the setting to raise. It leaves nothing behind.
+func TestSlotsFull(t *testing.T) {
+	e2e.NeedsLocal(t, server, "it takes every replication slot of the server for a moment")
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.orders (id int PRIMARY KEY); INSERT INTO public.orders VALUES (1)`)
+	orphan := db.Slot + "_orphan"
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, orphan)
+	t.Cleanup(func() { db.Exec(`SELECT pg_drop_replication_slot($1)`, orphan) })
+	// Physical slots that reserve no WAL take the rest, at no cost.
+	var free int
+	require.NoError(t, db.Conn.QueryRow(context.Background(),
+		`SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)`).Scan(&free))
+	for i := range free {
+		db.Exec(`SELECT pg_create_physical_replication_slot($1)`, fmt.Sprintf("%s_fill_%d", db.Slot, i))
+	}
+	t.Cleanup(func() {
+		db.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1`, db.Slot+`\_fill\_%`)
+	})
+	e, _, errOut := testEnv(t)
+	code := run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.orders", "--to", filepath.Join(t.TempDir(), "out.jsonl"), "--quiet"}, e)
+	require.Equal(t, 1, code, errOut.String())
+	for _, want := range []string{"max_replication_slots", "slot " + orphan + " (logical, database ", "tidemark cleanup --slot " + orphan,
+		"ALTER SYSTEM SET max_replication_slots = "} {
+		require.Contains(t, errOut.String(), want)
+	}
+	require.Empty(t, leftBehind(t, db))
+}
