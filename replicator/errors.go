@@ -15,6 +15,7 @@ var (
 	ErrSlotInUse          = errors.New("replication slot is in use")
 	ErrSlotLost           = errors.New("replication slot is invalidated")
 	ErrSlotMismatch       = errors.New("replication slot does not fit")
+	ErrSlotsFull          = errors.New("all replication slots are in use")
 	ErrPublicationMissing = errors.New("publication does not exist")
 	ErrPublication        = errors.New("publication does not publish every change")
 	ErrWalLevel           = errors.New("wal_level is not logical")

@@ -142,6 +142,10 @@ func (s *Stream) preflight(ctx context.Context, qcfg *pgx.ConnConfig) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	// A slot that could not be created stops the run before it creates its publication.
+	if err := s.checkFreeSlot(ctx, conn); err != nil {
+		return err
+	}
 	// The publication comes first: a slot decodes every change after its consistent point with
 	// the catalog of that moment, so a slot created before its publication would meet the writes
 	// committed in between with no publication to look up, and fail on every start.
@@ -171,6 +175,9 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 		}
 		// Creation waits for the transactions running now to end; it exports no snapshot.
 		if err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&confirmed); err != nil {
+			if pgerr.Is(err, pgerrcode.ConfigurationLimitExceeded) { // taken since checkFreeSlot
+				return slotsFull(ctx, conn, name, err)
+			}
 			return fmt.Errorf("create replication slot %q: %w", name, err)
 		}
 		restart = confirmed
@@ -562,3 +569,55 @@ func UntilFree(ctx context.Context, wait time.Duration, try func() (free bool, e
 }
 
 func quoteIdent(s string) string { return sqlfix.Ident(s) }
+
+// checkFreeSlot refuses a run that would create its slot on a server whose replication slots are
+// all taken (max_replication_slots), before anything is created.
+func (s *Stream) checkFreeSlot(ctx context.Context, conn *pgx.Conn) error {
+	if !s.cfg.CreateSlot {
+		return nil
+	}
+	var limit, used int
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_catalog.pg_replication_slots),
+			EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)`, s.cfg.Slot).Scan(&limit, &used, &exists); err != nil {
+		return fmt.Errorf("read replication slots: %w", err)
+	}
+	if exists || used < limit {
+		return nil
+	}
+	return slotsFull(ctx, conn, s.cfg.Slot, nil)
+}
+
+// slotsFull is the error of a slot that cannot be created because every replication slot of the
+// server is taken: the slots nobody streams from (the likely orphans, most WAL retained first),
+// each with how to drop it, and the setting to raise. cause is the server's error, if any.
+func slotsFull(ctx context.Context, conn *pgx.Conn, slot string, cause error) error {
+	var b strings.Builder
+	var limit int
+	_ = conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int`).Scan(&limit)
+	fmt.Fprintf(&b, "all %d replication slots of the server are taken (max_replication_slots), so slot %q cannot be created", limit, slot)
+	rows, err := conn.Query(ctx, `SELECT slot_name::text, slot_type, coalesce(database::text, ''),
+			pg_catalog.pg_size_pretty(coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn), 0))
+		FROM pg_catalog.pg_replication_slots WHERE NOT active
+		ORDER BY coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn), 0) DESC, 1 LIMIT 10`)
+	if err == nil {
+		for rows.Next() {
+			var name, typ, db, retained string
+			if rows.Scan(&name, &typ, &db, &retained) != nil {
+				break
+			}
+			if typ == "logical" {
+				fmt.Fprintf(&b, "\n  slot %s (logical, database %s) is not in use and retains %s of WAL; if nothing resumes from it: tidemark cleanup --slot %s (connected to database %s), or %s",
+					name, db, retained, name, db, sqlfix.DropSlot(name))
+			} else {
+				fmt.Fprintf(&b, "\n  slot %s (%s) is not in use and retains %s of WAL; if nothing resumes from it: %s", name, typ, retained, sqlfix.DropSlot(name))
+			}
+		}
+		rows.Close()
+	}
+	fmt.Fprintf(&b, "\nfree one, or raise the limit: ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL", limit+5)
+	if cause != nil {
+		return fmt.Errorf("%w: %s (%w)", ErrSlotsFull, b.String(), cause)
+	}
+	return fmt.Errorf("%w: %s", ErrSlotsFull, b.String())
+}
