@@ -440,3 +440,42 @@ func TestSlotsFull(t *testing.T) {
 	}
 	require.Empty(t, leftBehind(t, db))
 }
+
+// TestUserTypesCreatedOnTarget: the domains and composite types a created table needs are
+// created on the target as on the source (what they are made of first: a domain over an enum, a
+// composite with a domain attribute, arrays of them), the rows arrive equal, and an existing type
+// of that name with another definition is refused with both definitions, leaving nothing behind.
+func TestUserTypesCreatedOnTarget(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE SCHEMA app;
+		CREATE TYPE app.mood AS ENUM ('ok', 'meh');
+		CREATE DOMAIN app.positive AS numeric(10,2) NOT NULL CHECK (VALUE > 0);
+		CREATE DOMAIN app.zip AS text COLLATE "C" CHECK (length(VALUE) = 5);
+		CREATE DOMAIN app.feeling AS app.mood;
+		CREATE TYPE app.addr AS (street text, zip app.zip, tags text[]);
+		CREATE TABLE public.u (id int PRIMARY KEY, p app.positive, a app.addr, hist app.addr[], f app.feeling);
+		INSERT INTO public.u VALUES (1, 2.5, ROW('Main St', '12345', '{x,y}'), ARRAY[ROW('Old "Rd"', '54321', NULL)::app.addr], 'meh'),
+			(2, 1, NULL, NULL, NULL)`)
+	ctx := context.Background()
+	tgtDSN, tgt := targetDatabase(t, db)
+	args := []string{"--source", db.DSN, "--publication", db.Publication, "--tables", "public.u"}
+
+	_, err := tgt.Exec(ctx, `CREATE SCHEMA app; CREATE DOMAIN app.positive AS numeric(10,2) CHECK (VALUE >= 0)`)
+	require.NoError(t, err)
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(ctx, append([]string{"sync", "--slot", db.Slot, "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, args...), e))
+	require.Contains(t, errOut.String(), `domain "app"."positive" is numeric(10,2) CHECK ((VALUE >= (0)::numeric)) on the target and numeric(10,2) NOT NULL CHECK ((VALUE > (0)::numeric)) on the source`)
+	require.Empty(t, leftBehind(t, db))
+
+	_, err = tgt.Exec(ctx, `DROP DOMAIN app.positive`)
+	require.NoError(t, err)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 0, run(ctx, append([]string{"sync", "--slot", db.Slot, "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, args...), e), errOut.String())
+	var defs string
+	require.NoError(t, tgt.QueryRow(ctx, `SELECT string_agg(format_type(oid, NULL) || ':' || typtype::text, ',' ORDER BY typname) FROM pg_type
+		WHERE typnamespace = 'app'::regnamespace AND typtype IN ('c', 'd', 'e')`).Scan(&defs))
+	require.Equal(t, "app.addr:c,app.feeling:d,app.mood:e,app.positive:d,app.zip:d", defs)
+	e, stdout, errOut := testEnv(t)
+	require.Equal(t, 0, run(ctx, append([]string{"verify", "--to", tgtDSN, "--recheck-for", "0"}, args...), e), errOut.String()+stdout.String())
+	require.Contains(t, stdout.String(), "public.u: equal (2 rows")
+}
