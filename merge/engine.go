@@ -648,7 +648,7 @@ func (m *mergeLoop) checkpoint(ctx context.Context) error {
 		if errors.Is(err, ErrCommitUnknown) {
 			m.e.checkpointing.Store(true)
 		}
-		return fmt.Errorf("checkpoint at %s: %w", pos.LSN, err)
+		return fmt.Errorf("%w (writing the output up to %s)", err, pos.LSN)
 	}
 	m.e.checkpointing.Store(true)
 	m.checkpointed, m.lastCheckpoint, m.chunkDone = pos, time.Now(), false

@@ -941,7 +941,7 @@ func (s *Sink) create(ctx context.Context, t *targetTable, schema string, c *mer
 		return fmt.Errorf("create schema %s on the target: %w", schema, err)
 	}
 	for i := range c.Names {
-		if err := s.ensureEnum(ctx, c.Types[i]); err != nil {
+		if err := s.ensureType(ctx, c.Types[i], 0); err != nil {
 			return fmt.Errorf("column %s of %s.%s: %w", Quote(c.Names[i]), c.Schema, c.Table, err)
 		}
 	}
@@ -955,6 +955,108 @@ func (s *Sink) create(ctx context.Context, t *targetTable, schema string, c *mer
 
 // ErrEnumDiffers: an enum a created table needs exists on the target with other labels.
 var ErrEnumDiffers = errors.New("the target's enum differs from the source's")
+
+// ErrTypeDiffers: a domain or composite type a created table needs exists on the target with
+// another definition.
+var ErrTypeDiffers = errors.New("the target's type differs from the source's")
+
+// ensureType makes sure that the user-defined type of a column of a table to create (typeOID on
+// the source, or its element type for an array) exists on the target as on the source: an enum
+// (ensureEnum), a domain (its base type, collation, NOT NULL and CHECK constraints; not its
+// default, which no replicated value uses), or a composite type (its attributes' names, types and
+// collations), each in the schema and with the name it has on the source, the types they are made
+// of first. A missing one is created (owned by this role); an existing one is used only when its
+// definition is the source's and its owner is this role or a superuser. Ranges, base types and
+// an extension's types are left to CREATE TABLE: they must exist on the target already.
+func (s *Sink) ensureType(ctx context.Context, typeOID uint32, depth int) error {
+	if depth > 16 {
+		return fmt.Errorf("type %d: nested more than 16 deep", typeOID)
+	}
+	if err := s.ensureEnum(ctx, typeOID); err != nil {
+		return err
+	}
+	var oid, base uint32
+	var schema, name string
+	var kind byte
+	err := s.source.QueryRow(ctx, `SELECT t.oid, n.nspname::text, t.typname::text, t.typtype, t.typbasetype
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+		WHERE t.oid = (SELECT CASE WHEN a.typcategory = 'A' AND a.typelem <> 0 THEN a.typelem ELSE a.oid END FROM pg_type a WHERE a.oid = $1)
+			AND (t.typtype = 'd' OR (t.typtype = 'c' AND (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c'))
+			AND n.nspname NOT IN ('pg_catalog', 'information_schema')`, typeOID).Scan(&oid, &schema, &name, &kind, &base)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the type on the source: %w", err)
+	}
+	// What it is made of, first.
+	parts := []uint32{base}
+	if kind == 'c' {
+		parts = nil
+		rows, err := s.source.Query(ctx, `SELECT a.atttypid FROM pg_attribute a JOIN pg_type t ON t.typrelid = a.attrelid
+			WHERE t.oid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, oid)
+		if err != nil {
+			return fmt.Errorf("read the type on the source: %w", err)
+		}
+		if parts, err = pgx.CollectRows(rows, pgx.RowTo[uint32]); err != nil {
+			return fmt.Errorf("read the type on the source: %w", err)
+		}
+	}
+	for _, p := range parts {
+		if err := s.ensureType(ctx, p, depth+1); err != nil {
+			return err
+		}
+	}
+	defSQL, what, create := DomainDefinitionSQL, "domain", "CREATE DOMAIN %s AS %s"
+	if kind == 'c' {
+		defSQL, what, create = CompositeDefinitionSQL, "composite type", "CREATE TYPE %s AS (%s)"
+	}
+	ident := pgx.Identifier{schema, name}.Sanitize()
+	var def string
+	var owner string
+	var trusted bool
+	if err := s.source.QueryRow(ctx, defSQL, schema, name).Scan(&def, &owner, &trusted); err != nil {
+		return fmt.Errorf("read %s %s on the source: %w", what, ident, err)
+	}
+	var have string
+	read := func() error { return s.tx.QueryRow(ctx, defSQL, schema, name).Scan(&have, &owner, &trusted) }
+	err = read()
+	if errors.Is(err, pgx.ErrNoRows) {
+		if _, err := s.tx.Exec(ctx, CreateSchemaSQL(schema)); err != nil {
+			return fmt.Errorf("create schema %s on the target: %w", schema, err)
+		}
+		// Another sync may create it at the same moment: then its type is the one checked.
+		if _, err := s.tx.Exec(ctx, "SAVEPOINT tidemark_type"); err != nil {
+			return err
+		}
+		_, err := s.tx.Exec(ctx, fmt.Sprintf(create, ident, def))
+		switch {
+		case err == nil:
+			s.log.Info().Str("type", ident).Str("definition", def).Msg(what + " created on the target, as on the source")
+			_, err = s.tx.Exec(ctx, "RELEASE SAVEPOINT tidemark_type")
+			return err
+		case pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation):
+			if _, rerr := s.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT tidemark_type"); rerr != nil {
+				return rerr
+			}
+			err = read()
+		default:
+			return fmt.Errorf("create %s %s on the target (%s): %w; create it on the target first", what, ident, fmt.Sprintf(create, ident, def), err)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("read %s %s on the target: %w", what, ident, err)
+	}
+	if !trusted {
+		return fmt.Errorf("%w: %s %s on the target is owned by role %s, which is neither this role nor a superuser: its owner could change what it accepts or drop it with the columns that use it; run ALTER TYPE %s OWNER TO CURRENT_USER; (as a superuser or its owner), or create the table first",
+			pgtrust.ErrUntrusted, what, ident, sqlfix.Ident(owner), ident)
+	}
+	if have != def {
+		return fmt.Errorf("%w: %s %s is %s on the target and %s on the source; make the target's the source's, or create the table on the target first",
+			ErrTypeDiffers, what, ident, have, def)
+	}
+	return nil
+}
 
 // ensureEnum makes sure that the enum a column of a table to create has (typeOID on the source,
 // or its element type for an array) exists on the target, in the schema and with the name it has
