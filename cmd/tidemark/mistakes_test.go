@@ -479,3 +479,32 @@ func TestUserTypesCreatedOnTarget(t *testing.T) {
 	require.Equal(t, 0, run(ctx, append([]string{"verify", "--to", tgtDSN, "--recheck-for", "0"}, args...), e), errOut.String()+stdout.String())
 	require.Contains(t, stdout.String(), "public.u: equal (2 rows")
 }
+
+// TestEnumLabelAddedLater: a label added to an enum on the source after the target's enum was
+// made stops the sync at the first row that uses it, with the statement that adds it on the
+// target; once run, the sync goes on and the target equals the source.
+func TestEnumLabelAddedLater(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TYPE public.mood AS ENUM ('ok', 'meh');
+		CREATE TABLE public.m (id int PRIMARY KEY, m public.mood, ms public.mood[]);
+		INSERT INTO public.m VALUES (1, 'ok', '{meh}')`)
+	ctx := context.Background()
+	tgtDSN, tgt := targetDatabase(t, db)
+	args := []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.m", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 0, run(ctx, args, e), errOut.String())
+
+	db.Exec(`ALTER TYPE public.mood ADD VALUE 'glad' BEFORE 'ok'`)
+	db.Exec(`INSERT INTO public.m VALUES (2, 'glad', '{glad,ok}')`)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 1, run(ctx, args, e))
+	require.Contains(t, errOut.String(), `ALTER TYPE "public"."mood" ADD VALUE 'glad' BEFORE 'ok';`)
+
+	_, err := tgt.Exec(ctx, `ALTER TYPE public.mood ADD VALUE 'glad' BEFORE 'ok'`)
+	require.NoError(t, err)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 0, run(ctx, args, e), errOut.String())
+	e, stdout, errOut := testEnv(t)
+	require.Equal(t, 0, run(ctx, []string{"verify", "--source", db.DSN, "--publication", db.Publication, "--tables", "public.m", "--to", tgtDSN, "--recheck-for", "0"}, e), errOut.String()+stdout.String())
+}
