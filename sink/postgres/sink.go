@@ -636,6 +636,67 @@ func (s *Sink) flushTable(ctx context.Context, t *targetTable) error {
 // group copied into the staging table and upserted from it. A group of backfilled rows is first
 // copied straight into the table (see direct).
 func (s *Sink) apply(ctx context.Context, b *tableBatch) error {
+	err := s.applyBatch(ctx, b)
+	if pgerr.Is(err, pgerrcode.InvalidTextRepresentation) {
+		// The target's type refused a value: an enum the source has given a label since.
+		if hint := s.enumLabelsAdded(ctx, b.t.columns); hint != nil {
+			return fmt.Errorf("%w (%w)", hint, err)
+		}
+	}
+	return err
+}
+
+// enumLabelsAdded says, after a value was refused, whether an enum of cols (or of their arrays)
+// has labels on the source that the target's lacks, with the statements that add them. The
+// failed transaction is rolled back first (the run stops).
+func (s *Sink) enumLabelsAdded(ctx context.Context, cols *merge.Columns) error {
+	if s.tx != nil {
+		_ = s.tx.Rollback(ctx)
+		s.tx = nil
+	}
+	for _, typ := range cols.Types {
+		var schema, name string
+		var labels []string
+		err := s.source.QueryRow(ctx, EnumLabelsByOIDSQL, typ).Scan(&schema, &name, &labels)
+		if err != nil {
+			continue // not an enum
+		}
+		var have []string
+		if err := s.target.QueryRow(ctx, EnumLabelsByNameSQL, schema, name).Scan(&have); err != nil {
+			continue
+		}
+		ident := pgx.Identifier{schema, name}.Sanitize()
+		if adds, ok := enumAdds(ident, have, labels); ok && len(adds) > 0 {
+			return fmt.Errorf("%w: enum %s was given labels on the source since the target's was made: it has (%s) on the target and (%s) on the source; add them on the target: %s then run the sync again",
+				ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "), strings.Join(adds, " "))
+		}
+	}
+	return nil
+}
+
+// enumAdds returns the statements that make enum ident, with labels have on the target, the
+// source's labels, when the source's only adds labels (ok); each new label goes after the one
+// before it on the source, or, first, before the target's first.
+func enumAdds(ident string, have, labels []string) (adds []string, ok bool) {
+	j := 0
+	for i, l := range labels {
+		if j < len(have) && have[j] == l {
+			j++
+			continue
+		}
+		where := ""
+		switch {
+		case i > 0:
+			where = " AFTER " + sqlfix.Literal(labels[i-1])
+		case len(have) > 0:
+			where = " BEFORE " + sqlfix.Literal(have[0])
+		}
+		adds = append(adds, "ALTER TYPE "+ident+" ADD VALUE "+sqlfix.Literal(l)+where+";")
+	}
+	return adds, j == len(have)
+}
+
+func (s *Sink) applyBatch(ctx context.Context, b *tableBatch) error {
 	t, cols := b.t, b.t.columns
 	if err := s.guard(ctx, t); err != nil {
 		return err
@@ -1067,11 +1128,7 @@ func (s *Sink) ensureType(ctx context.Context, typeOID uint32, depth int) error 
 func (s *Sink) ensureEnum(ctx context.Context, typeOID uint32) error {
 	var schema, name string
 	var labels []string
-	err := s.source.QueryRow(ctx, `SELECT n.nspname::text, t.typname::text,
-			array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
-		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-		WHERE t.oid = (SELECT CASE WHEN a.typcategory = 'A' AND a.typelem <> 0 THEN a.typelem ELSE a.oid END FROM pg_type a WHERE a.oid = $1)
-			AND t.typtype = 'e'`, typeOID).Scan(&schema, &name, &labels)
+	err := s.source.QueryRow(ctx, EnumLabelsByOIDSQL, typeOID).Scan(&schema, &name, &labels)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -1138,20 +1195,7 @@ func (s *Sink) ensureEnum(ctx context.Context, typeOID uint32) error {
 	}
 	// The target's labels in the source's order, the source having more: ADD VALUE makes them
 	// equal (each in a transaction of its own before PostgreSQL 12 allows it in one).
-	var adds []string
-	j := 0
-	for i, l := range labels {
-		if j < len(have) && have[j] == l {
-			j++
-			continue
-		}
-		where := ""
-		if i > 0 {
-			where = " AFTER " + sqlfix.Literal(labels[i-1])
-		}
-		adds = append(adds, "ALTER TYPE "+ident+" ADD VALUE "+sqlfix.Literal(l)+where+";")
-	}
-	if j == len(have) {
+	if adds, ok := enumAdds(ident, have, labels); ok {
 		return fmt.Errorf("%w: enum %s has the labels (%s) on the target, and (%s) on the source; add the missing ones on the target: %s",
 			ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "), strings.Join(adds, " "))
 	}

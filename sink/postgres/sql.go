@@ -147,6 +147,16 @@ const (
 		r.rolname::text, (r.rolname = current_user OR r.rolsuper)
 		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_roles r ON r.oid = t.typowner
 		WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'c' AND (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c'`
+	// EnumLabelsByOIDSQL: the schema, name and labels (in order) of enum $1, or of the enum
+	// array $1's elements; no row for another type.
+	EnumLabelsByOIDSQL = `SELECT n.nspname::text, t.typname::text,
+			array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+		WHERE t.oid = (SELECT CASE WHEN a.typcategory = 'A' AND a.typelem <> 0 THEN a.typelem ELSE a.oid END FROM pg_type a WHERE a.oid = $1)
+			AND t.typtype = 'e'`
+	// EnumLabelsByNameSQL: the labels (in order) of enum $1.$2.
+	EnumLabelsByNameSQL = `SELECT array(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'e'`
 	// BaseTypeSQL: the SQL name of type $1 without modifiers.
 	BaseTypeSQL = `SELECT format_type($1, NULL)`
 	// SourceColumnDefaultSQL: whether column $2 of table $1 has a default, and the value rows
