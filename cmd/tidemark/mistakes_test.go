@@ -17,7 +17,8 @@ import (
 	"github.com/tidemark/tidemark/e2e"
 )
 
-// leftBehind lists what a sync could have left on the source: its slot, its publication.
+// leftBehind lists what a sync could have left on the source: its slot, its publication, the
+// default signal table.
 func leftBehind(t *testing.T, db *e2e.TestDB) []string {
 	t.Helper()
 	var left []string
@@ -26,6 +27,11 @@ func leftBehind(t *testing.T, db *e2e.TestDB) []string {
 	}
 	if publicationExists(t, db, db.Publication) {
 		left = append(left, "publication "+db.Publication)
+	}
+	var signal bool
+	require.NoError(t, db.Conn.QueryRow(context.Background(), `SELECT to_regclass('public.tidemark_signal') IS NOT NULL`).Scan(&signal))
+	if signal {
+		left = append(left, "signal table public.tidemark_signal")
 	}
 	return left
 }
@@ -111,6 +117,15 @@ func TestFirstRunMistakes(t *testing.T) {
 			return []string{"--tables", "public.orders", "--to", tgtDSN}
 		},
 		code: 1, want: []string{`is text on the source and integer on the existing target table "public"."orders"`, "--target-schema"},
+	}, {
+		name: "a target table with another column type, signal table transport",
+		args: func(t *testing.T, db *e2e.TestDB) []string {
+			tgtDSN, tgt := targetDatabase(t, db)
+			_, err := tgt.Exec(context.Background(), `CREATE TABLE public.orders (id int PRIMARY KEY, v int)`)
+			require.NoError(t, err)
+			return []string{"--tables", "public.orders", "--to", tgtDSN, "--watermarks", "table"}
+		},
+		code: 1, want: []string{`is text on the source and integer on the existing target table "public"."orders"`},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
