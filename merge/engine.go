@@ -243,8 +243,11 @@ type Engine struct {
 	// the run created on the source (its slot, its publication) may be what the output resumes
 	// from, and stays.
 	checkpointing atomic.Bool
-	// addedTables are the tables this run added to an existing publication (prepare).
+	// addedTables are the tables this run added to an existing publication (prepare), and the
+	// signal table when it added it.
 	addedTables []pgx.Identifier
+	// signalCreated: this run created the signal table.
+	signalCreated bool
 }
 
 // New returns an Engine. It connects to nothing until Run.
@@ -282,7 +285,7 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	}
 	defer stream.Close(context.WithoutCancel(ctx))
 	e.checkpointing.Store(false)
-	e.addedTables = nil
+	e.addedTables, e.signalCreated = nil, false
 	err = e.runStream(ctx, conn, stream, from)
 	// A run that ends before its first checkpoint leaves the source as it was: what it created
 	// there is dropped (a slot left behind would retain WAL for ever, unseen).
@@ -296,8 +299,37 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 		if uerr := stream.Undo(ctx); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
+		if e.signalCreated {
+			if uerr := e.undoSignalTable(ctx); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+		}
 	}
 	return err
+}
+
+// undoSignalTable drops the signal table this run created, unless another capture has written a
+// mark in it meanwhile.
+func (e *Engine) undoSignalTable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	defer cancel()
+	name := e.cfg.SignalTable.Sanitize()
+	conn, err := pgconf.Open(ctx, e.cfg.Source.DSN, "tidemark", e.cfg.Source.Configure)
+	if err == nil {
+		defer conn.Close(ctx)
+		var others bool
+		if err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+name+" WHERE slot <> $1)", e.cfg.Source.Slot).Scan(&others); err == nil {
+			if others {
+				e.log.Warn().Str("table", name).Msg("signal table kept: this run created it, but another capture has written in it since")
+				return nil
+			}
+			if _, err = conn.Exec(ctx, "DROP TABLE "+name); err == nil {
+				e.log.Info().Str("table", name).Msg("signal table dropped again: this run created it and ends before its first checkpoint")
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%w: signal table %s, which this run created (%w); drop it with DROP TABLE %s;", replicator.ErrLeftBehind, name, err, name)
 }
 
 // undoAdded takes the tables this run added to an existing publication out of it again.
@@ -402,7 +434,12 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 		stream.KeepMessages(watermark.Prefix)
 	}
 	wcfg := watermark.Config{Transport: transport, Table: e.cfg.SignalTable, Slot: e.cfg.Source.Slot, Publication: e.cfg.Source.Publication, Timeout: e.cfg.WatermarkTimeout}
-	if err := watermark.Ensure(ctx, conn, wcfg, e.log); err != nil {
+	prepared, err := watermark.Ensure(ctx, conn, wcfg, e.log)
+	if prepared.AddedToPublication {
+		e.addedTables = append(e.addedTables, e.cfg.SignalTable)
+	}
+	e.signalCreated = prepared.TableCreated
+	if err != nil {
 		return nil, err
 	}
 	writer, err := watermark.New(wcfg)

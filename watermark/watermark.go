@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -193,17 +194,26 @@ func (c *Config) EnsureDefaults() {
 // a DBA should run.
 var ErrSetup = errors.New("watermarks are not ready")
 
+// Prepared says what Ensure changed on the source: a run that fails before its first
+// checkpoint undoes it.
+type Prepared struct {
+	TableCreated       bool // the signal table was created
+	AddedToPublication bool // the signal table was added to the publication
+}
+
 // Ensure checks that marks can be written with cfg's transport, and for the Table transport
 // prepares the signal table (see ensureTable).
-func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
+func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) (Prepared, error) {
 	cfg.EnsureDefaults()
 	switch cfg.Transport {
 	case Messages:
-		return ensureMessages(ctx, conn)
+		return Prepared{}, ensureMessages(ctx, conn)
 	case Table:
-		return ensureTable(ctx, conn, cfg, log)
+		var p Prepared
+		err := ensureTable(ctx, conn, cfg, log, &p)
+		return p, err
 	}
-	return cfg.Validate()
+	return Prepared{}, cfg.Validate()
 }
 
 // emitSignature is the function a message mark calls.
@@ -227,7 +237,7 @@ func ensureMessages(ctx context.Context, conn *pgx.Conn) error {
 // not in it. When the role may not do either, the error prints the exact SQL a DBA should run.
 // An existing table is refused when it carries triggers or rules, or is owned by a role other
 // than this one or a superuser (see checkTrusted).
-func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger) error {
+func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Logger, p *Prepared) error {
 	name := cfg.Table.Sanitize()
 	create := fmt.Sprintf(CreateTable, name)
 	var exists bool
@@ -235,12 +245,15 @@ func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Lo
 		return fmt.Errorf("look up signal table %s: %w", name, err)
 	}
 	if !exists {
-		if _, err := conn.Exec(ctx, create); err != nil && !createdConcurrently(err) {
+		// Without IF NOT EXISTS here: a table another session made meanwhile is not this run's.
+		if _, err := conn.Exec(ctx, strings.Replace(create, "IF NOT EXISTS ", "", 1)); err != nil && !createdConcurrently(err) {
 			if isPrivilege(err) {
 				return fmt.Errorf("%w: %s does not exist and this role may not create it (%w); a DBA should run:\n  %s;\n  ALTER TABLE %s OWNER TO %s;",
 					ErrSetup, name, err, create, name, quoteIdent(conn.Config().User))
 			}
 			return fmt.Errorf("create signal table %s: %w", name, err)
+		} else if err == nil {
+			p.TableCreated = true
 		}
 		log.Info().Str("table", name).Msg("signal table created")
 	}
@@ -287,6 +300,7 @@ func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Lo
 		}
 		return fmt.Errorf("add signal table to publication %q: %w", cfg.Publication, err)
 	}
+	p.AddedToPublication = true
 	log.Info().Str("table", name).Str("publication", cfg.Publication).Msg("signal table added to the publication")
 	return nil
 }
