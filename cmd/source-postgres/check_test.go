@@ -297,3 +297,26 @@ func TestCheckRunsNoHeartbeat(t *testing.T) {
 	require.NoError(t, e.db.Conn.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM public.victim) + (SELECT count(*) FROM public.hb)`).Scan(&n))
 	require.Equal(t, 1, n, "check ran the heartbeat query (or a part of it)")
 }
+
+// TestCheckLogsIdleSlots: check passes with a slot nobody streams from in the database (a
+// capture stopped, or a run killed before its first checkpoint), and logs it with the WAL it
+// retains and how to drop it, as doctor does.
+func TestCheckLogsIdleSlots(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE t`)
+	orphan := e.db.Slot + "_orphan"
+	e.db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, orphan)
+	t.Cleanup(func() { e.db.Exec(`SELECT pg_drop_replication_slot($1)`, orphan) })
+	r := e.run("check", "--config", e.config())
+	require.Equal(t, 0, r.code)
+	st := r.ofType("CONNECTION_STATUS")
+	require.Len(t, st, 1)
+	require.Equal(t, "SUCCEEDED", st[0].str("connectionStatus", "status"))
+	var logged []string
+	for _, m := range r.ofType("LOG") {
+		logged = append(logged, m.str("log", "message"))
+	}
+	require.Contains(t, strings.Join(logged, "\n"), fmt.Sprintf("replication slot %q is not in use and retains", orphan))
+	require.Contains(t, strings.Join(logged, "\n"), "tidemark cleanup --slot "+orphan)
+}
