@@ -153,6 +153,12 @@ func (s *source) check(ctx context.Context) error {
 		Slot: rm.ReplicationSlot, Publication: rm.Publication, Tables: tables, CreateSlot: s.cfg.createSlot(),
 		Watermarks: s.cfg.watermarks(), SignalTable: sig,
 	})
+	// Warnings (a slot nobody streams from, retaining WAL) are logged: the check still passes.
+	for _, f := range findings {
+		if f.Warn {
+			s.log.Warn().Strs("fix", f.Fix).Msg(f.What)
+		}
+	}
 	problems := preflight.Problems(findings)
 	if q := rm.HeartbeatActionQuery; q != "" {
 		if err := heartbeatPlan(ctx, conn, q); err != nil {
