@@ -162,7 +162,7 @@ func KeysetSQL(sel, from string, cols []string, keyOps []Ops, after, upper bool,
 // len(key) parameters, when after) and up to the inclusive upper bound (the next len(key)
 // parameters, when upper), in key order, at most limit of them (KeysetSQL).
 func ChunkSQL(t *Table, after, upper bool, limit int) string {
-	return KeysetSQL(selectList(t), t.Ident(), t.KeyNames(), t.KeyOps, after, upper, limit)
+	return KeysetSQL(selectList(t), t.From(), t.KeyNames(), t.KeyOps, after, upper, limit)
 }
 
 // MaxKeySQL is the query of the table's last key in key order.
@@ -171,7 +171,7 @@ func MaxKeySQL(t *Table) string {
 	for i, k := range t.Key {
 		cols[i] = quote(t.Columns[k].Name)
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + t.Ident() + " ORDER BY " + orderBy(t.KeyNames(), " DESC") + " LIMIT 1"
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + t.From() + " ORDER BY " + orderBy(t.KeyNames(), " DESC") + " LIMIT 1"
 }
 
 // KeysSQL is the query of the rows with n given keys (a key-list chunk): n×len(key) parameters,
@@ -199,7 +199,7 @@ func KeysSQL(t *Table, n int) string {
 		}
 		where = "(" + strings.Join(alts, " OR ") + ")"
 	}
-	return "SELECT " + selectList(t) + " FROM " + t.Ident() + " WHERE " + where + " ORDER BY " + orderBy(t.KeyNames(), "")
+	return "SELECT " + selectList(t) + " FROM " + t.From() + " WHERE " + where + " ORDER BY " + orderBy(t.KeyNames(), "")
 }
 
 // KeysParams are the parameter types of KeysSQL(t, n): nil (each takes the type of what it is

@@ -32,10 +32,22 @@ type Table struct {
 	ReplicaIdentity byte     // relreplident: 'd', 'f', 'i' or 'n'
 	PubColumns      []string // the publication's column list; nil when it publishes every column
 	Partitions      []uint32 // OIDs of the partitions under a partitioned table, in OID order
+	Kind            byte     // relkind: 'r' a table, 'p' a partitioned table (0: unknown, read as 'p')
 }
 
 // Ident returns the quoted, schema-qualified name.
 func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// From is what a chunk reads the table's rows from: ONLY the table itself when it is a table
+// (an inheritance parent's children are tables of their own, whose changes the stream carries
+// under their own names), the whole tree of a partitioned table (whose partitions' changes the
+// publication carries under the table's name).
+func (t *Table) From() string {
+	if t.Kind == 'r' {
+		return "ONLY " + t.Ident()
+	}
+	return t.Ident()
+}
 
 // String returns schema.name, unquoted, for messages.
 func (t *Table) String() string { return t.Schema + "." + t.Name }
@@ -82,6 +94,7 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	if err != nil {
 		return nil, err
 	}
+	t.Kind = kind
 	published, err := t.readPublication(ctx, conn, publication)
 	if err != nil {
 		return nil, err
@@ -116,7 +129,7 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		}
 	}
 	if !published && publication != "" {
-		return nil, fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE %s;",
+		return nil, fmt.Errorf("%w: %s is not in publication %q, so its changes would not be streamed; add it with: ALTER PUBLICATION %s ADD TABLE ONLY %s;",
 			ErrNotPublished, t, publication, pgx.Identifier{publication}.Sanitize(), t.Ident())
 	}
 	return t, nil

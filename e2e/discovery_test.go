@@ -87,7 +87,7 @@ func TestDiscoverKeys(t *testing.T) {
 
 	_, err = discover("unpublished")
 	require.ErrorIs(t, err, chunker.ErrNotPublished)
-	require.ErrorContains(t, err, fmt.Sprintf(`ALTER PUBLICATION "%s" ADD TABLE "public"."unpublished"`, db.Publication))
+	require.ErrorContains(t, err, fmt.Sprintf(`ALTER PUBLICATION "%s" ADD TABLE ONLY "public"."unpublished"`, db.Publication))
 
 	_, err = discover("missing")
 	require.ErrorIs(t, err, chunker.ErrNoTable)

@@ -357,7 +357,7 @@ func TestOpenErrors(t *testing.T) {
 		})
 		require.ErrorIs(t, err, replicator.ErrPublicationMissing)
 		require.Contains(t, err.Error(), fmt.Sprintf("publication %q does not exist", db.Publication))
-		require.Contains(t, err.Error(), fmt.Sprintf(`CREATE PUBLICATION "%s" FOR TABLE "public"."a"`, db.Publication))
+		require.Contains(t, err.Error(), fmt.Sprintf(`CREATE PUBLICATION "%s" FOR TABLE ONLY "public"."a"`, db.Publication))
 	})
 	t.Run("publication without deletes", func(t *testing.T) {
 		db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a WITH (publish = 'insert, update')`)

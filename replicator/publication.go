@@ -28,12 +28,16 @@ func (s *Stream) checkPublication(ctx context.Context, conn *pgx.Conn, db string
 		if len(s.cfg.PublicationTables) > 0 {
 			var names []string
 			for _, t := range s.cfg.PublicationTables {
-				names = append(names, t.Sanitize())
+				names = append(names, "ONLY "+t.Sanitize())
 			}
 			tables = strings.Join(names, ", ")
 		}
 		// Via the root: a partitioned table's changes then stream under its own name (otherwise
 		// under its partitions', which the capture does not follow); no effect on other tables.
+		// ONLY: an inheritance parent's children are tables of their own, which a publication
+		// of the parent would take in too (and a child without a key would then refuse the
+		// application's updates and deletes); a partitioned table's partitions are published
+		// through it all the same.
 		create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish_via_partition_root = true)", quoteIdent(name), tables)
 		if !s.cfg.CreatePublication {
 			return fmt.Errorf("%w: publication %q does not exist in database %q; create it with: %s;", ErrPublicationMissing, name, db, create)
@@ -94,7 +98,7 @@ func AddToPublication(ctx context.Context, conn *pgx.Conn, pub string, table pgx
 	if in || all {
 		return false, nil
 	}
-	if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+quoteIdent(pub)+" ADD TABLE "+table.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+quoteIdent(pub)+" ADD TABLE ONLY "+table.Sanitize()); err != nil {
 		return false, fmt.Errorf("%w: add %s to publication %q: %w", ErrCannotAdd, table.Sanitize(), pub, err)
 	}
 	return true, nil

@@ -50,7 +50,7 @@ func TestDoctor(t *testing.T) {
 	}{
 		{[]string{`lacks the REPLICATION attribute`, `ALTER ROLE "` + role + `" WITH REPLICATION;`, "GRANT rds_replication"}, `ALTER ROLE ` + role + ` WITH REPLICATION`},
 		{[]string{`table public.orders cannot be read`, `GRANT SELECT ON "public"."orders" TO "` + role + `";`}, `GRANT SELECT ON orders TO ` + role},
-		{[]string{`publication "` + db.Publication + `" does not exist, and this role may not create it`, `CREATE PUBLICATION "` + db.Publication + `" FOR TABLE "public"."orders" WITH (publish_via_partition_root = true);`},
+		{[]string{`publication "` + db.Publication + `" does not exist, and this role may not create it`, `CREATE PUBLICATION "` + db.Publication + `" FOR TABLE ONLY "public"."orders" WITH (publish_via_partition_root = true);`},
 			`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE orders`},
 	}
 	for i, step := range steps {
@@ -71,7 +71,7 @@ func TestDoctor(t *testing.T) {
 	code, out = runDoctorCmd(t, table...)
 	require.Equal(t, 1, code, out)
 	for _, w := range []string{`signal table "public"."tidemark_signal" does not exist, and this role may not create it`, `CREATE TABLE IF NOT EXISTS "public"."tidemark_signal"`,
-		`ALTER TABLE "public"."tidemark_signal" OWNER TO "` + role + `";`, `ALTER PUBLICATION "` + db.Publication + `" ADD TABLE "public"."tidemark_signal";`} {
+		`ALTER TABLE "public"."tidemark_signal" OWNER TO "` + role + `";`, `ALTER PUBLICATION "` + db.Publication + `" ADD TABLE ONLY "public"."tidemark_signal";`} {
 		require.Contains(t, out, w)
 	}
 	// Created and only granted, as releases before said: refused (its owner is not the role).

@@ -204,7 +204,7 @@ func TestDoctorPublicationAdvice(t *testing.T) {
 	})
 	_, out := runDoctorCmd(t, "--source", server.UserDSN(db.Name, role, "pw"), "--slot", db.Slot, "--publication", db.Publication,
 		"--tables", "public.orders,public.events")
-	require.Contains(t, out, `CREATE PUBLICATION "`+db.Publication+`" FOR TABLE "public"."orders" WITH (publish_via_partition_root = true);`)
+	require.Contains(t, out, `CREATE PUBLICATION "`+db.Publication+`" FOR TABLE ONLY "public"."orders" WITH (publish_via_partition_root = true);`)
 	require.NotContains(t, out, `"public"."events" WITH`)
 	require.Contains(t, out, "public.events has no primary key")
 

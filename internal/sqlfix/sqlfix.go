@@ -50,18 +50,19 @@ func DropSlot(slot string) string {
 
 // CreatePublication creates publication pub of tables (each {schema, name}), publishing a
 // partitioned table's changes under its own name (publish_via_partition_root; no effect on
-// other tables).
+// other tables), and each table only (ONLY: not an inheritance parent's children, which are
+// tables of their own; a partitioned table's partitions are published through it all the same).
 func CreatePublication(pub string, tables ...pgx.Identifier) string {
 	list := make([]string, len(tables))
 	for i, t := range tables {
-		list[i] = Ident(t...)
+		list[i] = "ONLY " + Ident(t...)
 	}
 	return "CREATE PUBLICATION " + Ident(pub) + " FOR TABLE " + strings.Join(list, ", ") + " WITH (publish_via_partition_root = true);"
 }
 
-// AddTable adds table {schema, name} to publication pub.
+// AddTable adds table {schema, name} to publication pub (ONLY that table, as CreatePublication).
 func AddTable(pub string, table pgx.Identifier) string {
-	return "ALTER PUBLICATION " + Ident(pub) + " ADD TABLE " + Ident(table...) + ";"
+	return "ALTER PUBLICATION " + Ident(pub) + " ADD TABLE ONLY " + Ident(table...) + ";"
 }
 
 // PublishAll makes publication pub publish every kind of change.
