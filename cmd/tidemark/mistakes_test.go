@@ -551,3 +551,20 @@ func TestInheritanceParent(t *testing.T) {
 	e, stdout, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"verify", "--source", db.DSN, "--publication", db.Publication, "--tables", "public.par", "--to", out, "--recheck-for", "0"}, e), errOut.String()+stdout.String())
 }
+
+// TestKeyOverrideNotUnique: a key override is unique only through a valid unique index on plain
+// columns, all within it: an expression index (lower(name)) or an invalid one (a failed CREATE
+// INDEX CONCURRENTLY) does not make id unique, and rows sharing an id would collapse into one.
+func TestKeyOverrideNotUnique(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.u (id int NOT NULL, name text NOT NULL, v text);
+		CREATE UNIQUE INDEX u_expr ON public.u (id, lower(name));
+		ALTER TABLE public.u REPLICA IDENTITY FULL;
+		INSERT INTO public.u VALUES (1, 'a', 'x'), (1, 'b', 'y')`)
+	args := []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--tables", "public.u", "--key", "public.u=id",
+		"--to", filepath.Join(t.TempDir(), "out.jsonl"), "--stop-when-caught-up", "--quiet"}
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(context.Background(), args, e), errOut.String())
+	require.Contains(t, errOut.String(), "key override (id) of public.u is not unique")
+	require.Empty(t, leftBehind(t, db))
+}
