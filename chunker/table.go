@@ -314,12 +314,14 @@ func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, iden
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: key override (%s) of %s: %s", ErrNoKey, strings.Join(override, ", "), t, strings.Join(problems, "; "))
 	}
-	// Unique: some unique index's columns are all in the override.
+	// Unique: the key columns of some valid unique index, plain columns (no expression), are all
+	// in the override (INCLUDE columns do not count: they take no part in the uniqueness).
 	var unique bool
 	err := conn.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate AND i.indpred IS NULL
-		  AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		                  WHERE NOT a.attname = ANY($2)))`, t.OID, override).Scan(&unique)
+		  AND i.indisvalid AND i.indexprs IS NULL
+		  AND NOT EXISTS (SELECT 1 FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) k(attnum) LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		                  WHERE a.attname IS NULL OR NOT a.attname = ANY($2)))`, t.OID, override).Scan(&unique)
 	if err != nil {
 		return fmt.Errorf("check key override of %s: %w", t, err)
 	}
