@@ -135,6 +135,34 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	return t, nil
 }
 
+// DiscoverKeyed reads schema.name with key as its key, whatever its replica identity: a table
+// Tidemark writes rather than captures (a sync's PostgreSQL target, which tidemark verify reads),
+// whose key is the source's. The key columns must exist; uniqueness is the writer's concern (the
+// PostgreSQL sink requires a unique index on them).
+func DiscoverKeyed(ctx context.Context, conn *pgx.Conn, schema, name string, key []string) (*Table, error) {
+	t := &Table{Schema: schema, Name: name}
+	kind, err := t.lookUp(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	t.Kind = kind
+	if _, _, err := t.readColumns(ctx, conn); err != nil {
+		return nil, err
+	}
+	for _, k := range key {
+		i := slices.IndexFunc(t.Columns, func(c Column) bool { return c.Name == k })
+		if i < 0 {
+			return nil, fmt.Errorf("%w: %s has no key column %q", ErrNoKey, t, k)
+		}
+		t.Key = append(t.Key, i)
+	}
+	t.KeySource = "given"
+	if err := t.readOps(ctx, conn); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
 // lookUp finds the table's OID and replica identity, and returns its relkind: a table ('r') or
 // a partitioned table ('p'); anything else is refused.
 func (t *Table) lookUp(ctx context.Context, conn *pgx.Conn) (byte, error) {

@@ -643,14 +643,14 @@ func noEOF(err error) error {
 // (a key read back from the output's JSON form), each is read alone and such a key is left out:
 // the source has no row of that form.
 func readBack(ctx context.Context, t *jsTable, keys [][]string) ([]chunker.Row, error) {
-	c, err := t.reader.Keys(ctx, t.src, keys)
+	rows, err := keysAll(ctx, t.reader, t.src, keys)
 	if err == nil {
-		return c.Rows, nil
+		return rows, nil
 	}
 	if !strings.HasPrefix(pgerr.Code(err), "22") {
 		return nil, err
 	}
-	var rows []chunker.Row
+	rows = nil
 	for _, k := range keys {
 		c, err := t.reader.Keys(ctx, t.src, [][]string{k})
 		switch {

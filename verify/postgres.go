@@ -53,7 +53,7 @@ func comparePostgres(ctx context.Context, o *Options, target *pgx.Conn, schema s
 	if schema == "" {
 		schema = src.Schema
 	}
-	tgt, err := chunker.Discover(ctx, target, schema, src.Name, src.KeyNames(), "")
+	tgt, err := chunker.DiscoverKeyed(ctx, target, schema, src.Name, src.KeyNames())
 	if err != nil {
 		if errors.Is(err, chunker.ErrNoTable) {
 			rep.Problem = fmt.Sprintf("the target has no table %s.%s", schema, src.Name)
@@ -165,31 +165,15 @@ func (c *pgTable) targetRange(ctx context.Context, after, upTo []string, fn func
 	}
 }
 
-// compareChunk compares one source chunk with the target's rows of its key range.
+// compareChunk compares one source chunk with the target's rows of its key range, row by row
+// as they come (a target row is held only while it is compared); the order-free digests of both
+// sides are a last check that no difference went unrecorded.
 func (c *pgTable) compareChunk(ctx context.Context, ch *chunker.Chunk) error {
 	type srcRow struct {
 		i    int
 		d    digest
 		seen bool
 	}
-	rows := make(map[string]*srcRow, len(ch.Rows))
-	var srcSum, tgtSum sumDigest
-	for i, row := range ch.Rows {
-		id, err := encodeKey(c.src, keyText(c.src, row))
-		if err != nil {
-			return err
-		}
-		d := rowDigest(row)
-		rows[id] = &srcRow{i: i, d: d}
-		srcSum.add(d)
-	}
-	type extra struct {
-		id   string
-		key  []string
-		d    digest
-		vals [][]byte
-	}
-	var mismatched []extra
 	// The chunk's differences, in the order of their encoded keys (key order for most types).
 	type found struct {
 		id       string
@@ -199,49 +183,65 @@ func (c *pgTable) compareChunk(ctx context.Context, ch *chunker.Chunk) error {
 		src, tgt side
 	}
 	var diffs []found
+	recorded := 0 // differences found, kept or not
+	add := func(f found) {
+		recorded++
+		if len(diffs) < 2*c.o.Keep {
+			diffs = append(diffs, f)
+		} else {
+			c.rep.Unchecked++
+		}
+	}
+	rows := make(map[string]*srcRow, len(ch.Rows))
+	var srcSum, tgtSum sumDigest
+	for i, row := range ch.Rows {
+		id, err := encodeKey(c.src, keyText(c.src, row))
+		if err != nil {
+			return err
+		}
+		d := rowDigest(row)
+		srcSum.add(d)
+		if rows[id] != nil {
+			add(found{id, keyText(c.src, row), SourceDuplicate, nil, side{present: true, d: d}, side{}})
+			continue
+		}
+		rows[id] = &srcRow{i: i, d: d}
+	}
 	err := c.targetRange(ctx, ch.After, ch.Last, func(id string, row chunker.Row) error {
 		vals := c.targetValues(row)
 		d := rowDigest(vals)
 		tgtSum.add(d)
 		s := rows[id]
-		if s != nil && s.d == d {
+		switch {
+		case s == nil:
+			add(found{id, c.targetKey(row), Extra, nil, side{}, side{present: true, d: d}})
+		case s.seen:
+			add(found{id, c.targetKey(row), TargetDuplicate, nil, side{present: true, d: s.d}, side{present: true, d: d}})
+		case s.d != d:
 			s.seen = true
-			return nil
+			var cols []string
+			for j, col := range c.src.Columns {
+				if !bytes.Equal(ch.Rows[s.i][j], vals[j]) || (ch.Rows[s.i][j] == nil) != (vals[j] == nil) {
+					cols = append(cols, col.Name)
+				}
+			}
+			add(found{id, c.targetKey(row), Differs, cols, side{present: true, d: s.d}, side{present: true, d: d}})
+		default:
+			s.seen = true
 		}
-		if len(mismatched) < 2*c.o.Keep {
-			mismatched = append(mismatched, extra{id: id, key: c.targetKey(row), d: d, vals: vals})
-			return nil
-		}
-		if s != nil {
-			s.seen = true // counted here, not again as missing
-		}
-		c.rep.Unchecked++
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	if srcSum == tgtSum {
-		return nil
-	}
-	for _, m := range mismatched {
-		if s := rows[m.id]; s != nil {
-			s.seen = true
-			var cols []string
-			for j, col := range c.src.Columns {
-				if !bytes.Equal(ch.Rows[s.i][j], m.vals[j]) || (ch.Rows[s.i][j] == nil) != (m.vals[j] == nil) {
-					cols = append(cols, col.Name)
-				}
-			}
-			diffs = append(diffs, found{m.id, m.key, Differs, cols, side{present: true, d: s.d}, side{present: true, d: m.d}})
-			continue
-		}
-		diffs = append(diffs, found{m.id, m.key, Extra, nil, side{}, side{present: true, d: m.d}})
-	}
 	for id, s := range rows {
 		if !s.seen {
-			diffs = append(diffs, found{id, keyText(c.src, ch.Rows[s.i]), Missing, nil, side{present: true, d: s.d}, side{}})
+			add(found{id, keyText(c.src, ch.Rows[s.i]), Missing, nil, side{present: true, d: s.d}, side{}})
 		}
+	}
+	if recorded == 0 && srcSum != tgtSum {
+		// Cannot happen when every row was matched by key; counted rather than trusted.
+		c.rep.Unchecked++
 	}
 	slices.SortFunc(diffs, func(a, b found) int { return strings.Compare(a.id, b.id) })
 	for _, f := range diffs {
@@ -259,7 +259,11 @@ func (c *pgTable) differ(id string, key []string, kind Kind, cols []string, src,
 		c.rep.Unchecked++
 		return nil
 	}
-	c.kept = append(c.kept, &pending{id: id, text: key, show: showKey(c.src.KeyNames(), key), kind: kind, columns: cols, src: src, tgt: tgt})
+	p := &pending{id: id, text: key, show: showKey(c.src.KeyNames(), key), kind: kind, columns: cols, src: src, tgt: tgt}
+	if kind == SourceDuplicate || kind == TargetDuplicate {
+		p.text = nil // a read by key shows one of the rows: not re-checked
+	}
+	c.kept = append(c.kept, p)
 	return nil
 }
 

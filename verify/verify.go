@@ -77,6 +77,8 @@ const (
 	Missing Kind = iota + 1 // in the source, not in the output
 	Extra                   // in the output, not in the source
 	Differs                 // in both, with other values
+	SourceDuplicate         // on more than one row of the source: its key does not identify rows
+	TargetDuplicate         // on more than one row of the output
 )
 
 func (k Kind) String() string {
@@ -87,6 +89,10 @@ func (k Kind) String() string {
 		return "not in the source"
 	case Differs:
 		return "values differ"
+	case SourceDuplicate:
+		return "on more than one row of the source (the key does not identify its rows)"
+	case TargetDuplicate:
+		return "on more than one row of the target"
 	}
 	return "?"
 }
@@ -362,11 +368,11 @@ func readKeys(ctx context.Context, r *chunker.Reader, t, enc *chunker.Table, key
 		for _, p := range batch {
 			ks = append(ks, p.text)
 		}
-		c, err := r.Keys(ctx, t, ks)
+		rows, err := keysAll(ctx, r, t, ks)
 		if err != nil {
 			return nil, err
 		}
-		for _, row := range c.Rows {
+		for _, row := range rows {
 			id, err := encodeKey(enc, keyText(t, row))
 			if err != nil {
 				return nil, err
@@ -379,4 +385,26 @@ func readKeys(ctx context.Context, r *chunker.Reader, t, enc *chunker.Table, key
 		}
 	}
 	return out, nil
+}
+
+// keysAll reads the rows of keys from t: a read that stopped at the reader's byte bound (large
+// rows) is read again in halves, so that no key is taken for absent because it was not reached.
+func keysAll(ctx context.Context, r *chunker.Reader, t *chunker.Table, keys [][]string) ([]chunker.Row, error) {
+	c, err := r.Keys(ctx, t, keys)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Capped || len(keys) == 1 {
+		return c.Rows, nil
+	}
+	half := len(keys) / 2
+	a, err := keysAll(ctx, r, t, keys[:half])
+	if err != nil {
+		return nil, err
+	}
+	b, err := keysAll(ctx, r, t, keys[half:])
+	if err != nil {
+		return nil, err
+	}
+	return append(a, b...), nil
 }

@@ -191,3 +191,39 @@ func TestSecondWriterTouchesNothing(t *testing.T) {
 	require.Empty(t, got, "cut back to the checkpoint")
 	require.NoError(t, w.Close(ctx))
 }
+
+// TestDeleteOfLossyKey: a delete line keeps a key whose JSON form is lossy (a date's infinity,
+// numeric NaN: null in JSON) whole, in "original", as insert and update lines do for their
+// values: without it the deletes of (1, infinity) and (1, -infinity) would be the same line.
+func TestDeleteOfLossyKey(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE h (id int, valid_to date, PRIMARY KEY (id, valid_to))`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE h`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	db.Exec(`INSERT INTO h VALUES (1, 'infinity'), (1, '-infinity')`)
+	db.Exec(`DELETE FROM h WHERE valid_to = '-infinity'`)
+	ctx := context.Background()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	types := db.Connect()
+	w, _, err := jsonl.Open(out, "", pgjson.NewRegistry(types), func() error { return nil })
+	require.NoError(t, err)
+	eng, err := merge.New(merge.Config{
+		Source:         replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+		Tables:         []merge.TableConfig{{Schema: "public", Name: "h"}},
+		AckCheckpoints: true, StopWhenCaughtUp: true,
+	}, w, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	require.NoError(t, err)
+	require.NoError(t, eng.Run(ctx, nil))
+	require.NoError(t, w.Close(ctx))
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	ls, err := line.ReadAll(bytes.NewReader(raw))
+	require.NoError(t, err)
+	var deletes []map[string]string
+	for _, l := range ls {
+		if l.Op == "delete" {
+			deletes = append(deletes, l.Original)
+		}
+	}
+	require.Equal(t, []map[string]string{{"valid_to": "-infinity"}}, deletes, "%s", raw)
+}
