@@ -62,6 +62,7 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 	b = append(b, ev.Op.String()...)
 	b = append(b, '"')
 	b = append(b, ec.table...)
+	e.nulled = e.nulled[:0]
 	if ev.Op != merge.Truncate && ev.Op != merge.Refresh {
 		b = append(b, `,"key":{`...)
 		for i, k := range cols.Key {
@@ -69,8 +70,13 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 				b = append(b, ',')
 			}
 			b = append(b, ec.names[k]...)
-			if b, _, err = e.appendValue(ctx, b, ec.types[k], ev.Col(k)); err != nil {
+			var lossy bool
+			if b, lossy, err = e.appendValue(ctx, b, ec.types[k], ev.Col(k)); err != nil {
 				return b, fmt.Errorf("key column %s of %s.%s: %w", cols.Names[k], cols.Schema, cols.Table, err)
+			}
+			if lossy && ev.Op == merge.Delete {
+				// A delete has no "after" whose original would carry the key whole.
+				e.nulled = append(e.nulled, k)
 			}
 		}
 		b = append(b, '}')
@@ -79,7 +85,6 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 		b = append(b, `,"after":{`...)
 		first := true
 		var unchanged []string
-		e.nulled = e.nulled[:0]
 		for i := range ev.NumCols() {
 			v := ev.Col(i)
 			if v.Kind == replicator.Unchanged {
@@ -110,17 +115,17 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 			}
 			b = append(b, ']')
 		}
-		if len(e.nulled) > 0 {
-			b = append(b, `,"original":{`...)
-			for j, i := range e.nulled {
-				if j > 0 {
-					b = append(b, ',')
-				}
-				b = append(b, ec.names[i]...)
-				b = pgjson.AppendString(b, ev.Col(i).Data)
+	}
+	if len(e.nulled) > 0 {
+		b = append(b, `,"original":{`...)
+		for j, i := range e.nulled {
+			if j > 0 {
+				b = append(b, ',')
 			}
-			b = append(b, '}')
+			b = append(b, ec.names[i]...)
+			b = pgjson.AppendString(b, ev.Col(i).Data)
 		}
+		b = append(b, '}')
 	}
 	b = append(b, `,"lsn":"`...)
 	b = append(b, ev.LSN.String()...)

@@ -36,9 +36,9 @@ type Line struct {
 	// Unchanged lists the columns whose TOASTed value the server did not send with an update:
 	// they keep the value they had.
 	Unchanged []string `json:"unchanged,omitempty"`
-	// Original holds, in PostgreSQL's text form, the values whose JSON form in After does not
-	// carry the whole value (numeric NaN and a date's infinity, written as null, alone or inside
-	// an array or a composite; an array whose lower bounds are not 1).
+	// Original holds, in PostgreSQL's text form, the values whose JSON form in After (for a
+	// delete: in Key) does not carry the whole value (numeric NaN and a date's infinity, written
+	// as null, alone or inside an array or a composite; an array whose lower bounds are not 1).
 	Original map[string]string `json:"original,omitempty"`
 	// LSN is the commit LSN of the source transaction, or of the chunk's high watermark for a
 	// backfilled row; Seq orders the events of one LSN. (LSN, Seq) increases along the output.
