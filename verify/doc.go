@@ -10,17 +10,26 @@
 // publication's column list when the table is in it), in the form the output holds: for a
 // PostgreSQL target the values' text forms under the same pinned session settings on both
 // servers (internal/pgconf), for JSON lines each value's JSON form (internal/pgjson, the form
-// sync writes) with the original text where that form is lossy. A row is identified by its key,
-// encoded as chunker does; a target column the source does not have is not compared, a source
-// column the target lacks is a difference of the table's definition.
+// sync writes) with the original text where that form is lossy. A row is identified by its key:
+// for a PostgreSQL target encoded as chunker does; for JSON lines by the key columns' JSON forms,
+// numbers in a canonical form (the key's = takes 1.0 and 1.00, 0 and -0 for one key, and an
+// update may write the other form) and a lossy one (NaN, infinity: null) with its original text,
+// which the writer gives on deletes too. A target column the capture does not carry is not
+// compared; a source column the target lacks is a difference of the table's definition. A key on
+// two rows of the source or of the target is a difference of its own, never re-checked (a read
+// by key shows one row). Text that is not UTF-8 (a SQL_ASCII source) has no JSON form that keeps
+// it: a JSON lines output holding it differs.
 //
 // # A PostgreSQL target: per chunk, in key order
 //
 // For each source chunk (after key A, up to its last key L), the target's rows with keys in
 // (A, L] are read in pages of the chunk's size and matched against the chunk's rows by key; a
 // count and an order-free digest (the XOR of each row's SHA-256) say whether the two are equal,
-// and only a chunk that differs is compared key by key. The rows past the source's last key are
-// read at the end. Memory holds one chunk of each side and the differing keys kept (Options.Keep).
+// and a target row is compared with the chunk's row of its key as it comes, then dropped (a
+// difference keeps the key and digests, and the names of the differing columns). The rows past
+// the source's last key are read at the end. Memory holds one source chunk, one target page and
+// the differing keys kept (Options.Keep). The target table is read with the source's key, whatever
+// its replica identity (chunker.DiscoverKeyed).
 // The ranges are evaluated by each server with its own collation: a target whose key columns sort
 // otherwise shows rows that moved between ranges as missing in one and extra in another, never as
 // equal.
@@ -33,7 +42,8 @@
 // into partition files (truncate and refresh go to each), and the source's row digests into
 // partition files of the same hash; each partition is then replayed and compared in memory, so
 // memory holds one partition. A line that does not end in a newline is being written: it is left
-// out.
+// out. A replayed partition takes a few times its size in memory: the default, 64 MiB, keeps the
+// replay to a few hundred MiB.
 //
 // # A live source
 //
@@ -42,8 +52,15 @@
 // on both sides every Options.RecheckEvery for up to Options.RecheckFor: a key whose two sides
 // become equal is dropped; a key whose source row and output row both stay the same for three
 // reads in a row is a difference; a key still changing when the time is up is reported as
-// changing, which is not equality either. After `sync --stop-when-caught-up` with the writes
-// stopped, the first comparison is exact.
+// changing, which is not equality either. A re-read of a JSON lines output applies only what was
+// appended since the last read to the kept rows (the whole output again if it was cut back by a
+// resumed sync); a key-list read that stops at the chunk byte bound is read again in halves, so
+// that no row is taken for absent because it was not reached.
+//
+// On a live source the comparison is not a proof: rows written while it runs are compared or not
+// depending on where the reads were (a row inserted past the source's last key as the comparison
+// started is not read on the source). After `sync --stop-when-caught-up` with the writes stopped,
+// it is exact.
 //
 // # Concurrency
 //

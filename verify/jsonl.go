@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgerr"
@@ -87,6 +88,7 @@ type jsVerify struct {
 	tables map[string]*jsTable // by schema.name
 	order  []*jsTable
 	types  *pgjson.Registry
+	end    int64 // the bytes of the output the first read replayed
 }
 
 // jsTable is one table compared with the output.
@@ -97,7 +99,8 @@ type jsTable struct {
 	reader *chunker.Reader
 	rep    *TableReport
 	kept   []*pending
-	keep   int // Options.Keep
+	keep   int   // Options.Keep
+	end    int64 // where the last read of the output for this table's re-check ended
 }
 
 // jsRow is a replayed row: each column's JSON form (with "\x00" and the original text where the
@@ -108,20 +111,21 @@ type jsRow map[string][]byte
 type state map[*jsTable]map[string]jsRow
 
 // scanLines calls fn with each complete line of r (without its newline); a last line without
-// one is being written and is left out.
-func scanLines(r io.Reader, fn func(n int, raw []byte) error) error {
+// one is being written and is left out. It returns the bytes of the lines it read.
+func scanLines(r io.Reader, fn func(n int, raw []byte) error) (consumed int64, err error) {
 	br := bufio.NewReaderSize(r, 1<<20)
 	for n := 1; ; n++ {
 		raw, err := br.ReadBytes('\n')
 		if errors.Is(err, io.EOF) {
-			return nil // a partial last line, or none
+			return consumed, nil // a partial last line, or none
 		}
 		if err != nil {
-			return err
+			return consumed, err
 		}
 		if err := fn(n, raw[:len(raw)-1]); err != nil {
-			return err
+			return consumed, err
 		}
+		consumed += int64(len(raw))
 	}
 }
 
@@ -144,7 +148,7 @@ func (v *jsVerify) decode(n int, raw []byte) (line.Line, *jsTable, string, error
 		if i > 0 {
 			id = append(id, 0x1f)
 		}
-		id = append(id, k...)
+		id = appendKeyPart(id, k, l.Original[name], l.Original != nil && hasKey(l.Original, name))
 	}
 	return l, t, string(id), nil
 }
@@ -220,6 +224,11 @@ func (v *jsVerify) sourceRow(ctx context.Context, t *jsTable, row chunker.Row) (
 		if lossy {
 			b = append(append(b, 0), text...)
 		}
+		if !utf8.Valid(text) {
+			// Bytes that are no UTF-8 (a SQL_ASCII database) have no JSON form that keeps them:
+			// the output cannot equal the source.
+			b = append(b, "\x00not UTF-8"...)
+		}
 		vals[i] = b
 	}
 	var b []byte
@@ -227,7 +236,8 @@ func (v *jsVerify) sourceRow(ctx context.Context, t *jsTable, row chunker.Row) (
 		if i > 0 {
 			b = append(b, 0x1f)
 		}
-		b = append(b, vals[k]...)
+		json, text, lossy := bytes.Cut(vals[k], []byte{0})
+		b = appendKeyPart(b, json, string(text), lossy)
 	}
 	return string(b), keyText(t.src, row), vals, nil
 }
@@ -283,7 +293,7 @@ func (t *jsTable) compare(id string, key []string, src [][]byte, srcD *digest, o
 		t.rep.Unchecked++
 		return
 	}
-	p := &pending{id: id, text: key, kind: k, src: s, tgt: o}
+	p := &pending{id: id, text: key, kind: k, src: s, tgt: o, row: out}
 	if key == nil {
 		p.text, p.show = outputKey(t, id)
 	} else {
@@ -300,25 +310,36 @@ func (t *jsTable) compare(id string, key []string, src [][]byte, srcD *digest, o
 }
 
 // outputKey reads back the text values of a key the output has and the source has not (for the
-// re-check), from its JSON forms: a JSON string's content, or a number's or boolean's text. A key
-// of another form (null, an object) gets nil: it is not read again.
+// re-check), from its JSON forms: a JSON string's content, or a number's or boolean's text, or
+// the original text of a lossy one. A key of another form (an object, an array) gets nil: it is
+// not read again.
 func outputKey(t *jsTable, id string) ([]string, string) {
 	parts := strings.Split(id, "\x1f")
-	show := showKey(t.src.KeyNames(), parts)
-	var text []string
-	for _, p := range parts {
+	shown := make([]string, len(parts))
+	text := make([]string, 0, len(parts))
+	readable := true
+	for i, p := range parts {
+		form, orig, lossy := strings.Cut(p, "\x00")
+		shown[i] = form
 		switch {
-		case strings.HasPrefix(p, `"`):
+		case lossy:
+			shown[i] = orig
+			text = append(text, orig)
+		case strings.HasPrefix(form, `"`):
 			var s string
-			if json.Unmarshal([]byte(p), &s) != nil {
-				return nil, show
+			if json.Unmarshal([]byte(form), &s) != nil {
+				readable = false
 			}
 			text = append(text, s)
-		case p == "null" || strings.HasPrefix(p, "{") || strings.HasPrefix(p, "["):
-			return nil, show
+		case form == "null" || strings.HasPrefix(form, "{") || strings.HasPrefix(form, "["):
+			readable = false
 		default:
-			text = append(text, p)
+			text = append(text, form)
 		}
+	}
+	show := showKey(t.src.KeyNames(), shown)
+	if !readable {
+		return nil, show
 	}
 	return text, show
 }
@@ -331,7 +352,7 @@ func (v *jsVerify) inMemory(ctx context.Context) error {
 	}
 	defer f.Close()
 	st := state{}
-	err = scanLines(f, func(n int, raw []byte) error {
+	v.end, err = scanLines(f, func(n int, raw []byte) error {
 		l, t, id, err := v.decode(n, raw)
 		if err != nil || t == nil {
 			return err
@@ -386,7 +407,7 @@ func (v *jsVerify) partitioned(ctx context.Context, parts int) error {
 	if err != nil {
 		return fmt.Errorf("the output: %w", err)
 	}
-	err = scanLines(in, func(n int, raw []byte) error {
+	v.end, err = scanLines(in, func(n int, raw []byte) error {
 		_, t, id, err := v.decode(n, raw)
 		if err != nil || t == nil {
 			return err
@@ -443,7 +464,7 @@ func (v *jsVerify) comparePart(dir string, p int) error {
 	if err != nil {
 		return err
 	}
-	err = scanLines(f, func(n int, raw []byte) error {
+	_, err = scanLines(f, func(n int, raw []byte) error {
 		l, t, id, err := v.decode(n, raw)
 		if err != nil || t == nil {
 			return err
@@ -508,19 +529,41 @@ func (v *jsVerify) readSource(ctx context.Context, t *jsTable, keys []*pending) 
 	return out, nil
 }
 
-// readOutput replays the output again for keys of t only: the output may have grown.
+// readOutput reads the output's rows of keys of t again: from where the last read of t ended,
+// applying what was appended since (the output grows while a sync runs) to the rows it had; the
+// whole output again when it is shorter than that (a sync resumed and cut it back to its
+// checkpoint).
 func (v *jsVerify) readOutput(ctx context.Context, t *jsTable, keys []*pending) (map[string]side, error) {
-	want := map[string]bool{}
+	want := map[string]*pending{}
 	for _, p := range keys {
-		want[p.id] = true
+		want[p.id] = p
 	}
 	f, err := os.Open(v.path)
 	if err != nil {
 		return nil, fmt.Errorf("the output: %w", err)
 	}
 	defer f.Close()
-	st := state{}
-	err = scanLines(f, func(n int, raw []byte) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("the output: %w", err)
+	}
+	st := state{t: map[string]jsRow{}}
+	if t.end == 0 {
+		t.end = v.end
+	}
+	if fi.Size() < t.end {
+		t.end = 0
+	} else {
+		for id, p := range want {
+			if p.row != nil {
+				st[t][id] = p.row
+			}
+		}
+	}
+	if _, err := f.Seek(t.end, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("the output: %w", err)
+	}
+	n, err := scanLines(f, func(n int, raw []byte) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -529,7 +572,7 @@ func (v *jsVerify) readOutput(ctx context.Context, t *jsTable, keys []*pending) 
 			return nil
 		}
 		l, lt, id, err := v.decode(n, raw)
-		if err != nil || lt != t || (id != "" && !want[id]) {
+		if err != nil || lt != t || (id != "" && want[id] == nil) {
 			return err
 		}
 		apply(st, l, t, id)
@@ -538,9 +581,13 @@ func (v *jsVerify) readOutput(ctx context.Context, t *jsTable, keys []*pending) 
 	if err != nil {
 		return nil, err
 	}
+	t.end += n
 	out := map[string]side{}
-	for id, row := range st[t] {
-		out[id] = side{present: true, d: rowDigest(t.values(row))}
+	for id, p := range want {
+		p.row = st[t][id]
+		if p.row != nil {
+			out[id] = side{present: true, d: rowDigest(t.values(p.row))}
+		}
 	}
 	return out, nil
 }
@@ -662,4 +709,34 @@ func readBack(ctx context.Context, t *jsTable, keys [][]string) ([]chunker.Row, 
 		}
 	}
 	return rows, nil
+}
+
+func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
+
+// appendKeyPart appends one key column's part of a key's id: its JSON form, a number in its
+// canonical form (the key's = makes 1.0 and 1.00, 0 and -0 one key, and an update may write the
+// key in the other form), and, when the JSON form is lossy (NaN, infinity: null), the value's
+// text after a 0 byte, as the line's original gives it.
+func appendKeyPart(b, json []byte, original string, lossy bool) []byte {
+	b = append(b, canonicalNumber(json)...)
+	if lossy {
+		b = append(append(b, 0), original...)
+	}
+	return b
+}
+
+// canonicalNumber is a JSON number without trailing fractional zeros, and without the sign of a
+// zero; anything else as it is.
+func canonicalNumber(j []byte) []byte {
+	if len(j) == 0 || !(j[0] == '-' || (j[0] >= '0' && j[0] <= '9')) || bytes.ContainsAny(j, "eE") {
+		return j
+	}
+	if bytes.IndexByte(j, '.') >= 0 {
+		j = bytes.TrimRight(j, "0")
+		j = bytes.TrimSuffix(j, []byte("."))
+	}
+	if len(j) > 1 && j[0] == '-' && strings.Trim(string(j[1:]), "0.") == "" {
+		return []byte("0")
+	}
+	return j
 }

@@ -44,8 +44,9 @@ type Options struct {
 	// Keep is the differing keys kept per table, re-checked and reported; the count of the
 	// others is reported. Zero: 1000.
 	Keep int
-	// PartBytes is the JSON lines output above which the replay is split into partition files.
-	// Zero: 256 MiB.
+	// PartBytes is the JSON lines output above which the replay is split into partition files,
+	// each of about that size (a replayed partition takes a few times its size in memory). Zero:
+	// 64 MiB.
 	PartBytes int64
 	// TempDir holds the partition files; "" the system's.
 	TempDir string
@@ -65,7 +66,7 @@ func (o *Options) defaults() {
 		o.Keep = 1000
 	}
 	if o.PartBytes <= 0 {
-		o.PartBytes = 256 << 20
+		o.PartBytes = 64 << 20
 	}
 }
 
@@ -74,11 +75,11 @@ type Kind int
 
 // The kinds of difference.
 const (
-	Missing Kind = iota + 1 // in the source, not in the output
-	Extra                   // in the output, not in the source
-	Differs                 // in both, with other values
-	SourceDuplicate         // on more than one row of the source: its key does not identify rows
-	TargetDuplicate         // on more than one row of the output
+	Missing         Kind = iota + 1 // in the source, not in the output
+	Extra                           // in the output, not in the source
+	Differs                         // in both, with other values
+	SourceDuplicate                 // on more than one row of the source: its key does not identify rows
+	TargetDuplicate                 // on more than one row of the output
 )
 
 func (k Kind) String() string {
@@ -129,7 +130,8 @@ type TableReport struct {
 	Differences []Difference
 	// Unchecked counts the differing keys found beyond those kept: neither shown nor re-checked.
 	Unchecked int64
-	// Ignored lists the target's columns that the source does not have: not compared.
+	// Ignored lists the target's columns that the capture does not carry (not on the source, or
+	// outside the publication's column list): not compared.
 	Ignored []string
 	Elapsed time.Duration
 }
@@ -255,8 +257,9 @@ type pending struct {
 	columns []string
 	src     side
 	tgt     side
-	same    int  // reads in a row with the same two sides
-	moved   bool // the source row changed during the re-checks, and has not been stable since
+	row     jsRow // JSON lines: the output's row as last read (nil: none)
+	same    int   // reads in a row with the same two sides
+	moved   bool  // the source row changed during the re-checks, and has not been stable since
 }
 
 // reader reads the rows of keys on one side of a re-check.

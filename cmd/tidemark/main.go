@@ -148,6 +148,9 @@ func run(ctx context.Context, args []string, e *env) int {
 			return 0
 		case errors.Is(err, errProblems):
 			return 1
+		case errors.Is(err, errDiffers):
+			fmt.Fprintf(e.stderr, "tidemark %s: %s\n", c.name, strings.TrimPrefix(err.Error(), errDiffers.Error()+": "))
+			return 3
 		case errors.Is(err, errUsage):
 			// The error first, then a short hint: the whole flag list is -h's.
 			fmt.Fprintf(e.stderr, "tidemark %s: %s\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))

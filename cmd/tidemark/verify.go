@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
@@ -38,7 +40,7 @@ func runVerify(ctx context.Context, args []string, e *env) error {
 	if *to == "-" {
 		problems = append(problems, "--to -: standard output cannot be read back; verify a file or a PostgreSQL target")
 	}
-	if *to != "" && !isDSN(*to) && *targetSchema != "" {
+	if *to != "" && (!isDSN(*to) || isFile(*to)) && *targetSchema != "" {
 		problems = append(problems, "--target-schema is for a PostgreSQL target")
 	}
 	problems = append(problems, outOfRange(intRange("chunk-size", *chunkSize, 1, 1_000_000),
@@ -64,7 +66,7 @@ func runVerify(ctx context.Context, args []string, e *env) error {
 		opts.Tables = append(opts.Tables, verify.Table{Schema: t.Schema, Name: t.Name, Key: t.Key})
 	}
 	var rep *verify.Report
-	if isDSN(*to) {
+	if isDSN(*to) && !isFile(*to) {
 		tc, err := pgconf.OpenDefaultSSL(ctx, *to, "tidemark")
 		if err != nil {
 			return fmt.Errorf("target: %w", err)
@@ -103,9 +105,12 @@ func printTableReport(w io.Writer, t *verify.TableReport, show int) {
 		fmt.Fprintf(w, "  ... and %d more, not re-checked\n", t.Unchecked)
 	}
 	if len(t.Ignored) > 0 {
-		fmt.Fprintf(w, "  not compared: the target's columns %v, which the source does not have\n", t.Ignored)
+		fmt.Fprintf(w, "  not compared: the target's columns %v, which the capture does not carry\n", t.Ignored)
 	}
 }
+
+// errDiffers: verify found the output different from its source (exit 3, apart from an error's 1).
+var errDiffers = errors.New("differs")
 
 // verdict is verify's result: nil when every table is equal.
 func verdict(rep *verify.Report) error {
@@ -125,8 +130,15 @@ func verdict(rep *verify.Report) error {
 	case different == 0:
 		return nil
 	case changing > 0:
-		return fmt.Errorf("%d of %d tables differ from the source; in %d, keys were still changing on the source when the re-check ended (--recheck-for): run verify again, or after `sync --stop-when-caught-up` with the writes stopped, for an exact answer", different, len(rep.Tables), changing)
+		return fmt.Errorf("%w: %d of %d tables differ from the source; in %d, keys were still changing on the source when the re-check ended (--recheck-for): run verify again, or after `sync --stop-when-caught-up` with the writes stopped, for an exact answer", errDiffers, different, len(rep.Tables), changing)
 	default:
-		return fmt.Errorf("%d of %d tables differ from the source", different, len(rep.Tables))
+		return fmt.Errorf("%w: %d of %d tables differ from the source", errDiffers, different, len(rep.Tables))
 	}
+}
+
+// isFile says whether path names an existing file: a JSON lines output whose name happens to
+// look like a connection string (host=... in a directory name) is still a file.
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }

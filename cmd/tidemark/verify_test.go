@@ -36,13 +36,13 @@ func TestVerify(t *testing.T) {
 	_, err := tgt.Exec(ctx, `UPDATE public.t SET v = 'planted' WHERE id = 1234`)
 	require.NoError(t, err)
 	e, stdout, errOut := testEnv(t)
-	require.Equal(t, 1, run(ctx, append([]string{"verify", "--to", tgtDSN, "--recheck-for", "0"}, common...), e))
+	require.Equal(t, 3, run(ctx, append([]string{"verify", "--to", tgtDSN, "--recheck-for", "0"}, common...), e))
 	require.Contains(t, stdout.String(), "public.t: DIFFERENT: 1 keys differ (source 3000 rows, target 3000)\n  id=1234: values differ (v)\n")
 	require.Contains(t, errOut.String(), "tidemark verify: 1 of 1 tables differ from the source")
 
 	db.Exec(`DELETE FROM public.t WHERE id = 7`)
 	e, stdout, _ = testEnv(t)
-	require.Equal(t, 1, run(ctx, append([]string{"verify", "--to", out, "--recheck-for", "0"}, common...), e))
+	require.Equal(t, 3, run(ctx, append([]string{"verify", "--to", out, "--recheck-for", "0"}, common...), e))
 	require.Contains(t, stdout.String(), "id=7: not in the source")
 }
 

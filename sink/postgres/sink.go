@@ -1090,7 +1090,7 @@ func (s *Sink) ensureType(ctx context.Context, typeOID uint32, depth int) error 
 		if _, err := s.tx.Exec(ctx, "SAVEPOINT tidemark_type"); err != nil {
 			return err
 		}
-		_, err := s.tx.Exec(ctx, fmt.Sprintf(create, ident, def))
+		_, err = s.tx.Exec(ctx, fmt.Sprintf(create, ident, def))
 		switch {
 		case err == nil:
 			s.log.Info().Str("type", ident).Str("definition", def).Msg(what + " created on the target, as on the source")
