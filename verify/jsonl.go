@@ -718,25 +718,10 @@ func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
 // key in the other form), and, when the JSON form is lossy (NaN, infinity: null), the value's
 // text after a 0 byte, as the line's original gives it.
 func appendKeyPart(b, json []byte, original string, lossy bool) []byte {
-	b = append(b, canonicalNumber(json)...)
+	b = append(b, line.CanonicalNumber(json)...)
 	if lossy {
 		b = append(append(b, 0), original...)
 	}
 	return b
 }
 
-// canonicalNumber is a JSON number without trailing fractional zeros, and without the sign of a
-// zero; anything else as it is.
-func canonicalNumber(j []byte) []byte {
-	if len(j) == 0 || !(j[0] == '-' || (j[0] >= '0' && j[0] <= '9')) || bytes.ContainsAny(j, "eE") {
-		return j
-	}
-	if bytes.IndexByte(j, '.') >= 0 {
-		j = bytes.TrimRight(j, "0")
-		j = bytes.TrimSuffix(j, []byte("."))
-	}
-	if len(j) > 1 && j[0] == '-' && strings.Trim(string(j[1:]), "0.") == "" {
-		return []byte("0")
-	}
-	return j
-}

@@ -63,7 +63,12 @@ func parseLine(text []byte, keys map[string][]string) (Record, error) {
 			if !ok {
 				return Record{}, fmt.Errorf("no key column %s", k)
 			}
-			kv = append(kv, string(raw))
+			// As the key's = compares: a lossy form by its text, a number by its value.
+			if text, ok := l.Original[k]; ok {
+				kv = append(kv, Lossy+text)
+			} else {
+				kv = append(kv, string(line.CanonicalNumber(raw)))
+			}
 		}
 		rec.Key = strings.Join(kv, KeySep)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/sink/jsonl/line"
 )
 
 // Record is one output record as the oracle sees it, whichever product produced it.
@@ -444,6 +445,10 @@ func sourceRows(ctx context.Context, dsn, schema, table string, key []string, as
 		for _, k := range key {
 			if row[k] == nil {
 				return nil, fmt.Errorf("key column %q of %s.%s is NULL or missing", k, schema, table)
+			}
+			if asJSON && !strings.HasPrefix(*row[k], Lossy) {
+				kv = append(kv, string(line.CanonicalNumber([]byte(*row[k])))) // as the replay's
+				continue
 			}
 			kv = append(kv, *row[k])
 		}

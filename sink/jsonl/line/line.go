@@ -174,3 +174,20 @@ func ReadAll(r io.Reader) ([]Line, error) {
 		out = append(out, l)
 	}
 }
+
+// CanonicalNumber is a key value's JSON form as a key: a number without trailing fractional
+// zeros and without the sign of a zero (a key is equal under its type's =, by which 1.0 and 1.00,
+// 0 and -0 are one key, and the output may carry either form of it), anything else as it is.
+func CanonicalNumber(j []byte) []byte {
+	if len(j) == 0 || !(j[0] == '-' || (j[0] >= '0' && j[0] <= '9')) || bytes.ContainsAny(j, "eE") {
+		return j
+	}
+	if bytes.IndexByte(j, '.') >= 0 {
+		j = bytes.TrimRight(j, "0")
+		j = bytes.TrimSuffix(j, []byte("."))
+	}
+	if len(j) > 1 && j[0] == '-' && len(bytes.Trim(j[1:], "0.")) == 0 {
+		return []byte("0")
+	}
+	return j
+}

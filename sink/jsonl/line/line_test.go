@@ -86,3 +86,12 @@ func TestReaderNamesTheLine(t *testing.T) {
 	_, err = line.NewReader(strings.NewReader("")).Next()
 	require.ErrorIs(t, err, io.EOF)
 }
+
+func TestCanonicalNumber(t *testing.T) {
+	for in, want := range map[string]string{"1.0": "1", "1.00": "1", "1": "1", "10": "10", "10.50": "10.5", "-0": "0", "-0.0": "0",
+		"0.0": "0", "-1.0": "-1", "1e10": "1e10", `"1.0"`: `"1.0"`, "null": "null", "100": "100", "-0.01": "-0.01"} {
+		if got := string(line.CanonicalNumber([]byte(in))); got != want {
+			t.Errorf("CanonicalNumber(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
