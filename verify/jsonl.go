@@ -724,4 +724,3 @@ func appendKeyPart(b, json []byte, original string, lossy bool) []byte {
 	}
 	return b
 }
-
