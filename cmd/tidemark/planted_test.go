@@ -499,8 +499,12 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 	c := harness(t, srv, src)
 	_, err := c.Exec(ctx, `CREATE EXTENSION citext;
 		CREATE TYPE public.mood AS ENUM ('ok', 'meh');
-		CREATE TABLE public.items (id int PRIMARY KEY, name text, n numeric(12,2), at timestamptz DEFAULT now(), tags text[], m public.mood, updated_at timestamptz NOT NULL DEFAULT now());
-		INSERT INTO public.items (id, name, n, tags, m) SELECT g, 'item ' || g, g * 1.5, ARRAY['a', 'b'], 'ok' FROM pg_catalog.generate_series(1, 300) g;
+		-- A domain and a composite type the target lacks: the sink creates them there.
+		CREATE DOMAIN public.qty AS int NOT NULL CHECK (VALUE >= 0);
+		CREATE TYPE public.dims AS (w int, h int);
+		CREATE TABLE public.items (id int PRIMARY KEY, name text, n numeric(12,2), at timestamptz DEFAULT now(), tags text[], m public.mood, updated_at timestamptz NOT NULL DEFAULT now(),
+			q public.qty DEFAULT 1, d public.dims);
+		INSERT INTO public.items (id, name, n, tags, m, d) SELECT g, 'item ' || g, g * 1.5, ARRAY['a', 'b'], 'ok', ROW(g, 2)::public.dims FROM pg_catalog.generate_series(1, 300) g;
 		CREATE TABLE public.tenants (tenant citext, id int, v text, PRIMARY KEY (tenant, id));
 		INSERT INTO public.tenants SELECT CASE WHEN g % 2 = 0 THEN 'A' ELSE 'b' END, g, 'v' FROM pg_catalog.generate_series(1, 100) g;
 		-- A column added with a default the existing rows take without a rewrite, which the
@@ -565,6 +569,10 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 				"--to", tgtDSN, "--audit", "--chunk-size", "50", "--stop-when-caught-up", "--quiet"},
 			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_b_" + pass, "--publication", "planted",
 				"--to", out, "--chunk-size", "50", "--watermarks", "table", "--stop-when-caught-up", "--quiet"},
+		},
+		"verify": {
+			{"verify", "--source", srcDSN, "--tables", "public.items,public.tenants", "--publication", "planted", "--to", tgtDSN, "--recheck-for", "2s"},
+			{"verify", "--source", srcDSN, "--tables", "public.items,public.tenants", "--publication", "planted", "--to", out, "--recheck-for", "2s"},
 		},
 		"status": {
 			{"status", "--source", srcDSN, "--slot", "planted_a_" + pass, "--target", tgtDSN},
