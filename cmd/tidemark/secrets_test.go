@@ -125,6 +125,8 @@ func TestNoSecretInOutput(t *testing.T) {
 				args = []string{c.name, "--tables", "public.nope", "--to", filepath.Join(dir, "out.jsonl"), "--stop-when-caught-up", "--quiet"}
 			case "doctor", "schema":
 				args = []string{c.name, "--tables", "public.nope"}
+			case "verify":
+				args = []string{c.name, "--tables", "public.nope"} // --to from $TIDEMARK_TARGET
 			case "status":
 				args = []string{c.name, "--slot", "nope_slot"}
 			case "cleanup":
