@@ -239,6 +239,18 @@ func TestFailedRunKeepsWhatExisted(t *testing.T) {
 	require.False(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'orders')`, db.Publication),
 		"the table the run added is taken out again")
 	require.True(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'other')`, db.Publication))
+
+	// An inheritance parent the run added, whose child was in the publication already: the
+	// parent is taken out again, and only the parent.
+	db.Exec(`CREATE TABLE public.kid (x int) INHERITS (public.orders); ALTER TABLE public.kid ADD PRIMARY KEY (id);
+		ALTER PUBLICATION ` + db.Publication + ` ADD TABLE ONLY public.kid`)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 1, run(context.Background(), []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.orders", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, e))
+	require.NotContains(t, errOut.String(), "left on the source")
+	require.False(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'orders')`, db.Publication), errOut.String())
+	require.True(t, exists(t, db, `SELECT EXISTS (SELECT FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'kid')`, db.Publication),
+		"the child, in the publication before the run, stays")
 }
 
 // TestSyncReconnects: a sync whose connections the server ends (pg_terminate_backend: 57P01, as
