@@ -363,7 +363,7 @@ func checkOverride(ctx context.Context, conn *pgx.Conn, t *Table, override, iden
 		var index string
 		err := conn.QueryRow(ctx, `
 			SELECT coalesce((SELECT quote_ident(x.relname) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate
-				AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = cardinality($2::text[])
+				AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = cardinality($2::text[])
 				AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 					WHERE NOT a.attname = ANY($2))
 				ORDER BY 1 LIMIT 1), '')`, t.OID, override).Scan(&index)

@@ -348,7 +348,7 @@ func (e *Engine) undoAdded(ctx context.Context) error {
 		others, err = replicator.OtherSlots(ctx, conn, e.cfg.Source.Slot)
 		if err == nil && len(others) > 0 {
 			for _, t := range e.addedTables {
-				fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()+";")
+				fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE ONLY "+t.Sanitize()+";")
 			}
 			e.addedTables = nil
 			e.log.Warn().Str("publication", pub).Strs("other_slots", others).
@@ -358,12 +358,12 @@ func (e *Engine) undoAdded(ctx context.Context) error {
 	}
 	for _, t := range e.addedTables {
 		if err == nil {
-			if _, err = conn.Exec(ctx, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()); err == nil {
+			if _, err = conn.Exec(ctx, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE ONLY "+t.Sanitize()); err == nil {
 				e.log.Info().Str("table", t.Sanitize()).Str("publication", pub).Msg("table taken out of the publication again: this run added it and ends before its first checkpoint")
 				continue
 			}
 		}
-		fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE "+t.Sanitize()+";")
+		fixes = append(fixes, "ALTER PUBLICATION "+sqlfix.Ident(pub)+" DROP TABLE ONLY "+t.Sanitize()+";")
 	}
 	e.addedTables = nil
 	if len(fixes) > 0 {

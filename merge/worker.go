@@ -503,7 +503,7 @@ func (w *worker) watch(ctx context.Context) error {
 				what = "it is no longer published under its name (dropped from the publication, or publish_via_partition_root turned off)"
 			}
 			return fmt.Errorf("%w: %s in publication %q: %s (was %q, now %q), so its changes since then are not in the slot; "+
-				"restore it (ALTER PUBLICATION %s ADD TABLE %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
+				"restore it (ALTER PUBLICATION %s ADD TABLE ONLY %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
 				ErrPublicationChanged, t.name, pub, what, t.progress.Publication, member, pgx.Identifier{pub}.Sanitize(), t.table.Ident())
 		}
 		if t.table.Partitions != nil || t.parts != nil {
