@@ -470,8 +470,9 @@ func TestSlotsFull(t *testing.T) {
 
 // TestUserTypesCreatedOnTarget: the domains and composite types a created table needs are
 // created on the target as on the source (what they are made of first: a domain over an enum, a
-// composite with a domain attribute, arrays of them), the rows arrive equal, and an existing type
-// of that name with another definition is refused with both definitions, leaving nothing behind.
+// composite with a domain attribute, arrays of them; a domain without its CHECK constraints), the
+// rows arrive equal, and an existing type of that name with another definition is refused with
+// both definitions, leaving nothing behind.
 func TestUserTypesCreatedOnTarget(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SCHEMA app;
@@ -491,7 +492,7 @@ func TestUserTypesCreatedOnTarget(t *testing.T) {
 	require.NoError(t, err)
 	e, _, errOut := testEnv(t)
 	require.Equal(t, 1, run(ctx, append([]string{"sync", "--slot", db.Slot, "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}, args...), e))
-	require.Contains(t, errOut.String(), `domain "app"."positive" is numeric(10,2) CHECK ((VALUE >= (0)::numeric)) on the target and numeric(10,2) NOT NULL CHECK ((VALUE > (0)::numeric)) on the source`)
+	require.Contains(t, errOut.String(), `domain "app"."positive" is numeric(10,2) on the target and numeric(10,2) NOT NULL on the source`)
 	require.Empty(t, leftBehind(t, db))
 
 	_, err = tgt.Exec(ctx, `DROP DOMAIN app.positive`)
@@ -502,6 +503,11 @@ func TestUserTypesCreatedOnTarget(t *testing.T) {
 	require.NoError(t, tgt.QueryRow(ctx, `SELECT string_agg(format_type(oid, NULL) || ':' || typtype::text, ',' ORDER BY typname) FROM pg_type
 		WHERE typnamespace = 'app'::regnamespace AND typtype IN ('c', 'd', 'e')`).Scan(&defs))
 	require.Equal(t, "app.addr:c,app.feeling:d,app.mood:e,app.positive:d,app.zip:d", defs)
+	// A domain's CHECK constraints are code of the source's, which the sync does not run on the
+	// target with its own rights (another source role may have written them): not copied.
+	var checks int
+	require.NoError(t, tgt.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE contypid IN ('app.positive'::regtype, 'app.zip'::regtype)`).Scan(&checks))
+	require.Zero(t, checks)
 	e, stdout, errOut := testEnv(t)
 	require.Equal(t, 0, run(ctx, append([]string{"verify", "--to", tgtDSN, "--recheck-for", "0"}, args...), e), errOut.String()+stdout.String())
 	require.Contains(t, stdout.String(), "public.u: equal (2 rows")
