@@ -1023,10 +1023,13 @@ var ErrTypeDiffers = errors.New("the target's type differs from the source's")
 
 // ensureType makes sure that the user-defined type of a column of a table to create (typeOID on
 // the source, or its element type for an array) exists on the target as on the source: an enum
-// (ensureEnum), a domain (its base type, collation, NOT NULL and CHECK constraints; not its
-// default, which no replicated value uses), or a composite type (its attributes' names, types and
-// collations), each in the schema and with the name it has on the source, the types they are made
-// of first. A missing one is created (owned by this role); an existing one is used only when its
+// (ensureEnum), a domain (its base type, collation and NOT NULL), or a composite type (its
+// attributes' names, types and collations), each in the schema and with the name it has on the
+// source, the types they are made of first. A domain's CHECK constraints and default are not
+// copied: they are expressions, code that any role owning a captured table could have written on
+// the source (a function of a superuser's, lo_export or set_config, called with chosen
+// arguments), which the target would then run with this role's rights on every value written; the
+// values written passed them on the source already. They are logged for a DBA to add. A missing one is created (owned by this role); an existing one is used only when its
 // definition is the source's and its owner is this role or a superuser. Ranges, base types and
 // an extension's types are left to CREATE TABLE: they must exist on the target already.
 func (s *Sink) ensureType(ctx context.Context, typeOID uint32, depth int) error {
@@ -1093,7 +1096,14 @@ func (s *Sink) ensureType(ctx context.Context, typeOID uint32, depth int) error 
 		_, err = s.tx.Exec(ctx, fmt.Sprintf(create, ident, def))
 		switch {
 		case err == nil:
-			s.log.Info().Str("type", ident).Str("definition", def).Msg(what + " created on the target, as on the source")
+			ev := s.log.Info().Str("type", ident).Str("definition", def)
+			if kind == 'd' {
+				var checks string
+				if err := s.source.QueryRow(ctx, DomainChecksSQL, schema, name).Scan(&checks); err == nil && checks != "" {
+					ev = ev.Str("checks_not_copied", checks)
+				}
+			}
+			ev.Msg(what + " created on the target, as on the source (a domain's CHECK constraints and default are not copied: they are code, which the target would run with this role's rights)")
 			_, err = s.tx.Exec(ctx, "RELEASE SAVEPOINT tidemark_type")
 			return err
 		case pgerr.Is(err, pgerrcode.DuplicateObject, pgerrcode.UniqueViolation):

@@ -123,18 +123,21 @@ const (
 	// FormatTypeSQL: the SQL name of type $1 with modifiers $2 (NULL: without).
 	FormatTypeSQL = `SELECT format_type($1, $2)`
 	// DomainDefinitionSQL: the definition of domain $1.$2 as CREATE DOMAIN takes it after AS
-	// (base type with its modifiers, a collation other than the base type's, NOT NULL, the CHECK
-	// constraints by their text: names aside, a definition that reads the same on both servers),
-	// its owner, and whether the owner is the current role or a superuser. The same statement
-	// reads the source's and the target's, which are then compared as text.
+	// (base type with its modifiers, a collation other than the base type's, NOT NULL; not its
+	// CHECK constraints, which are code: see Sink.ensureType), its owner, and whether the owner
+	// is the current role or a superuser. The same statement reads the source's and the
+	// target's, which are then compared as text.
 	DomainDefinitionSQL = `SELECT concat_ws(' ', format_type(t.typbasetype, t.typtypmod),
 			CASE WHEN t.typcollation <> 0 AND t.typcollation <> b.typcollation THEN 'COLLATE ' || quote_ident(cn.nspname) || '.' || quote_ident(co.collname) END,
-			CASE WHEN t.typnotnull THEN 'NOT NULL' END,
-			(SELECT string_agg(d.def, ' ' ORDER BY d.def) FROM (SELECT pg_get_constraintdef(c.oid) AS def FROM pg_constraint c WHERE c.contypid = t.oid AND c.contype = 'c') d)),
+			CASE WHEN t.typnotnull THEN 'NOT NULL' END),
 		r.rolname::text, (r.rolname = current_user OR r.rolsuper)
 		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_roles r ON r.oid = t.typowner JOIN pg_type b ON b.oid = t.typbasetype
 		LEFT JOIN pg_collation co ON co.oid = t.typcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
 		WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'd'`
+	// DomainChecksSQL: the CHECK constraints of domain $1.$2, as their definitions' text.
+	DomainChecksSQL = `SELECT coalesce(string_agg(pg_get_constraintdef(c.oid), ' ' ORDER BY c.conname), '')
+		FROM pg_constraint c JOIN pg_type t ON t.oid = c.contypid JOIN pg_namespace n ON n.oid = t.typnamespace
+		WHERE n.nspname = $1 AND t.typname = $2 AND c.contype = 'c'`
 	// CompositeDefinitionSQL: the attributes of composite type $1.$2 as CREATE TYPE ... AS (...)
 	// takes them (name, type with modifiers, a collation other than the type's), its owner, and
 	// whether the owner is the current role or a superuser; compared as DomainDefinitionSQL's.
