@@ -308,8 +308,10 @@ func (e *Engine) Run(ctx context.Context, from *Position) error {
 	return err
 }
 
-// undoSignalTable drops the signal table this run created, unless another capture has written a
-// mark in it meanwhile.
+// undoSignalTable drops the signal table this run created, unless another capture may use it:
+// another pgoutput slot of the database exists (as tidemark cleanup decides; its run may have
+// checked the table and not written yet), or one has written a mark in it. The check and the
+// DROP are one transaction, under the table's ACCESS EXCLUSIVE lock.
 func (e *Engine) undoSignalTable(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
@@ -317,14 +319,35 @@ func (e *Engine) undoSignalTable(ctx context.Context) error {
 	conn, err := pgconf.Open(ctx, e.cfg.Source.DSN, "tidemark", e.cfg.Source.Configure)
 	if err == nil {
 		defer conn.Close(ctx)
-		var others bool
-		if err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+name+" WHERE slot <> $1)", e.cfg.Source.Slot).Scan(&others); err == nil {
-			if others {
-				e.log.Warn().Str("table", name).Msg("signal table kept: this run created it, but another capture has written in it since")
-				return nil
-			}
-			if _, err = conn.Exec(ctx, "DROP TABLE "+name); err == nil {
+		var others []string
+		if others, err = replicator.OtherSlots(ctx, conn, e.cfg.Source.Slot); err == nil && len(others) > 0 {
+			e.log.Warn().Str("table", name).Strs("other_slots", others).
+				Msgf("signal table kept: this run created it, but other pgoutput slots of the database may be captures that use it; once none does, drop it with DROP TABLE %s;", name)
+			return nil
+		}
+		if err == nil {
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'"); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, "LOCK TABLE "+name+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+					return err
+				}
+				var written bool
+				if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+name+" WHERE slot <> $1)", e.cfg.Source.Slot).Scan(&written); err != nil {
+					return err
+				}
+				if written {
+					e.log.Warn().Str("table", name).Msg("signal table kept: this run created it, but another capture has written in it since")
+					return nil
+				}
+				if _, err := tx.Exec(ctx, "DROP TABLE "+name); err != nil {
+					return err
+				}
 				e.log.Info().Str("table", name).Msg("signal table dropped again: this run created it and ends before its first checkpoint")
+				return nil
+			})
+			if err == nil {
 				return nil
 			}
 		}

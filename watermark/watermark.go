@@ -299,8 +299,9 @@ func ensureTable(ctx context.Context, conn *pgx.Conn, cfg Config, log zerolog.Lo
 				ErrSetup, name, cfg.Publication, err, alter)
 		}
 		return fmt.Errorf("add signal table to publication %q: %w", cfg.Publication, err)
+	} else if err == nil {
+		p.AddedToPublication = true // not when another run added it meanwhile
 	}
-	p.AddedToPublication = true
 	log.Info().Str("table", name).Str("publication", cfg.Publication).Msg("signal table added to the publication")
 	return nil
 }
