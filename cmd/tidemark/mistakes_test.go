@@ -586,3 +586,32 @@ func TestKeyOverrideNotUnique(t *testing.T) {
 	require.Contains(t, errOut.String(), "key override (id) of public.u is not unique")
 	require.Empty(t, leftBehind(t, db))
 }
+
+// TestCompositeAttributeAddedLater: an attribute added to a composite type on the source after
+// the target's was made stops the sync at the first value that has it, with the statement that
+// adds it on the target; once run, the sync goes on and the target equals the source.
+func TestCompositeAttributeAddedLater(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TYPE public.dims AS (w int, h int);
+		CREATE TABLE public.c (id int PRIMARY KEY, d public.dims);
+		INSERT INTO public.c VALUES (1, ROW(1, 2))`)
+	ctx := context.Background()
+	tgtDSN, tgt := targetDatabase(t, db)
+	args := []string{"sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication,
+		"--tables", "public.c", "--to", tgtDSN, "--stop-when-caught-up", "--quiet"}
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 0, run(ctx, args, e), errOut.String())
+
+	db.Exec(`ALTER TYPE public.dims ADD ATTRIBUTE unit text`)
+	db.Exec(`INSERT INTO public.c VALUES (2, ROW(3, 4, 'cm'))`)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 1, run(ctx, args, e))
+	require.Contains(t, errOut.String(), `ALTER TYPE "public"."dims" ADD ATTRIBUTE "unit" text;`)
+
+	_, err := tgt.Exec(ctx, `ALTER TYPE public.dims ADD ATTRIBUTE unit text`)
+	require.NoError(t, err)
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 0, run(ctx, args, e), errOut.String())
+	e, stdout, errOut := testEnv(t)
+	require.Equal(t, 0, run(ctx, []string{"verify", "--source", db.DSN, "--publication", db.Publication, "--tables", "public.c", "--to", tgtDSN, "--recheck-for", "0"}, e), errOut.String()+stdout.String())
+}
