@@ -606,7 +606,7 @@ func TestCompositeAttributeAddedLater(t *testing.T) {
 	db.Exec(`INSERT INTO public.c VALUES (2, ROW(3, 4, 'cm'))`)
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 1, run(ctx, args, e))
-	require.Contains(t, errOut.String(), `ALTER TYPE "public"."dims" ADD ATTRIBUTE "unit" text;`)
+	require.Contains(t, errOut.String(), `ALTER TYPE "public"."dims" ADD ATTRIBUTE unit text;`)
 
 	_, err := tgt.Exec(ctx, `ALTER TYPE public.dims ADD ATTRIBUTE unit text`)
 	require.NoError(t, err)

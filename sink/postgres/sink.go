@@ -638,37 +638,86 @@ func (s *Sink) flushTable(ctx context.Context, t *targetTable) error {
 func (s *Sink) apply(ctx context.Context, b *tableBatch) error {
 	err := s.applyBatch(ctx, b)
 	if pgerr.Is(err, pgerrcode.InvalidTextRepresentation) {
-		// The target's type refused a value: an enum the source has given a label since.
-		if hint := s.enumLabelsAdded(ctx, b.t.columns); hint != nil {
+		// The target's type refused a value: an enum or a composite type the source has changed
+		// since.
+		if hint := s.typeChanged(ctx, b.t.columns); hint != nil {
 			return fmt.Errorf("%w (%w)", hint, err)
 		}
 	}
 	return err
 }
 
-// enumLabelsAdded says, after a value was refused, whether an enum of cols (or of their arrays)
-// has labels on the source that the target's lacks, with the statements that add them. The
-// failed transaction is rolled back first (the run stops).
-func (s *Sink) enumLabelsAdded(ctx context.Context, cols *merge.Columns) error {
+// typeChanged says, after a value was refused, whether a type of cols (through arrays, domains
+// and composite types' attributes) has changed on the source since the target's was made: an
+// enum given labels, a composite type given attributes; with the statements that make the
+// target's the same. The failed transaction is rolled back first (the run stops).
+func (s *Sink) typeChanged(ctx context.Context, cols *merge.Columns) error {
 	if s.tx != nil {
 		_ = s.tx.Rollback(ctx)
 		s.tx = nil
 	}
+	seen := map[uint32]bool{}
 	for _, typ := range cols.Types {
-		var schema, name string
-		var labels []string
-		err := s.source.QueryRow(ctx, EnumLabelsByOIDSQL, typ).Scan(&schema, &name, &labels)
-		if err != nil {
-			continue // not an enum
+		if err := s.typeChangedOf(ctx, typ, seen, 0); err != nil {
+			return err
 		}
-		var have []string
-		if err := s.target.QueryRow(ctx, EnumLabelsByNameSQL, schema, name).Scan(&have); err != nil {
-			continue
+	}
+	return nil
+}
+
+func (s *Sink) typeChangedOf(ctx context.Context, oid uint32, seen map[uint32]bool, depth int) error {
+	if depth > 16 || seen[oid] {
+		return nil
+	}
+	seen[oid] = true
+	var schema, name string
+	var kind byte
+	var elem, base uint32
+	err := s.source.QueryRow(ctx, `SELECT n.nspname::text, t.typname::text, t.typtype,
+			CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE 0 END, t.typbasetype
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1`, oid).Scan(&schema, &name, &kind, &elem, &base)
+	if err != nil {
+		return nil // no hint
+	}
+	ident := pgx.Identifier{schema, name}.Sanitize()
+	switch {
+	case elem != 0:
+		return s.typeChangedOf(ctx, elem, seen, depth+1)
+	case kind == 'd':
+		return s.typeChangedOf(ctx, base, seen, depth+1)
+	case kind == 'e':
+		var labels, have []string
+		if s.source.QueryRow(ctx, EnumLabelsByOIDSQL, oid).Scan(&schema, &name, &labels) != nil ||
+			s.target.QueryRow(ctx, EnumLabelsByNameSQL, schema, name).Scan(&have) != nil {
+			return nil
 		}
-		ident := pgx.Identifier{schema, name}.Sanitize()
 		if adds, ok := enumAdds(ident, have, labels); ok && len(adds) > 0 {
 			return fmt.Errorf("%w: enum %s was given labels on the source since the target's was made: it has (%s) on the target and (%s) on the source; add them on the target: %s then run the sync again",
 				ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "), strings.Join(adds, " "))
+		}
+	case kind == 'c':
+		var attrs, have []string
+		var types []uint32
+		if s.source.QueryRow(ctx, CompositeAttributesSQL, schema, name).Scan(&attrs, &types) != nil ||
+			s.target.QueryRow(ctx, CompositeAttributesSQL, schema, name).Scan(&have, new([]uint32)) != nil {
+			return nil
+		}
+		if !slices.Equal(attrs, have) {
+			fix := "make the target's the source's"
+			if len(have) < len(attrs) && slices.Equal(attrs[:len(have)], have) {
+				var adds []string
+				for _, a := range attrs[len(have):] {
+					adds = append(adds, "ALTER TYPE "+ident+" ADD ATTRIBUTE "+a+";")
+				}
+				fix = "add them on the target: " + strings.Join(adds, " ")
+			}
+			return fmt.Errorf("%w: composite type %s changed on the source since the target's was made: it is (%s) on the target and (%s) on the source; %s then run the sync again",
+				ErrTypeDiffers, ident, strings.Join(have, ", "), strings.Join(attrs, ", "), fix)
+		}
+		for _, t := range types {
+			if err := s.typeChangedOf(ctx, t, seen, depth+1); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

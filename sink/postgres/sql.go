@@ -134,6 +134,16 @@ const (
 		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_roles r ON r.oid = t.typowner JOIN pg_type b ON b.oid = t.typbasetype
 		LEFT JOIN pg_collation co ON co.oid = t.typcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
 		WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'd'`
+	// CompositeAttributesSQL: the attributes of composite type $1.$2 (each as CREATE TYPE ...
+	// AS (...) and ADD ATTRIBUTE take it, as CompositeDefinitionSQL writes them) and their types.
+	CompositeAttributesSQL = `SELECT coalesce(array_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod)
+				|| CASE WHEN a.attcollation <> 0 AND a.attcollation <> at.typcollation THEN ' COLLATE ' || quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END
+				ORDER BY a.attnum), '{}'), coalesce(array_agg(a.atttypid ORDER BY a.attnum), '{}')
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+		JOIN pg_attribute a ON a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+		JOIN pg_type at ON at.oid = a.atttypid
+		LEFT JOIN pg_collation co ON co.oid = a.attcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
+		WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'c'`
 	// DomainChecksSQL: the CHECK constraints of domain $1.$2, as their definitions' text.
 	DomainChecksSQL = `SELECT coalesce(string_agg(pg_get_constraintdef(c.oid), ' ' ORDER BY c.conname), '')
 		FROM pg_constraint c JOIN pg_type t ON t.oid = c.contypid JOIN pg_namespace n ON n.oid = t.typnamespace
