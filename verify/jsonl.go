@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,6 +50,9 @@ func JSONLines(ctx context.Context, o Options, path string) (*Report, error) {
 		rep.Tables = append(rep.Tables, t.rep)
 	}
 	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("the output %s does not exist: give --to the file the sync writes (or a PostgreSQL connection string)", path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the output: %w", err)
 	}
