@@ -62,3 +62,16 @@ func TestVerifyUsage(t *testing.T) {
 		require.Contains(t, errOut.String(), c.want)
 	}
 }
+
+// TestVerifyInterrupted: verify stopped by a signal (Ctrl-C) before it ends does not exit 0, which
+// would read as "equal".
+func TestVerifyInterrupted(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE public.t (id int PRIMARY KEY); INSERT INTO public.t SELECT g FROM generate_series(1, 10) g`)
+	tgtDSN, _ := targetDatabase(t, db)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e, _, errOut := testEnv(t)
+	require.Equal(t, 1, run(ctx, []string{"verify", "--source", db.DSN, "--tables", "public.t", "--to", tgtDSN}, e))
+	require.Contains(t, errOut.String(), "interrupted")
+}
