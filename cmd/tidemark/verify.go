@@ -16,7 +16,7 @@ import (
 // runVerify compares a sync's output with its source: a PostgreSQL target, or a JSON lines file
 // replayed. It takes sync's own flags for what they share, so that a sync's command line with
 // "verify" for "sync" checks that sync.
-func runVerify(ctx context.Context, args []string, e *env) error {
+func runVerify(ctx context.Context, args []string, e *env) (err error) {
 	fs := newFlags("verify", "verify --source DSN --tables schema.table,... --to TARGET [--target-schema NAME] [--recheck-for DURATION]", e)
 	source := sourceFlag(fs)
 	tables := fs.String("tables", "", "comma-separated tables to compare, as schema.table")
@@ -55,6 +55,12 @@ func runVerify(ctx context.Context, args []string, e *env) error {
 	if err := applyKeys(*keys, parsed); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	defer func() {
+		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+			// Not context.Canceled, which exits 0: an unfinished comparison is no "equal".
+			err = errors.New("interrupted: the comparison did not end, so it says nothing of the tables it did not finish")
+		}
+	}()
 	conn, err := connectSource(ctx, fs, *source)
 	if err != nil {
 		return err
@@ -67,16 +73,16 @@ func runVerify(ctx context.Context, args []string, e *env) error {
 	}
 	var rep *verify.Report
 	if isDSN(*to) && !isFile(*to) {
-		tc, err := pgconf.OpenDefaultSSL(ctx, *to, "tidemark")
-		if err != nil {
-			return fmt.Errorf("target: %w", err)
+		tc, cerr := pgconf.OpenDefaultSSL(ctx, *to, "tidemark")
+		if cerr != nil {
+			return fmt.Errorf("target: %w", cerr)
 		}
 		defer tc.Close(context.WithoutCancel(ctx))
 		rep, err = verify.Postgres(ctx, opts, tc, *targetSchema)
-		if err != nil {
-			return err
-		}
-	} else if rep, err = verify.JSONLines(ctx, opts, *to); err != nil {
+	} else {
+		rep, err = verify.JSONLines(ctx, opts, *to)
+	}
+	if err != nil {
 		return err
 	}
 	return verdict(rep)
