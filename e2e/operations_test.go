@@ -626,3 +626,46 @@ func TestPartitionTruncateDetected(t *testing.T) {
 	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.m")))
 	verify(t, db, sink, "public.m", "id")
 }
+
+// TestValuesRewrittenDetected: a column type change that rewrites every stored value with no row
+// event (ALTER COLUMN ... TYPE ... USING) stops the capture while it runs, with no change to the
+// table after it (the watch sees it, not the stream), and a later run refuses to go on as if it
+// had not happened, until the table is re-backfilled, after which the output equals the source.
+// A change that keeps every value (a varchar made longer) stops nothing. A position of an earlier
+// version, without column types, resumes.
+func TestValuesRewrittenDetected(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1, price numeric(12,2), name varchar(10))`)
+	db.Exec(`INSERT INTO t (id, price, name) SELECT g, g * 1.25, 'n' || g FROM generate_series(1, 30) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	require.NotEmpty(t, sink.last().Tables["public.t"].Columns, "checkpoints carry the column types")
+	cfg.Source.CreateSlot = false
+
+	old := sink.last().Clone()
+	old.Tables["public.t"].Columns = nil // as an earlier version wrote it
+	require.NoError(t, runEngine(t, cfg, sink, old))
+
+	cont := cfg
+	cont.StopWhenCaughtUp = false
+	cont.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER TABLE t ALTER COLUMN name TYPE varchar(40)`)
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatalf("the capture stopped on a change that keeps every value: %v", stopIt())
+	default:
+	}
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrValuesRewritten)
+	require.ErrorContains(t, err, "column price of public.t changed type from numeric(12,2) to bigint")
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrValuesRewritten)
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.t")))
+	verify(t, db, sink, "public.t", "id")
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "after the re-backfill the new types are the recorded ones")
+}

@@ -64,13 +64,20 @@ func TestTargetFollowsColumnChanges(t *testing.T) {
 	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
 	targetEquals(t, db, tgt, "t")
 
-	// A type the target cannot take over by itself (the source's USING is unknown): the sync
-	// stops with the statement.
+	// A type the target cannot take over by itself (the source's USING is unknown, and every
+	// stored value was rewritten with no row event): the sync stops with the statement, and
+	// goes on once the operator converted the target's column and said so.
 	db.Exec(`ALTER TABLE t ALTER COLUMN label TYPE int USING length(label)`)
 	db.Exec(`UPDATE t SET label = 42 WHERE id = 4`)
 	err = syncTarget(t, db, tgt, "public.t")
-	require.Error(t, err)
-	require.ErrorContains(t, err, `ALTER COLUMN "label" TYPE integer`)
+	require.ErrorContains(t, err, `ALTER COLUMN "label" TYPE integer USING`)
+	require.ErrorContains(t, err, "--types-changed public.t")
+	_, err = conn.Exec(context.Background(), `ALTER TABLE t ALTER COLUMN label TYPE int USING length(label)`)
+	require.NoError(t, err)
+	_, err = runSyncTo(t, db, tgt, "--tables", "public.t", "--stop-when-caught-up", "--quiet", "--types-changed", "public.t")
+	require.NoError(t, err)
+	targetEquals(t, db, tgt, "t")
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"), "the new types are the recorded ones")
 }
 
 // TestPrecreatedTargets: a target made with `pg_dump -s` of the source has a key GENERATED

@@ -50,6 +50,12 @@ type (
 		table  string
 		leaves []chunker.LeafStorage
 	}
+	// columnTypes are a table's column types now, as the worker's watch found them after a
+	// change that left the values as they were: checkpoints carry them (TableProgress.Columns).
+	columnTypes struct {
+		table string
+		cols  []ColumnType
+	}
 	// highWritten reports that chunk id's high watermark committed before WAL position after:
 	// once the stream has passed it, the window is stale if the mark was not seen.
 	highWritten struct {
@@ -274,6 +280,10 @@ func (c *core) step(in any) error {
 	case storage:
 		if ts := c.tables[v.table]; ts != nil {
 			ts.progress.Storage = v.leaves
+		}
+	case columnTypes:
+		if ts := c.tables[v.table]; ts != nil {
+			ts.progress.Columns = v.cols
 		}
 	case handover:
 		return c.handover(v)
@@ -818,7 +828,7 @@ func (c *core) refresh(ts *tableState) {
 	c.out = append(c.out, Event{Op: Refresh, Columns: chunkColumns(ts.table, ts.schema, ts.tname), LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
 	c.txSeq++
 	p := ts.progress
-	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage}
+	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Columns: p.Columns}
 	ts.indexRereads()
 	c.rereadsChanged()
 }

@@ -37,6 +37,10 @@ type TableConfig struct {
 	Name       string   // table name
 	Key        []string // key override; nil: the replica identity's columns (see chunker.Discover)
 	NoBackfill bool     // capture changes only; existing rows are not read
+	// TypesChanged: the output's values were converted as the source's were by a column type
+	// change (ErrValuesRewritten), so the column types are taken as they are now, for this run,
+	// without a re-backfill.
+	TypesChanged bool
 }
 
 // Hooks are called at the points of the chunk protocol and of the output, with the chunk id or
@@ -500,7 +504,7 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
 		p := pos.Tables[name]
-		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage})
+		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage, columns: p.Columns})
 	}
 	w.order(e.cfg.Tables)
 	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wake, stream: stream}

@@ -230,6 +230,18 @@ type TableProgress struct {
 	// publication publishes through the root: a TRUNCATE of one partition is not streamed then,
 	// and shows only as a new, empty file (chunker.Truncated).
 	Storage []chunker.LeafStorage `json:"storage,omitempty"`
+	// Columns are the table's column types when last looked at: a type change since that may
+	// have rewritten the stored values without a row event (ErrValuesRewritten) stops the
+	// capture. Absent from the positions of earlier versions: then the changes made before this
+	// run are not known.
+	Columns []ColumnType `json:"columns,omitempty"`
+}
+
+// ColumnType is a column's type as a TableProgress records it.
+type ColumnType struct {
+	Name string `json:"name"`
+	Type uint32 `json:"type"` // pg_type OID
+	Mod  int32  `json:"mod"`  // type modifier, -1 when none
 }
 
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.
@@ -305,6 +317,7 @@ func (t *TableProgress) clone() TableProgress {
 	c.Reread = slices.Clone(t.Reread)
 	c.Partitions = slices.Clone(t.Partitions)
 	c.Storage = slices.Clone(t.Storage)
+	c.Columns = slices.Clone(t.Columns)
 	return c
 }
 

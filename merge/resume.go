@@ -204,9 +204,10 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			delete(pos.Tables, name) // no longer captured
 		}
 	}
-	noBackfill := map[string]bool{}
+	noBackfill, typesChanged := map[string]bool{}, map[string]bool{}
 	for _, tc := range e.cfg.Tables {
 		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
+		typesChanged[tc.Schema+"."+tc.Name] = tc.TypesChanged
 	}
 	var errs []error
 	for name, t := range tables {
@@ -250,7 +251,13 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			}
 			p.Storage = storage
 		}
-		p.Key, p.OID, p.Publication, p.Partitions = key, t.OID, member, t.Partitions
+		cols := TypesOf(t)
+		if !p.Refresh && !typesChanged[name] {
+			if err := Rewritten(ctx, conn, name, p.Columns, cols); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		p.Key, p.OID, p.Publication, p.Partitions, p.Columns = key, t.OID, member, t.Partitions, cols
 		pos.Tables[name] = p
 	}
 	return errors.Join(errs...)

@@ -27,6 +27,7 @@ type workTable struct {
 	gen      int                   // the core's re-read generation progress is as of
 	parts    []uint32              // the partitions it had when the run started
 	storage  []chunker.LeafStorage // its leaf partitions' storage when last looked at (publishing through the root)
+	columns  []ColumnType          // its column types when last looked at
 }
 
 // worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
@@ -506,6 +507,9 @@ func (w *worker) watch(ctx context.Context) error {
 				"restore it (ALTER PUBLICATION %s ADD TABLE ONLY %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
 				ErrPublicationChanged, t.name, pub, what, t.progress.Publication, member, pgx.Identifier{pub}.Sanitize(), t.table.Ident())
 		}
+		if err := w.watchTypes(ctx, t); err != nil {
+			return err
+		}
 		if t.table.Partitions != nil || t.parts != nil {
 			parts, err := chunker.Partitions(ctx, w.conn, t.table.OID)
 			if err != nil {
@@ -520,6 +524,30 @@ func (w *worker) watch(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// watchTypes stops the capture when a column of t changed type in a way that may have rewritten
+// its values without row events (Rewritten); a change that keeps them is recorded for the
+// checkpoints.
+func (w *worker) watchTypes(ctx context.Context, t *workTable) error {
+	all, err := currentTypes(ctx, w.conn, t.table.OID)
+	if err != nil {
+		return err
+	}
+	var now []ColumnType // the columns a chunk reads
+	for _, c := range all {
+		if slices.ContainsFunc(t.table.Columns, func(tc chunker.Column) bool { return tc.Name == c.Name }) {
+			now = append(now, c)
+		}
+	}
+	if err := Rewritten(ctx, w.conn, t.name, t.columns, now); err != nil {
+		return err
+	}
+	if slices.Equal(now, t.columns) {
+		return nil
+	}
+	t.columns = now
+	return w.send(ctx, columnTypes{table: t.name, cols: now})
 }
 
 // watchStorage stops the capture when a leaf partition of t was truncated: published through the

@@ -43,15 +43,14 @@ func classify(err error) string {
 		replicator.ErrServerVersion, merge.ErrSystemChanged, merge.ErrPositionBehindSlot,
 		merge.ErrNoTables, chunker.ErrNoKey, chunker.ErrNoTable, chunker.ErrNotPublished,
 		chunker.ErrRowFilter, chunker.ErrNotViaRoot, merge.ErrNoPrivilege, replicator.ErrLeftBehind, watermark.ErrSetup,
-		// A change that cannot be placed, or a table whose key, identity, publication
-		// membership or partitions changed: the user must act (restore, then reset the stream);
-		// a retry would stop the same way.
-		merge.ErrUnplaceable, merge.ErrKeyChanged, merge.ErrTableReplaced, merge.ErrPublicationChanged,
-		merge.ErrPartitionsChanged,
 	} {
 		if errors.Is(err, target) {
 			return configFailure
 		}
+	}
+	if needsReset(err) {
+		// The user must act (restore, then reset the stream); a retry would stop the same way.
+		return configFailure
 	}
 	if errors.Is(err, replicator.ErrSlotInUse) || errors.Is(err, replicator.ErrTimeout) {
 		// The slot is held by an earlier attempt that has not ended yet, or the server went
@@ -89,9 +88,11 @@ func isConnectFailure(err error) bool {
 }
 
 // needsReset reports a stop whose way on is a new backfill of a stream: the engine cannot place
-// its changes, or the table changed in a way the stream does not carry.
+// its changes, or the table changed in a way the stream does not carry (its key, identity,
+// publication membership, partitions, or values rewritten by a type change).
 func needsReset(err error) bool {
-	for _, target := range []error{merge.ErrUnplaceable, merge.ErrKeyChanged, merge.ErrTableReplaced, merge.ErrPublicationChanged, merge.ErrPartitionsChanged} {
+	for _, target := range []error{merge.ErrUnplaceable, merge.ErrKeyChanged, merge.ErrTableReplaced, merge.ErrPublicationChanged,
+		merge.ErrPartitionsChanged, merge.ErrValuesRewritten} {
 		if errors.Is(err, target) {
 			return true
 		}

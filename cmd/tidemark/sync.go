@@ -117,7 +117,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 // syncFlags are sync's flags.
 type syncFlags struct {
 	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub *string
-	rebackfill, metricsAddr, watermarks, signalTable                      *string
+	rebackfill, metricsAddr, watermarks, signalTable, typesChanged        *string
 	audit, stopCaughtUp, noBackfill, quiet                                *bool
 	chunkSize, maxChunkBytes                                              *int
 	interval, wmTimeout                                                   *time.Duration
@@ -140,6 +140,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.interval = fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	f.typesChanged = fs.String("types-changed", "", "tables (schema.table,...) whose output's values were converted as the source's by a column type change that stopped the sync: take their column types as they are now, for this run, without a re-backfill")
 	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
 	f.metricsAddr = fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9187; :9187 listens on every interface) at /metrics")
 	f.quiet = fs.Bool("quiet", false, "no progress display")
@@ -182,6 +183,16 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	}
 	for i := range p.tables {
 		p.tables[i].NoBackfill = *f.noBackfill
+	}
+	if *f.typesChanged != "" {
+		for _, name := range strings.Split(*f.typesChanged, ",") {
+			i := slices.IndexFunc(p.tables, func(t merge.TableConfig) bool { return t.Schema+"."+t.Name == strings.TrimSpace(name) })
+			if i < 0 {
+				problems = append(problems, fmt.Sprintf("--types-changed %s: not among --tables", name))
+				continue
+			}
+			p.tables[i].TypesChanged = true
+		}
 	}
 	if err := applyKeys(*f.keys, p.tables); err != nil {
 		problems = append(problems, err.Error())
