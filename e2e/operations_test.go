@@ -669,3 +669,55 @@ func TestValuesRewrittenDetected(t *testing.T) {
 	verify(t, db, sink, "public.t", "id")
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "after the re-backfill the new types are the recorded ones")
 }
+
+// TestPublishOptionNarrowed: a publication that stops publishing a kind of change (publish =
+// 'insert, update, truncate': pgoutput then filters deletes by the option in force when each was
+// written) stops the capture while it runs, naming the option and the fix.
+func TestPublishOptionNarrowed(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
+	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+	cfg.StopWhenCaughtUp = false
+	cfg.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cfg, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` OWNER TO CURRENT_USER`) // changes its row, not what it publishes
+	time.Sleep(400 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatalf("the capture stopped on OWNER TO: %v", stopIt())
+	default:
+	}
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish = 'insert, update, truncate')`)
+	db.Exec(`DELETE FROM t WHERE id = 3`)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrPublicationChanged)
+	require.ErrorContains(t, err, "no longer publishes delete")
+	require.ErrorContains(t, err, "SET (publish = 'insert, update, delete, truncate')")
+}
+
+// TestSetUnloggedWhileRunning: a table made UNLOGGED (allowed under a FOR ALL TABLES publication)
+// has its writes in no WAL record: the capture stops while it runs, saying so.
+func TestSetUnloggedWhileRunning(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
+	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+	cfg.StopWhenCaughtUp = false
+	cfg.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cfg, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER TABLE t SET UNLOGGED`)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrPublicationChanged)
+	require.ErrorContains(t, err, "UNLOGGED")
+}
