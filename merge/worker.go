@@ -481,6 +481,9 @@ func (w *worker) rediscover(ctx context.Context, t *workTable) error {
 func (w *worker) watch(ctx context.Context) error {
 	w.lastWatch = time.Now()
 	pub := w.cfg.Source.Publication
+	if err := w.watchPublish(ctx); err != nil {
+		return err
+	}
 	for _, t := range w.tables {
 		schema, name, err := chunker.NameOf(ctx, w.conn, t.table.OID)
 		if errors.Is(err, chunker.ErrGone) {
@@ -502,6 +505,15 @@ func (w *worker) watch(ctx context.Context) error {
 			what := "its membership changed"
 			if member == "" {
 				what = "it is no longer published under its name (dropped from the publication, or publish_via_partition_root turned off)"
+				var unlogged bool
+				if err := w.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class WHERE relpersistence <> 'p'
+						AND (oid = $1 OR oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))))`, t.table.OID).Scan(&unlogged); err != nil {
+					return err
+				}
+				if unlogged {
+					return fmt.Errorf("%w: %s was made UNLOGGED (ALTER TABLE ... SET UNLOGGED): its writes are in no WAL record, so the stream cannot carry them; make it LOGGED again (ALTER TABLE %s SET LOGGED;), then re-backfill the table",
+						ErrPublicationChanged, t.name, t.table.Ident())
+				}
 			}
 			return fmt.Errorf("%w: %s in publication %q: %s (was %q, now %q), so its changes since then are not in the slot; "+
 				"restore it (ALTER PUBLICATION %s ADD TABLE ONLY %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
@@ -524,6 +536,36 @@ func (w *worker) watch(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// watchPublish stops the capture when the publication no longer publishes every kind of change:
+// pgoutput filters each change by the publish option in force when it was written, so the ones
+// filtered out are in no slot. What changes the publication's row without changing what it
+// publishes (OWNER TO, RENAME) is not looked at.
+func (w *worker) watchPublish(ctx context.Context) error {
+	pub := w.cfg.Source.Publication
+	var ins, upd, del, trunc bool
+	err := w.conn.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1`, pub).Scan(&ins, &upd, &del, &trunc)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // dropped: each table's membership says so
+	}
+	if err != nil {
+		return err
+	}
+	var off []string
+	for _, o := range []struct {
+		on   bool
+		name string
+	}{{ins, "insert"}, {upd, "update"}, {del, "delete"}, {trunc, "truncate"}} {
+		if !o.on {
+			off = append(off, o.name)
+		}
+	}
+	if len(off) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: publication %q no longer publishes %s (its publish option changed): pgoutput leaves such changes out as they are written, so those made since are in no slot; restore it with ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');, then re-backfill the tables",
+		ErrPublicationChanged, pub, strings.Join(off, ", "), pgx.Identifier{pub}.Sanitize())
 }
 
 // watchTypes stops the capture when a column of t changed type in a way that may have rewritten
