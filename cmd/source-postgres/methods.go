@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,8 +21,10 @@ import (
 //
 //   - Standard: by a cursor column the user chooses. A read returns the rows whose cursor is past
 //     the state's, in cursor order, in one snapshot; the state holds the last cursor value and
-//     how many rows had it (cursor_record_count), so that rows that tie with it and came later
-//     are read again rather than lost.
+//     how many rows had it (cursor_record_count, in Airbyte's format). The next read starts at
+//     that value, its ties included (duplicates at the boundary, as Airbyte's model allows): a
+//     count of ties equal to the state's does not show that no row arrived at the value (one may
+//     have left it meanwhile).
 //   - Xmin: by the row's xmin, the id of the transaction that wrote its current version. A read
 //     returns the rows written by transactions from the state's xmin on; the state holds the
 //     oldest transaction still running when the read began (its snapshot's xmin, 64 bits:
@@ -426,23 +427,12 @@ func (r *reader) cursorScan(ctx context.Context, st *readStream) (err error) {
 	var where string
 	var args [][]byte
 	if m.Cursor != nil {
-		// Rows tying with the state's cursor value: if as many have it as the state counted,
-		// they were all read; otherwise (rows came with the same value, or the read stopped
-		// among them), or when the state has no count (Airbyte's Kotlin connector writes none),
-		// they are read again.
+		// The rows tying with the state's cursor value are read again, always: a count of them
+		// equal to the state's (cursor_record_count) does not say they are the rows read (one
+		// may have left the value and another arrived at it). Airbyte's model takes the
+		// duplicates at the boundary; the count stays in the state, in Airbyte's format.
 		ops := st.method.cursor
-		op := ops.GreaterEq
-		if m.CursorRecordCount > 0 {
-			op = ops.Greater
-			res := conn.ExecParams(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s%s %s $1`, rel, col, ops.Cast, ops.Eq), [][]byte{[]byte(*m.Cursor)}, nil, nil, nil).Read()
-			if res.Err != nil {
-				return fmt.Errorf("count the rows of %s at its cursor: %w", st.key(), res.Err)
-			}
-			if len(res.Rows) != 1 || string(res.Rows[0][0]) != strconv.FormatInt(m.CursorRecordCount, 10) {
-				op = ops.GreaterEq
-			}
-		}
-		where = fmt.Sprintf(" WHERE %s%s %s $1", col, ops.Cast, op)
+		where = fmt.Sprintf(" WHERE %s%s %s $1", col, ops.Cast, ops.GreaterEq)
 		args = [][]byte{[]byte(*m.Cursor)}
 	}
 	// The last column tells a row whose cursor differs from the one before (under the type's

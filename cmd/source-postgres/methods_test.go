@@ -356,7 +356,8 @@ func TestQueryMethodsCheckAndDiscover(t *testing.T) {
 }
 
 // TestStandardCursorStates: a Standard stream's state is Airbyte's cursor_based form, with the
-// cursor's value and how many rows had it; rows that tie with it and came later are read again,
+// cursor's value and how many rows had it; the rows that tie with it are read again (Airbyte's
+// duplicates at the boundary: a count cannot tell that none arrived),
 // rows past it are read, rows below it are not (Standard's limit: a cursor must grow with every
 // write). States of Airbyte's connector (Java, Kotlin and legacy forms) carry on. A cursor that
 // cannot be read incrementally is a config error before any record.
@@ -389,11 +390,36 @@ func TestStandardCursorStates(t *testing.T) {
 	e.db.Exec(`INSERT INTO t VALUES (101, 10, 'tie', '{}')`)
 	r = e.readWith(p, cat)
 	require.Equal(t, map[string]int{"public.t": 11, "public.tv": 11}, counts(r), "a row tying with the cursor: the ties are read again")
-	require.Empty(t, counts(e.readWith(p, cat)), "nothing new")
+	require.Equal(t, map[string]int{"public.t": 11, "public.tv": 11}, counts(e.readWith(p, cat)), "nothing new: the ties at the cursor again, only")
 	e.db.Exec(`INSERT INTO t VALUES (102, 9, 'below', '{}')`)
-	require.Empty(t, counts(e.readWith(p, cat)), "a row below the cursor is not read (Standard's limit)")
+	require.Equal(t, map[string]int{"public.t": 11, "public.tv": 11}, counts(e.readWith(p, cat)), "a row below the cursor is not read (Standard's limit)")
 	e.db.Exec(`INSERT INTO t VALUES (103, 11, 'past', '{}')`)
-	require.Equal(t, map[string]int{"public.t": 1, "public.tv": 1}, counts(e.readWith(p, cat)))
+	require.Equal(t, map[string]int{"public.t": 12, "public.tv": 12}, counts(e.readWith(p, cat)), "the row past it, and the ties")
+
+	// States of Airbyte's connector.
+	stream := func(st map[string]any) []byte {
+		b, _ := json.Marshal([]any{map[string]any{"type": "STREAM", "stream": map[string]any{
+			"stream_descriptor": map[string]any{"name": "t", "namespace": "public"}, "stream_state": st}}})
+		return b
+	}
+	only := e.cursorCatalog(map[string]string{"public.t": "c"}, "public.t")
+	for name, tc := range map[string]struct {
+		state []byte
+		want  int
+	}{
+		"java":             {stream(map[string]any{"version": 2, "state_type": "cursor_based", "stream_name": "t", "stream_namespace": "public", "cursor_field": []any{"c"}, "cursor": "10", "cursor_record_count": 11}), 12},
+		"java, ties miss":  {stream(map[string]any{"version": 2, "state_type": "cursor_based", "stream_name": "t", "stream_namespace": "public", "cursor_field": []any{"c"}, "cursor": "10", "cursor_record_count": 5}), 12},
+		"kotlin, no count": {stream(map[string]any{"version": 2, "state_type": "cursor_based", "cursors": map[string]any{"c": 10}}), 12},
+		"legacy": {func() []byte {
+			b, _ := json.Marshal(map[string]any{"cdc": false, "streams": []any{map[string]any{"stream_name": "t", "stream_namespace": "public", "cursor_field": []any{"c"}, "cursor": "10", "cursor_record_count": 11}}})
+			return b
+		}(), 12},
+		"another cursor": {stream(map[string]any{"version": 2, "state_type": "cursor_based", "cursor_field": []any{"id"}, "cursor": "50", "cursor_record_count": 1}), 103},
+		"airbyte's load": {stream(map[string]any{"version": 2, "state_type": "ctid", "ctid": "(0,5)", "relation_filenode": 1234}), 103},
+	} {
+		r := e.read(only, tc.state)
+		require.Len(t, r.records(), tc.want, name)
+	}
 
 	// One row leaves the state's cursor value and another arrives at it: the count at the value
 	// is the state's again, and the arrival must still be read.
@@ -407,31 +433,6 @@ func TestStandardCursorStates(t *testing.T) {
 		got[string(data["id"])] = true
 	}
 	require.True(t, got["105"], "the row that arrived at the saved cursor value is read")
-
-	// States of Airbyte's connector.
-	stream := func(st map[string]any) []byte {
-		b, _ := json.Marshal([]any{map[string]any{"type": "STREAM", "stream": map[string]any{
-			"stream_descriptor": map[string]any{"name": "t", "namespace": "public"}, "stream_state": st}}})
-		return b
-	}
-	only := e.cursorCatalog(map[string]string{"public.t": "c"}, "public.t")
-	for name, tc := range map[string]struct {
-		state []byte
-		want  int
-	}{
-		"java":             {stream(map[string]any{"version": 2, "state_type": "cursor_based", "stream_name": "t", "stream_namespace": "public", "cursor_field": []any{"c"}, "cursor": "10", "cursor_record_count": 11}), 1},
-		"java, ties miss":  {stream(map[string]any{"version": 2, "state_type": "cursor_based", "stream_name": "t", "stream_namespace": "public", "cursor_field": []any{"c"}, "cursor": "10", "cursor_record_count": 5}), 12},
-		"kotlin, no count": {stream(map[string]any{"version": 2, "state_type": "cursor_based", "cursors": map[string]any{"c": 10}}), 12},
-		"legacy": {func() []byte {
-			b, _ := json.Marshal(map[string]any{"cdc": false, "streams": []any{map[string]any{"stream_name": "t", "stream_namespace": "public", "cursor_field": []any{"c"}, "cursor": "10", "cursor_record_count": 11}}})
-			return b
-		}(), 1},
-		"another cursor": {stream(map[string]any{"version": 2, "state_type": "cursor_based", "cursor_field": []any{"id"}, "cursor": "50", "cursor_record_count": 1}), 103},
-		"airbyte's load": {stream(map[string]any{"version": 2, "state_type": "ctid", "ctid": "(0,5)", "relation_filenode": 1234}), 103},
-	} {
-		r := e.read(only, tc.state)
-		require.Len(t, r.records(), tc.want, name)
-	}
 
 	// Cursors that cannot be read incrementally.
 	bad := func(cat string, words ...string) {
@@ -454,7 +455,7 @@ func TestStandardCursorStates(t *testing.T) {
 	bad(e.cursorCatalog(map[string]string{"public.t": "j"}, "public.t"), `"j"`, "ordering")
 	bad(e.cursorCatalog(map[string]string{"public.t": "nope"}, "public.t"), `"nope"`)
 	e.db.Exec(`ALTER TABLE t ALTER c DROP NOT NULL`)
-	e.db.Exec(`INSERT INTO t VALUES (104, NULL, 'null cursor', '{}')`)
+	e.db.Exec(`INSERT INTO t VALUES (110, NULL, 'null cursor', '{}')`)
 	bad(e.cursorCatalog(map[string]string{"public.t": "c"}, "public.t"), "NULL", `"c"`)
 }
 
@@ -606,8 +607,8 @@ func readFile(t testing.TB, path string) string {
 }
 
 // TestStandardResumesMidScan: a relation without a primary key is loaded by its cursor, in one
-// query, with states between cursor values; killed after one, the next read resumes after it
-// (the rows that tie with the state's cursor are all out already, so it reads past them).
+// query, with states between cursor values; killed after one, the next read resumes at it (the
+// rows that tie with the state's cursor again, then the rest).
 func TestStandardResumesMidScan(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE nokey (id int NOT NULL, c int NOT NULL, v text)`)
@@ -636,8 +637,8 @@ func TestStandardResumesMidScan(t *testing.T) {
 	require.Len(t, ids, 60000, "every row, across the two reads")
 	_, data := recordOf(t, resumed.records()[0])
 	c, _ := strconv.Atoi(string(data["c"]))
-	require.Equal(t, cursor+1, c, "the resumed read starts past the state's cursor")
-	require.Equal(t, 60000-(cursor*3+2), len(resumed.records()), "and reads each row past it once")
+	require.Equal(t, cursor, c, "the resumed read starts at the state's cursor")
+	require.Equal(t, 60000-(cursor*3+2)+3, len(resumed.records()), "and reads each row from it once")
 }
 
 // TestQueryLoadAcrossSyncs: with a time budget shorter than a table's load, the load goes on
