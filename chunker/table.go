@@ -76,6 +76,8 @@ var (
 	ErrNoKey         = errors.New("table has no usable key")
 	ErrNotPublished  = errors.New("table is not in the publication")
 	ErrSchemaChanged = errors.New("table definition changed")
+	// ErrUnlogged: the table (or a partition of it) is UNLOGGED: its writes are in no WAL record.
+	ErrUnlogged = errors.New("the table's writes are not logged")
 	ErrRowFilter     = errors.New("the publication filters the table's rows")
 	// ErrNotViaRoot: a partitioned table belongs to the publication, which publishes its
 	// changes under its partitions' names (publish_via_partition_root off).
@@ -166,9 +168,9 @@ func DiscoverKeyed(ctx context.Context, conn *pgx.Conn, schema, name string, key
 // lookUp finds the table's OID and replica identity, and returns its relkind: a table ('r') or
 // a partitioned table ('p'); anything else is refused.
 func (t *Table) lookUp(ctx context.Context, conn *pgx.Conn) (byte, error) {
-	var kind byte
-	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name).Scan(&t.OID, &t.ReplicaIdentity, &kind)
+	var kind, persistence byte
+	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident, c.relkind, c.relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name).Scan(&t.OID, &t.ReplicaIdentity, &kind, &persistence)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: %s does not exist (check the schema and table name and this role's privileges)", ErrNoTable, t)
 	}
@@ -177,6 +179,10 @@ func (t *Table) lookUp(ctx context.Context, conn *pgx.Conn) (byte, error) {
 	}
 	if kind != 'r' && kind != 'p' {
 		return 0, fmt.Errorf("%w: %s is not a table (relkind %q)", ErrNoTable, t, kind)
+	}
+	if persistence != 'p' {
+		return 0, fmt.Errorf("%w: %s is UNLOGGED (or temporary): its writes are in no WAL record, so the stream cannot carry them; make it LOGGED (ALTER TABLE %s SET LOGGED;), and, if it was captured before, re-backfill it",
+			ErrUnlogged, t, t.Ident())
 	}
 	return kind, nil
 }

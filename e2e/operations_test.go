@@ -645,7 +645,7 @@ func TestValuesRewrittenDetected(t *testing.T) {
 	cfg.Source.CreateSlot = false
 
 	old := sink.last().Clone()
-	old.Tables["public.t"].Columns = nil // as an earlier version wrote it
+	old.Tables["public.t"].Shape = merge.Shape{} // as an earlier version wrote it
 	require.NoError(t, runEngine(t, cfg, sink, old))
 
 	cont := cfg
@@ -660,10 +660,19 @@ func TestValuesRewrittenDetected(t *testing.T) {
 		t.Fatalf("the capture stopped on a change that keeps every value: %v", stopIt())
 	default:
 	}
-	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
+	db.Exec(`ALTER TABLE t ALTER COLUMN name TYPE varchar(40) USING upper(name)`) // the same type: still a rewrite
 	err := waitErr(t, done, stopIt, 30*time.Second)
 	require.ErrorIs(t, err, merge.ErrValuesRewritten)
-	require.ErrorContains(t, err, "column price of public.t changed type from numeric(12,2) to bigint")
+	require.ErrorContains(t, err, "after a change of column name (character varying(40), now name character varying(40))")
+	cont.Tables[0].TypesChanged = true // as if the output were converted the same way
+	require.NoError(t, runEngine(t, func() merge.Config { c := cfg; c.Tables = cont.Tables; return c }(), sink, sink.last()))
+	cont.Tables[0].TypesChanged = false
+	done, stopIt = backgroundEngine(t, cont, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
+	err = waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrValuesRewritten)
+	require.ErrorContains(t, err, "after a change of column price (numeric(12,2), now price bigint)")
 	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrValuesRewritten)
 	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.t")))
 	verify(t, db, sink, "public.t", "id")
@@ -718,6 +727,7 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	db.Exec(`ALTER TABLE t SET UNLOGGED`)
 	err := waitErr(t, done, stopIt, 30*time.Second)
-	require.ErrorIs(t, err, merge.ErrPublicationChanged)
+	require.ErrorIs(t, err, merge.ErrUnlogged)
 	require.ErrorContains(t, err, "UNLOGGED")
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrUnlogged, "and a run started while it is")
 }

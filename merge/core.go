@@ -50,11 +50,11 @@ type (
 		table  string
 		leaves []chunker.LeafStorage
 	}
-	// columnTypes are a table's column types now, as the worker's watch found them after a
-	// change that left the values as they were: checkpoints carry them (TableProgress.Columns).
-	columnTypes struct {
+	// shapeNow is a table's Shape as the worker's watch found it after a change that rewrote no
+	// value under a changed column: checkpoints carry it (TableProgress.Shape).
+	shapeNow struct {
 		table string
-		cols  []ColumnType
+		shape Shape
 	}
 	// highWritten reports that chunk id's high watermark committed before WAL position after:
 	// once the stream has passed it, the window is stale if the mark was not seen.
@@ -281,9 +281,9 @@ func (c *core) step(in any) error {
 		if ts := c.tables[v.table]; ts != nil {
 			ts.progress.Storage = v.leaves
 		}
-	case columnTypes:
+	case shapeNow:
 		if ts := c.tables[v.table]; ts != nil {
-			ts.progress.Columns = v.cols
+			ts.progress.Shape = v.shape
 		}
 	case handover:
 		return c.handover(v)
@@ -828,7 +828,7 @@ func (c *core) refresh(ts *tableState) {
 	c.out = append(c.out, Event{Op: Refresh, Columns: chunkColumns(ts.table, ts.schema, ts.tname), LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
 	c.txSeq++
 	p := ts.progress
-	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Columns: p.Columns}
+	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Shape: p.Shape}
 	ts.indexRereads()
 	c.rereadsChanged()
 }

@@ -230,18 +230,19 @@ type TableProgress struct {
 	// publication publishes through the root: a TRUNCATE of one partition is not streamed then,
 	// and shows only as a new, empty file (chunker.Truncated).
 	Storage []chunker.LeafStorage `json:"storage,omitempty"`
-	// Columns are the table's column types when last looked at: a type change since that may
-	// have rewritten the stored values without a row event (ErrValuesRewritten) stops the
-	// capture. Absent from the positions of earlier versions: then the changes made before this
-	// run are not known.
-	Columns []ColumnType `json:"columns,omitempty"`
+	// Shape is the table's columns and storage files when last looked at: a rewrite under a
+	// changed column since (ErrValuesRewritten) stops the capture. Absent from the positions of
+	// earlier versions: then the changes made before this run are not known.
+	Shape
 }
 
-// ColumnType is a column's type as a TableProgress records it.
+// ColumnType is a column's catalog row as a Shape records it.
 type ColumnType struct {
-	Name string `json:"name"`
-	Type uint32 `json:"type"` // pg_type OID
-	Mod  int32  `json:"mod"`  // type modifier, -1 when none
+	Name   string `json:"name"`
+	Attnum int16  `json:"attnum"`
+	Type   uint32 `json:"type"` // pg_type OID
+	Mod    int32  `json:"mod"`  // type modifier, -1 when none
+	Xmin   uint32 `json:"xmin"` // the transaction that last wrote the row
 }
 
 // MarshalJSON encodes p with its LSN in PostgreSQL's text form.
@@ -318,6 +319,7 @@ func (t *TableProgress) clone() TableProgress {
 	c.Partitions = slices.Clone(t.Partitions)
 	c.Storage = slices.Clone(t.Storage)
 	c.Columns = slices.Clone(t.Columns)
+	c.Files = slices.Clone(t.Files)
 	return c
 }
 

@@ -251,13 +251,15 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			}
 			p.Storage = storage
 		}
-		cols := TypesOf(t)
-		if !p.Refresh && !typesChanged[name] {
-			if err := Rewritten(ctx, conn, name, p.Columns, cols); err != nil {
-				errs = append(errs, err)
-			}
+		before := p.Shape
+		if p.Refresh || typesChanged[name] {
+			before = Shape{} // started over, or converted: nothing to compare
 		}
-		p.Key, p.OID, p.Publication, p.Partitions, p.Columns = key, t.OID, member, t.Partitions, cols
+		shape, err := checkShape(ctx, conn, name, t.Ident(), t.OID, before)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		p.Key, p.OID, p.Publication, p.Partitions, p.Shape = key, t.OID, member, t.Partitions, shape
 		pos.Tables[name] = p
 	}
 	return errors.Join(errs...)

@@ -4,107 +4,91 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/chunker"
 )
 
-// ErrValuesRewritten: a column's type changed in a way that may have rewritten the stored values
-// of every row (ALTER TABLE ... ALTER COLUMN ... TYPE ... USING, or a conversion that is not
-// binary-coercible) without a row event: the output keeps the values as they were.
+// ErrValuesRewritten: a column's definition changed while the table was rewritten (ALTER TABLE
+// ... ALTER COLUMN ... TYPE, with or without USING): every stored value may have changed without
+// a row event, and the output keeps them as they were.
 var ErrValuesRewritten = errors.New("a column's values may have been rewritten without row events")
 
-// TypesOf are the column types of a discovered table.
-func TypesOf(t *chunker.Table) []ColumnType {
-	out := make([]ColumnType, len(t.Columns))
-	for i, c := range t.Columns {
-		out[i] = ColumnType{Name: c.Name, Type: c.TypeOID, Mod: c.TypeMod}
-	}
-	return out
+// ErrUnlogged: a captured table, or a partition of one, is UNLOGGED: its writes are in no WAL
+// record, so the stream cannot carry them (chunker's, which discovery reports too).
+var ErrUnlogged = chunker.ErrUnlogged
+
+// Shape is what tells a table's values rewritten under a changed column from maintenance: its
+// columns' catalog rows (pg_attribute), each with the transaction that last wrote it, and the
+// storage files of the table (or of its leaf partitions). PostgreSQL records no USING clause,
+// and a type change may keep the type (ALTER COLUMN v TYPE text USING upper(v)); but every ALTER
+// COLUMN ... TYPE writes the column's row, and every one that rewrites the values gives the
+// table new files. A column row written again and new files, between two looks, is such a
+// change, or something as rare (a column renamed and the table rewritten by VACUUM FULL between
+// two looks); a new file alone is maintenance (VACUUM FULL, CLUSTER, SET TABLESPACE, pg_repack,
+// a TRUNCATE, which is streamed), and a column row alone changed no stored value (a varchar
+// made longer, a rename, SET STATISTICS).
+type Shape struct {
+	Columns []ColumnType `json:"columns,omitempty"`
+	Files   []uint32     `json:"files,omitempty"` // relfilenodes of the table or its leaf partitions, in OID order
 }
 
-// currentTypes reads the column types of table oid now (the columns a chunk could read).
-func currentTypes(ctx context.Context, conn *pgx.Conn, oid uint32) ([]ColumnType, error) {
-	rows, err := conn.Query(ctx, `SELECT attname::text, atttypid, atttypmod FROM pg_attribute
+// currentShape reads table oid's Shape now, and whether it or a partition is UNLOGGED.
+func currentShape(ctx context.Context, conn *pgx.Conn, oid uint32) (Shape, bool, error) {
+	var s Shape
+	rows, err := conn.Query(ctx, `SELECT attname::text, attnum, atttypid, atttypmod, xmin::text::bigint FROM pg_attribute
 		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`, oid)
 	if err != nil {
-		return nil, err
+		return s, false, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ColumnType, error) {
+	s.Columns, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ColumnType, error) {
 		var c ColumnType
-		err := r.Scan(&c.Name, &c.Type, &c.Mod)
+		var xmin int64
+		err := r.Scan(&c.Name, &c.Attnum, &c.Type, &c.Mod, &xmin)
+		c.Xmin = uint32(xmin)
 		return c, err
 	})
+	if err != nil {
+		return s, false, err
+	}
+	var unlogged bool
+	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(c.relfilenode ORDER BY c.oid) FILTER (WHERE c.relkind = 'r'), '{}'), coalesce(bool_or(c.relpersistence <> 'p'), false)
+		FROM pg_class c WHERE c.oid = $1 OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))`, oid).Scan(&s.Files, &unlogged)
+	return s, unlogged, err
 }
 
-// Rewritten compares the column types of table name before (nil: not known) and now, column by
-// column (a column added or dropped is another matter), and returns ErrValuesRewritten, with the
-// column, the types and the fix, for the first change that may have rewritten its values.
-// PostgreSQL records no USING clause, so every change that is not known to keep each stored
-// value as it was counts (see keepsValues).
-func Rewritten(ctx context.Context, conn *pgx.Conn, name string, before, now []ColumnType) error {
-	for _, b := range before {
-		for _, n := range now {
-			if n.Name != b.Name || (n.Type == b.Type && n.Mod == b.Mod) {
+// checkShape stops a capture whose table (name, oid) is UNLOGGED now, or was rewritten under a
+// changed column since before (an empty Shape, from a position of an earlier version, is not
+// compared). It returns the Shape now.
+func checkShape(ctx context.Context, conn *pgx.Conn, name, ident string, oid uint32, before Shape) (Shape, error) {
+	now, unlogged, err := currentShape(ctx, conn, oid)
+	if err != nil {
+		return now, fmt.Errorf("read the columns and storage of %s: %w", name, err)
+	}
+	if unlogged {
+		return now, fmt.Errorf("%w: %s, or a partition of it, is UNLOGGED (ALTER TABLE ... SET UNLOGGED): its writes are in no WAL record, so the stream cannot carry them; make it LOGGED again (ALTER TABLE ... SET LOGGED; on %s or the partition), then re-backfill the table",
+			ErrUnlogged, name, ident)
+	}
+	if len(before.Files) == 0 || slices.Equal(before.Files, now.Files) {
+		return now, nil
+	}
+	var changed []string
+	for _, b := range before.Columns {
+		for _, n := range now.Columns {
+			if n.Attnum != b.Attnum || n.Xmin == b.Xmin {
 				continue
 			}
-			keeps, err := keepsValues(ctx, conn, b, n)
-			if err != nil {
-				return fmt.Errorf("compare the types of column %s of %s: %w", b.Name, name, err)
-			}
-			if !keeps {
-				var from, to string
-				if err := conn.QueryRow(ctx, `SELECT format_type($1, $2), format_type($3, $4)`, b.Type, b.Mod, n.Type, n.Mod).Scan(&from, &to); err != nil {
-					from, to = fmt.Sprint(b.Type), fmt.Sprint(n.Type)
-				}
-				return fmt.Errorf("%w: column %s of %s changed type from %s to %s, which rewrites every stored value (and PostgreSQL records no USING clause) with no row event, so the output keeps the values as they were; re-backfill the table (sync --rebackfill %s), or, once the output's values are converted the same way (a PostgreSQL target: ALTER TABLE ... ALTER COLUMN %s TYPE %s USING <the source's expression>;), say so for one run: sync --types-changed %s",
-					ErrValuesRewritten, b.Name, name, from, to, name, pgx.Identifier{b.Name}.Sanitize(), to, name)
-			}
+			from, to := fmt.Sprint(b.Type), fmt.Sprint(n.Type)
+			_ = conn.QueryRow(ctx, `SELECT format_type($1, $2), format_type($3, $4)`, b.Type, b.Mod, n.Type, n.Mod).Scan(&from, &to)
+			changed = append(changed, fmt.Sprintf("%s (%s, now %s %s)", b.Name, from, n.Name, to))
 		}
 	}
-	return nil
-}
-
-// Type OIDs whose modifiers keepsValues knows.
-const (
-	oidBpchar      = 1042
-	oidVarchar     = 1043
-	oidBit         = 1560
-	oidVarbit      = 1562
-	oidNumeric     = 1700
-	oidTimestamp   = 1114
-	oidTimestamptz = 1184
-	oidTime        = 1083
-	oidTimetz      = 1266
-)
-
-// keepsValues says whether a column's change from type before to type now keeps every stored
-// value's text as it was. Only what is known to is said to: the same type with a modifier that
-// cannot round or pad (any varchar or varbit length: a value that does not fit fails the ALTER;
-// a numeric's scale kept or raised, which keeps each number, or no limit; a time type's precision
-// raised or lifted), or a binary-coercible cast (varchar to text) to a type that does not pad
-// (not char(n)).
-// Anything else (int to bigint keeps the text too, but a USING clause could have been given)
-// counts as a rewrite.
-func keepsValues(ctx context.Context, conn *pgx.Conn, before, now ColumnType) (bool, error) {
-	if before.Type == now.Type {
-		switch now.Type {
-		case oidVarchar, oidVarbit:
-			return true, nil
-		case oidNumeric:
-			// A larger scale appends zeros (1.25 is 1.2500: the same number); a smaller one rounds.
-			return now.Mod == -1 || (before.Mod != -1 && (now.Mod-4)&0xffff >= (before.Mod-4)&0xffff), nil
-		case oidTimestamp, oidTimestamptz, oidTime, oidTimetz:
-			return now.Mod == -1 || (before.Mod != -1 && now.Mod >= before.Mod), nil
-		}
-		return false, nil
+	if len(changed) == 0 {
+		return now, nil
 	}
-	if now.Type == oidBpchar || now.Type == oidBit {
-		return false, nil // padded to the new length
-	}
-	var binary bool
-	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_cast WHERE castsource = $1 AND casttarget = $2 AND castmethod = 'b')`,
-		before.Type, now.Type).Scan(&binary)
-	return binary, err
+	return now, fmt.Errorf("%w: %s was rewritten (new storage files) after a change of column %s: ALTER COLUMN ... TYPE rewrites every stored value, with no row event, and PostgreSQL records no USING clause, so the output may keep values the source no longer has; re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data), or, once the output's values are converted the same way (a PostgreSQL target: ALTER TABLE ... ALTER COLUMN ... TYPE ... USING <the source's expression>;), acknowledge it for one run (tidemark sync --types-changed %s)",
+		ErrValuesRewritten, name, strings.Join(changed, ", "), name, name)
 }

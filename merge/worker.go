@@ -27,7 +27,7 @@ type workTable struct {
 	gen      int                   // the core's re-read generation progress is as of
 	parts    []uint32              // the partitions it had when the run started
 	storage  []chunker.LeafStorage // its leaf partitions' storage when last looked at (publishing through the root)
-	columns  []ColumnType          // its column types when last looked at
+	shape    Shape                 // its columns and storage when last looked at
 }
 
 // worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
@@ -497,6 +497,11 @@ func (w *worker) watch(ctx context.Context) error {
 				return err
 			}
 		}
+		// First: an UNLOGGED table also leaves a FOR ALL TABLES publication, which the membership
+		// would report less precisely.
+		if err := w.watchShape(ctx, t); err != nil {
+			return err
+		}
 		member, err := chunker.Membership(ctx, w.conn, t.table.OID, pub)
 		if err != nil {
 			return err
@@ -505,22 +510,10 @@ func (w *worker) watch(ctx context.Context) error {
 			what := "its membership changed"
 			if member == "" {
 				what = "it is no longer published under its name (dropped from the publication, or publish_via_partition_root turned off)"
-				var unlogged bool
-				if err := w.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class WHERE relpersistence <> 'p'
-						AND (oid = $1 OR oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))))`, t.table.OID).Scan(&unlogged); err != nil {
-					return err
-				}
-				if unlogged {
-					return fmt.Errorf("%w: %s was made UNLOGGED (ALTER TABLE ... SET UNLOGGED): its writes are in no WAL record, so the stream cannot carry them; make it LOGGED again (ALTER TABLE %s SET LOGGED;), then re-backfill the table",
-						ErrPublicationChanged, t.name, t.table.Ident())
-				}
 			}
 			return fmt.Errorf("%w: %s in publication %q: %s (was %q, now %q), so its changes since then are not in the slot; "+
 				"restore it (ALTER PUBLICATION %s ADD TABLE ONLY %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
 				ErrPublicationChanged, t.name, pub, what, t.progress.Publication, member, pgx.Identifier{pub}.Sanitize(), t.table.Ident())
-		}
-		if err := w.watchTypes(ctx, t); err != nil {
-			return err
 		}
 		if t.table.Partitions != nil || t.parts != nil {
 			parts, err := chunker.Partitions(ctx, w.conn, t.table.OID)
@@ -568,28 +561,18 @@ func (w *worker) watchPublish(ctx context.Context) error {
 		ErrPublicationChanged, pub, strings.Join(off, ", "), pgx.Identifier{pub}.Sanitize())
 }
 
-// watchTypes stops the capture when a column of t changed type in a way that may have rewritten
-// its values without row events (Rewritten); a change that keeps them is recorded for the
-// checkpoints.
-func (w *worker) watchTypes(ctx context.Context, t *workTable) error {
-	all, err := currentTypes(ctx, w.conn, t.table.OID)
+// watchShape stops the capture when t became UNLOGGED or was rewritten under a changed column
+// (checkShape); a change that rewrote nothing under one is recorded for the checkpoints.
+func (w *worker) watchShape(ctx context.Context, t *workTable) error {
+	now, err := checkShape(ctx, w.conn, t.name, t.table.Ident(), t.table.OID, t.shape)
 	if err != nil {
 		return err
 	}
-	var now []ColumnType // the columns a chunk reads
-	for _, c := range all {
-		if slices.ContainsFunc(t.table.Columns, func(tc chunker.Column) bool { return tc.Name == c.Name }) {
-			now = append(now, c)
-		}
-	}
-	if err := Rewritten(ctx, w.conn, t.name, t.columns, now); err != nil {
-		return err
-	}
-	if slices.Equal(now, t.columns) {
+	if slices.Equal(now.Files, t.shape.Files) && slices.Equal(now.Columns, t.shape.Columns) {
 		return nil
 	}
-	t.columns = now
-	return w.send(ctx, columnTypes{table: t.name, cols: now})
+	t.shape = now
+	return w.send(ctx, shapeNow{table: t.name, shape: now})
 }
 
 // watchStorage stops the capture when a leaf partition of t was truncated: published through the

@@ -110,6 +110,13 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 	}
 	stats.resumed(from)
 	cfg := f.engineConfig(plan, srcDSN)
+	if checkpointed {
+		// --types-changed, like --rebackfill, is for the state it was given for: after a
+		// checkpoint of this process, a reconnection must compare again.
+		for i := range cfg.Tables {
+			cfg.Tables[i].TypesChanged = false
+		}
+	}
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
 	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *f.metricsAddr, *f.quiet))
 }
