@@ -37,10 +37,10 @@
 //   - Never silent (I18): tables are known by OID (a renamed table is followed, under its
 //     configured name); a change whose key cannot be built (a key column NULL or unsent, a
 //     replica identity that does not carry the key), another table under a captured name, a
-//     table that left the publication or whose partitions changed, a column type change that may
-//     have rewritten the stored values (rewrite.go: every change not known to keep each value,
-//     since no USING clause is recorded) stop the capture with an UnplaceableError or a sentinel
-//     error naming the table, the cause and the fix.
+//     table that left the publication or whose partitions changed, a table rewritten under a
+//     changed column (rewrite.go: its catalog row written again and new storage files, since no
+//     USING clause is recorded), an UNLOGGED table or partition stop the capture with an
+//     UnplaceableError or a sentinel error naming the table, the cause and the fix.
 //   - A refresh (TableProgress.Refresh) starts a table's output over at the low watermark of its
 //     first window, with a Refresh event; the table's changes before it are not emitted (I20).
 //   - Positions are taken only at transaction boundaries and contain the backfill progress as of
