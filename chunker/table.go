@@ -77,8 +77,8 @@ var (
 	ErrNotPublished  = errors.New("table is not in the publication")
 	ErrSchemaChanged = errors.New("table definition changed")
 	// ErrUnlogged: the table (or a partition of it) is UNLOGGED: its writes are in no WAL record.
-	ErrUnlogged = errors.New("the table's writes are not logged")
-	ErrRowFilter     = errors.New("the publication filters the table's rows")
+	ErrUnlogged  = errors.New("the table's writes are not logged")
+	ErrRowFilter = errors.New("the publication filters the table's rows")
 	// ErrNotViaRoot: a partitioned table belongs to the publication, which publishes its
 	// changes under its partitions' names (publish_via_partition_root off).
 	ErrNotViaRoot = errors.New("the publication publishes the partitioned table through its partitions")
