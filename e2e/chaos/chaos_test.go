@@ -119,7 +119,8 @@ func TestChaos(t *testing.T) {
 }
 
 // TestChaosDDL runs each mode under the schema and operations faults (the ddl family: renames,
-// columns, replica identities, the publication, TRUNCATE, a commit kept invisible across a
+// columns, replica identities, the publication, TRUNCATE, a column's values rewritten by ALTER
+// COLUMN ... TYPE ... USING, a commit kept invisible across a
 // restart of the capture, a restore of the source to an earlier point), taken in turn so that
 // a short run meets each, with a random seed (printed). The capture follows each change or stops
 // with an error naming its cause; the harness checks the cause, applies the remedy the error
@@ -134,7 +135,7 @@ func TestChaosDDL(t *testing.T) {
 	// capture stopped again and again on the identity's cause after its remedy, and the restore
 	// waited its three minutes for the capture to start over, so the later turns never came (an
 	// interplay of the two faults' remedies not yet understood; seed 572259704 did not replay it).
-	turns := []string{"restore", "identity", "publication", "rename", "truncate", "column", "standby-restart"}
+	turns := []string{"restore", "identity", "publication", "rename", "truncate", "rewrite", "column", "standby-restart"}
 	t.Logf("seed %d; replay with tidemark chaos --mode M --seed %d --faults %s --in-turn --duration 35s --fault-every 2s", seed, seed, strings.Join(turns, ","))
 	var cfgs []chaos.Config
 	for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
@@ -146,7 +147,7 @@ func TestChaosDDL(t *testing.T) {
 		require.True(t, rep.OK(), "%s seed %d: %s", rep.Mode, seed, strings.Join(rep.Violations, "\n"))
 		require.Greater(t, rep.Transactions, int64(500), "the workload ran")
 		effective := func(kind string) int { return rep.Faults[kind] - rep.Void[kind] }
-		for _, kind := range []string{"identity", "publication", "rename", "truncate", "column"} {
+		for _, kind := range []string{"identity", "publication", "rename", "truncate", "rewrite", "column"} {
 			require.Positive(t, effective(kind), "%s: the %s fault took effect", rep.Mode, kind)
 		}
 		if cfgs[i].Source == "" {

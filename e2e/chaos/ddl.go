@@ -47,6 +47,8 @@ func (r *run) schemaFault(ctx context.Context, kind string, d time.Duration) str
 		return r.publicationFault(ctx, d)
 	case "truncate":
 		return r.truncateFault(ctx)
+	case "rewrite":
+		return r.rewriteFault(ctx)
 	case "restore":
 		return r.restoreFault(ctx, d)
 	}
@@ -294,6 +296,25 @@ func (r *run) truncateFault(ctx context.Context) string {
 		return noEffect + err.Error()
 	}
 	return what
+}
+
+// rewriteFault changes every value of a table's column v with no row event: ALTER COLUMN v TYPE
+// text USING v || '~' keeps the type and rewrites the table. The capture must stop, naming it
+// (merge.ErrValuesRewritten: PostgreSQL records no USING, so the output cannot follow), and the
+// remedy re-backfills the table, after which the output must equal the source again.
+func (r *run) rewriteFault(ctx context.Context) string {
+	t := r.pickTable(r.rng, "accounts", "items")
+	if t == "" {
+		return noEffect + "every table awaits a remedy"
+	}
+	e := r.expect("rewrite", r.sch+"."+t, true, nil, causeRewritten)
+	_ = e.restore(ctx) // nothing to undo: the values are the source's from now on
+	name := r.schema.name(t)
+	if err := r.ddlExec(ctx, `ALTER TABLE `+name+` ALTER COLUMN v TYPE text USING v || '~'`); err != nil {
+		r.forget(e)
+		return noEffect + err.Error()
+	}
+	return "rewrote every value of " + name + ".v (ALTER COLUMN v TYPE text USING v || '~')"
 }
 
 // restoreFault restores the source to an earlier point, as a failover to a standby that lags, or

@@ -42,6 +42,7 @@ const (
 	causeNoKey       cause = "no-usable-key" // chunker.ErrNoKey
 	causeStreamGone  cause = "stream-gone"   // the Airbyte connector's stop at a configured stream whose table is gone
 	causeColumnGone  cause = "column-gone"   // the PostgreSQL target's stop at a column added while one dropped is still there
+	causeRewritten   cause = "rewritten"     // merge.ErrValuesRewritten: a table rewritten under a changed column
 )
 
 var causeTexts = []struct {
@@ -67,6 +68,7 @@ var causeTexts = []struct {
 	{causeNoKey, chunker.ErrNoKey.Error()},
 	{causeStreamGone, "no longer exists (dropped or renamed)"},
 	{causeColumnGone, "a renamed column, or one dropped and another added?"},
+	{causeRewritten, merge.ErrValuesRewritten.Error()},
 }
 
 // positionCauses are the refusals of a checkpoint the server's history no longer has (a restore
