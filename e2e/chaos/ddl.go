@@ -303,9 +303,13 @@ func (r *run) truncateFault(ctx context.Context) string {
 // (merge.ErrValuesRewritten: PostgreSQL records no USING, so the output cannot follow), and the
 // remedy re-backfills the table, after which the output must equal the source again.
 func (r *run) rewriteFault(ctx context.Context) string {
-	t := r.pickTable(r.rng, "accounts", "items")
+	// items: small, so that its re-backfill keeps the ddl run short; accounts one time in four.
+	t := r.pickTable(r.rng, "items")
+	if r.rng.IntN(4) == 0 {
+		t = r.pickTable(r.rng, "accounts")
+	}
 	if t == "" {
-		return noEffect + "every table awaits a remedy"
+		return noEffect + "the table awaits a remedy"
 	}
 	e := r.expect("rewrite", r.sch+"."+t, true, nil, causeRewritten)
 	_ = e.restore(ctx) // nothing to undo: the values are the source's from now on
