@@ -23,10 +23,11 @@
 // # A PostgreSQL target: per chunk, in key order
 //
 // For each source chunk (after key A, up to its last key L), the target's rows with keys in
-// (A, L] are read in pages of the chunk's size and matched against the chunk's rows by key; a
-// count and an order-free digest (the XOR of each row's SHA-256) say whether the two are equal,
-// and a target row is compared with the chunk's row of its key as it comes, then dropped (a
-// difference keeps the key and digests, and the names of the differing columns). The rows past
+// (A, L] are read in pages of the chunk's size, and each is compared with the chunk's row of its
+// key (a row digest, the first 16 bytes of a SHA-256 of its values) as it comes, then dropped (a
+// difference keeps the key, the digests and the names of the differing columns). An order-free
+// digest of each side (the XOR of its row digests) is the last check: sides that differ with no
+// difference recorded still count as different. The rows past
 // the source's last key are read at the end. Memory holds one source chunk, one target page and
 // the differing keys kept (Options.Keep). The target table is read with the source's key, whatever
 // its replica identity (chunker.DiscoverKeyed).

@@ -152,7 +152,8 @@ func (v *jsVerify) decode(n int, raw []byte) (line.Line, *jsTable, string, error
 		if i > 0 {
 			id = append(id, 0x1f)
 		}
-		id = appendKeyPart(id, k, l.Original[name], l.Original != nil && hasKey(l.Original, name))
+		orig, lossy := l.Original[name]
+		id = appendKeyPart(id, k, orig, lossy)
 	}
 	return l, t, string(id), nil
 }
@@ -395,6 +396,7 @@ func (v *jsVerify) partitioned(ctx context.Context, parts int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	v.o.Log.Info().Int("partitions", parts).Str("dir", dir).Msg("the output is replayed in partitions on disk, one at a time")
 	part := func(t *jsTable, id string) int {
 		h := fnv.New64a()
 		var b [8]byte
@@ -714,8 +716,6 @@ func readBack(ctx context.Context, t *jsTable, keys [][]string) ([]chunker.Row, 
 	}
 	return rows, nil
 }
-
-func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
 
 // appendKeyPart appends one key column's part of a key's id: its JSON form, a number in its
 // canonical form (the key's = makes 1.0 and 1.00, 0 and -0 one key, and an update may write the

@@ -52,7 +52,8 @@ type Options struct {
 	TempDir string
 	// Progress, when set, is called after each table.
 	Progress func(*TableReport)
-	Log      zerolog.Logger
+	// Log says when the replay goes to partition files, and each re-check round (debug).
+	Log zerolog.Logger
 }
 
 func (o *Options) defaults() {
@@ -310,6 +311,7 @@ func recheck(ctx context.Context, o *Options, keys []*pending, readSrc, readTgt 
 			open = nil
 			break
 		}
+		o.Log.Debug().Int("keys", len(readable)).Msg("differing keys read again on both sides")
 		src, err := readSrc(ctx, readable)
 		if err != nil {
 			return nil, err
