@@ -149,16 +149,10 @@ const (
 		FROM pg_constraint c JOIN pg_type t ON t.oid = c.contypid JOIN pg_namespace n ON n.oid = t.typnamespace
 		WHERE n.nspname = $1 AND t.typname = $2 AND c.contype = 'c'`
 	// CompositeDefinitionSQL: the attributes of composite type $1.$2 as CREATE TYPE ... AS (...)
-	// takes them (name, type with modifiers, a collation other than the type's), its owner, and
-	// whether the owner is the current role or a superuser; compared as DomainDefinitionSQL's.
-	CompositeDefinitionSQL = `SELECT coalesce((SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod)
-				|| CASE WHEN a.attcollation <> 0 AND a.attcollation <> at.typcollation THEN ' COLLATE ' || quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END,
-				', ' ORDER BY a.attnum)
-			FROM pg_attribute a JOIN pg_type at ON at.oid = a.atttypid
-			LEFT JOIN pg_collation co ON co.oid = a.attcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
-			WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped), ''),
-		r.rolname::text, (r.rolname = current_user OR r.rolsuper)
-		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_roles r ON r.oid = t.typowner
+	// takes them (CompositeAttributesSQL's, joined), its owner, and whether the owner is the
+	// current role or a superuser; compared as DomainDefinitionSQL's. No row for another type.
+	CompositeDefinitionSQL = `SELECT array_to_string(d.attrs, ', '), r.rolname::text, (r.rolname = current_user OR r.rolsuper)
+		FROM (` + CompositeAttributesSQL + `) d(attrs, types), pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_roles r ON r.oid = t.typowner
 		WHERE n.nspname = $1 AND t.typname = $2 AND t.typtype = 'c' AND (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c'`
 	// EnumLabelsByOIDSQL: the schema, name and labels (in order) of enum $1, or of the enum
 	// array $1's elements; no row for another type.
