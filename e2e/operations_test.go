@@ -312,11 +312,7 @@ func TestPublishViaRootTurnedOff(t *testing.T) {
 	cfg := engineConfig(db, "public.m")
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
-	cfg.Source.CreateSlot = false
-	cfg.StopWhenCaughtUp = false
-	cfg.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cfg, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish_via_partition_root = false)`)
 	db.Exec(`UPDATE m SET ver = 2 WHERE id = 4`)
 	err := waitErr(t, done, stopIt, 30*time.Second)
@@ -339,12 +335,7 @@ func TestAttachPartitionDetected(t *testing.T) {
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	cfg.Source.CreateSlot = false
-
-	cont := cfg
-	cont.StopWhenCaughtUp = false
-	cont.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER TABLE m ATTACH PARTITION m2 FOR VALUES FROM (100) TO (200)`)
 	require.ErrorIs(t, waitErr(t, done, stopIt, 30*time.Second), merge.ErrPartitionsChanged)
 	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrPartitionsChanged)
@@ -627,6 +618,31 @@ func TestPartitionTruncateDetected(t *testing.T) {
 	verify(t, db, sink, "public.m", "id")
 }
 
+// watching starts cfg's capture from sink's last position in the background, watching every
+// 100 ms, once its first run took a position (the slot exists); it returns when the capture has
+// had time to start.
+func watching(t *testing.T, cfg merge.Config, sink *memSink) (done <-chan struct{}, stop func() error) {
+	t.Helper()
+	cfg.Source.CreateSlot = false
+	cfg.StopWhenCaughtUp = false
+	cfg.WatchInterval = 100 * time.Millisecond
+	done, stop = backgroundEngine(t, cfg, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	return done, stop
+}
+
+// stillRunning fails t if the background capture stopped within d: what was done meanwhile
+// (why) must stop nothing.
+func stillRunning(t *testing.T, done <-chan struct{}, stop func() error, d time.Duration, why string) {
+	t.Helper()
+	time.Sleep(d)
+	select {
+	case <-done:
+		t.Fatalf("the capture stopped on %s: %v", why, stop())
+	default:
+	}
+}
+
 // TestValuesRewrittenDetected: a column type change that rewrites every stored value with no row
 // event (ALTER COLUMN ... TYPE ... USING) stops the capture while it runs, with no change to the
 // table after it (the watch sees it, not the stream), and a later run refuses to go on as if it
@@ -648,27 +664,17 @@ func TestValuesRewrittenDetected(t *testing.T) {
 	old.Tables["public.t"].Shape = merge.Shape{} // as an earlier version wrote it
 	require.NoError(t, runEngine(t, cfg, sink, old))
 
-	cont := cfg
-	cont.StopWhenCaughtUp = false
-	cont.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER TABLE t ALTER COLUMN name TYPE varchar(40)`)
-	time.Sleep(500 * time.Millisecond)
-	select {
-	case <-done:
-		t.Fatalf("the capture stopped on a change that keeps every value: %v", stopIt())
-	default:
-	}
+	stillRunning(t, done, stopIt, 500*time.Millisecond, "a change that keeps every value")
 	db.Exec(`ALTER TABLE t ALTER COLUMN name TYPE varchar(40) USING upper(name)`) // the same type: still a rewrite
 	err := waitErr(t, done, stopIt, 30*time.Second)
 	require.ErrorIs(t, err, merge.ErrValuesRewritten)
 	require.ErrorContains(t, err, "after a change of column name (character varying(40), now name character varying(40))")
-	cont.Tables[0].TypesChanged = true // as if the output were converted the same way
-	require.NoError(t, runEngine(t, func() merge.Config { c := cfg; c.Tables = cont.Tables; return c }(), sink, sink.last()))
-	cont.Tables[0].TypesChanged = false
-	done, stopIt = backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	converted := cfg
+	converted.Tables = []merge.TableConfig{{Schema: "public", Name: "t", TypesChanged: true}} // as if the output were converted the same way
+	require.NoError(t, runEngine(t, converted, sink, sink.last()))
+	done, stopIt = watching(t, cfg, sink)
 	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
 	err = waitErr(t, done, stopIt, 30*time.Second)
 	require.ErrorIs(t, err, merge.ErrValuesRewritten)
@@ -690,18 +696,9 @@ func TestPublishOptionNarrowed(t *testing.T) {
 	cfg := engineConfig(db, "public.t")
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
-	cfg.Source.CreateSlot = false
-	cfg.StopWhenCaughtUp = false
-	cfg.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cfg, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` OWNER TO CURRENT_USER`) // changes its row, not what it publishes
-	time.Sleep(400 * time.Millisecond)
-	select {
-	case <-done:
-		t.Fatalf("the capture stopped on OWNER TO: %v", stopIt())
-	default:
-	}
+	stillRunning(t, done, stopIt, 400*time.Millisecond, "OWNER TO")
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish = 'insert, update, truncate')`)
 	db.Exec(`DELETE FROM t WHERE id = 3`)
 	err := waitErr(t, done, stopIt, 30*time.Second)
@@ -721,10 +718,7 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	cfg.Source.CreateSlot = false
-	cfg.StopWhenCaughtUp = false
-	cfg.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cfg, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER TABLE t SET UNLOGGED`)
 	err := waitErr(t, done, stopIt, 30*time.Second)
 	require.ErrorIs(t, err, merge.ErrUnlogged)
