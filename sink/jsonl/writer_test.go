@@ -48,28 +48,7 @@ func TestWriterLinesDecode(t *testing.T) {
 	db.Exec(`DELETE FROM a WHERE id = 2`)
 	db.Exec(`TRUNCATE b`)
 
-	ctx := context.Background()
-	out := filepath.Join(t.TempDir(), "out.jsonl")
-	types := db.Connect()
-	defer types.Close(ctx)
-	w, from, err := jsonl.Open(out, "", pgjson.NewRegistry(types), func() error { return nil })
-	require.NoError(t, err)
-	require.Nil(t, from)
-	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
-	eng, err := merge.New(merge.Config{
-		Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
-		Tables:           []merge.TableConfig{{Schema: "public", Name: "a"}, {Schema: "public", Name: "b"}},
-		AckCheckpoints:   true,
-		StopWhenCaughtUp: true,
-	}, w, log)
-	require.NoError(t, err)
-	require.NoError(t, eng.Run(ctx, nil))
-	require.NoError(t, w.Close(ctx))
-
-	raw, err := os.ReadFile(out)
-	require.NoError(t, err)
-	ls, err := line.ReadAll(bytes.NewReader(raw))
-	require.NoError(t, err)
+	out, raw, ls := captureToFile(t, db, "a", "b")
 	asJSON := func(b []byte) any {
 		d := json.NewDecoder(bytes.NewReader(b))
 		d.UseNumber()
@@ -202,23 +181,7 @@ func TestDeleteOfLossyKey(t *testing.T) {
 	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
 	db.Exec(`INSERT INTO h VALUES (1, 'infinity'), (1, '-infinity')`)
 	db.Exec(`DELETE FROM h WHERE valid_to = '-infinity'`)
-	ctx := context.Background()
-	out := filepath.Join(t.TempDir(), "out.jsonl")
-	types := db.Connect()
-	w, _, err := jsonl.Open(out, "", pgjson.NewRegistry(types), func() error { return nil })
-	require.NoError(t, err)
-	eng, err := merge.New(merge.Config{
-		Source:         replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
-		Tables:         []merge.TableConfig{{Schema: "public", Name: "h"}},
-		AckCheckpoints: true, StopWhenCaughtUp: true,
-	}, w, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
-	require.NoError(t, err)
-	require.NoError(t, eng.Run(ctx, nil))
-	require.NoError(t, w.Close(ctx))
-	raw, err := os.ReadFile(out)
-	require.NoError(t, err)
-	ls, err := line.ReadAll(bytes.NewReader(raw))
-	require.NoError(t, err)
+	_, raw, ls := captureToFile(t, db, "h")
 	var deletes []map[string]string
 	for _, l := range ls {
 		if l.Op == "delete" {
@@ -226,4 +189,29 @@ func TestDeleteOfLossyKey(t *testing.T) {
 		}
 	}
 	require.Equal(t, []map[string]string{{"valid_to": "-infinity"}}, deletes, "%s", raw)
+}
+
+// captureToFile captures the public tables of db (its slot and publication exist) into a fresh
+// JSON lines file until caught up, and returns the file's path, its bytes and its lines.
+func captureToFile(t *testing.T, db *e2e.TestDB, tables ...string) (string, []byte, []line.Line) {
+	t.Helper()
+	ctx := context.Background()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	types := db.Connect()
+	w, from, err := jsonl.Open(out, "", pgjson.NewRegistry(types), func() error { return nil })
+	require.NoError(t, err)
+	require.Nil(t, from)
+	cfg := merge.Config{Source: replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication}, AckCheckpoints: true, StopWhenCaughtUp: true}
+	for _, name := range tables {
+		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: name})
+	}
+	eng, err := merge.New(cfg, w, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	require.NoError(t, err)
+	require.NoError(t, eng.Run(ctx, nil))
+	require.NoError(t, w.Close(ctx))
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	ls, err := line.ReadAll(bytes.NewReader(raw))
+	require.NoError(t, err)
+	return out, raw, ls
 }
