@@ -41,6 +41,8 @@ type TableConfig struct {
 	// change (ErrValuesRewritten), so the column types are taken as they are now, for this run,
 	// without a re-backfill.
 	TypesChanged bool
+	// Maintenance: the table's storage files changed by maintenance (ErrStorageReplaced).
+	Maintenance bool
 }
 
 // Hooks are called at the points of the chunk protocol and of the output, with the chunk id or

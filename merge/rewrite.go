@@ -34,7 +34,13 @@ var ErrUnlogged = chunker.ErrUnlogged
 type Shape struct {
 	Columns []ColumnType `json:"columns,omitempty"`
 	Files   []uint32     `json:"files,omitempty"` // relfilenodes of the table or its leaf partitions, in OID order
+	// Truncated is the transaction of the last TRUNCATE of the table the stream carried.
+	Truncated uint32 `json:"truncated,omitempty"`
 }
+
+// ErrStorageReplaced: a table's storage files changed between two runs, and nothing the stream
+// carried explains it.
+var ErrStorageReplaced = errors.New("a table's storage was replaced between two runs")
 
 // currentShape reads table oid's Shape now, and whether it or a partition is UNLOGGED.
 func currentShape(ctx context.Context, conn *pgx.Conn, oid uint32) (Shape, bool, error) {
