@@ -84,6 +84,37 @@ func TestTargetFollowsColumnChanges(t *testing.T) {
 	require.NoError(t, syncTarget(t, db, tgt, "public.t"), "the new types are the recorded ones")
 }
 
+// TestTargetStorageReplaced: into a PostgreSQL target, a persistence round trip of a source table
+// between two runs (SET UNLOGGED, writes, SET LOGGED, under a FOR ALL TABLES publication) stops the
+// next sync with the cause and both ways on; --rebackfill makes the target equal to the source; a
+// VACUUM FULL leaves the same sign and is acknowledged with --maintenance, for one run.
+func TestTargetStorageReplaced(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
+	tgt := targetDB(t, db)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	db.Exec(`ALTER TABLE t SET UNLOGGED`)
+	db.Exec(`INSERT INTO t VALUES (21, 'unlogged')`)
+	db.Exec(`UPDATE t SET v = 'unlogged' WHERE id = 1`)
+	db.Exec(`DELETE FROM t WHERE id = 2`)
+	db.Exec(`ALTER TABLE t SET LOGGED`)
+	err := syncTarget(t, db, tgt, "public.t")
+	require.ErrorContains(t, err, "the storage files of")
+	require.ErrorContains(t, err, "--rebackfill public.t")
+	_, err = runSyncTo(t, db, tgt, "--tables", "public.t", "--stop-when-caught-up", "--quiet", "--rebackfill", "public.t")
+	require.NoError(t, err)
+	targetEquals(t, db, tgt, "t")
+
+	db.Exec(`VACUUM FULL t`)
+	require.ErrorContains(t, syncTarget(t, db, tgt, "public.t"), "--maintenance public.t")
+	_, err = runSyncTo(t, db, tgt, "--tables", "public.t", "--stop-when-caught-up", "--quiet", "--maintenance", "public.t")
+	require.NoError(t, err)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"), "the files now are the recorded ones")
+	targetEquals(t, db, tgt, "t")
+}
+
 // TestPrecreatedTargets: a target made with `pg_dump -s` of the source has a key GENERATED
 // ALWAYS AS IDENTITY, which takes the source's values (OVERRIDING SYSTEM VALUE); a foreign key
 // on the target is refused with the reason (tables are applied in the capture's order, and

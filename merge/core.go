@@ -152,6 +152,9 @@ type core struct {
 	windows map[int64]*window
 	guard   guard
 	pos     *Position
+	// storage are the tables whose storage files changed since the position was taken, until a
+	// TRUNCATE the stream carries explains them (storageCheck).
+	storage map[string]*storageCheck
 
 	inTxn     bool
 	txXID     uint32
@@ -257,6 +260,7 @@ func (c *core) step(in any) error {
 		if !c.inTxn && v.WALEnd > c.pos.LSN {
 			c.pos.LSN = v.WALEnd
 			c.checkStale()
+			return c.checkStorage()
 		}
 	case *replicator.Message:
 		// A mark written as a logical message (watermark.Messages). Only a transactional one can
@@ -283,7 +287,12 @@ func (c *core) step(in any) error {
 		}
 	case shapeNow:
 		if ts := c.tables[v.table]; ts != nil {
+			files, truncated := ts.progress.Files, ts.progress.Truncated
 			ts.progress.Shape = v.shape
+			ts.progress.Truncated = truncated
+			if c.storage[v.table] != nil {
+				ts.progress.Files = files // still to be explained
+			}
 		}
 	case handover:
 		return c.handover(v)
@@ -602,6 +611,11 @@ func (c *core) truncate(t *replicator.Truncate) error {
 		for _, w := range ts.open {
 			w.dirty = errTruncated
 		}
+		ts.progress.Truncated = c.txXID
+		if sc := c.storage[ts.name]; sc != nil && sc.by == c.txXID {
+			ts.progress.Files = sc.files // explained: this TRUNCATE made them
+			delete(c.storage, ts.name)
+		}
 		c.out = append(c.out, Event{Op: Truncate, Columns: ts.cols, LSN: c.txLSN, Seq: c.txSeq, XID: c.txXID, Time: c.txTime})
 		c.txSeq++
 	}
@@ -686,6 +700,17 @@ func (c *core) commit(cm *replicator.Commit) error {
 	c.pos.LSN = cm.EndLSN
 	c.checkStale()
 	c.guard.prune(c.pendingXmins())
+	return c.checkStorage()
+}
+
+// checkStorage stops the capture once the stream is past where a table's storage change was
+// found with no TRUNCATE that explains it (storageCheck).
+func (c *core) checkStorage() error {
+	for _, sc := range c.storage {
+		if c.pos.LSN >= sc.until {
+			return sc.err()
+		}
+	}
 	return nil
 }
 

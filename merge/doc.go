@@ -39,7 +39,9 @@
 //     replica identity that does not carry the key), another table under a captured name, a
 //     table that left the publication or whose partitions changed, a table rewritten under a
 //     changed column (rewrite.go: its catalog row written again and new storage files, since no
-//     USING clause is recorded), an UNLOGGED table or partition stop the capture with an
+//     USING clause is recorded), an UNLOGGED table or partition, storage files replaced between
+//     two runs that no streamed TRUNCATE explains (rewrite.go's storageCheck: maintenance and a
+//     SET UNLOGGED/SET LOGGED round trip leave the same sign) stop the capture with an
 //     UnplaceableError or a sentinel error naming the table, the cause and the fix.
 //   - A refresh (TableProgress.Refresh) starts a table's output over at the low watermark of its
 //     first window, with a Refresh event; the table's changes before it are not emitted (I20).

@@ -41,7 +41,9 @@ type TableConfig struct {
 	// change (ErrValuesRewritten), so the column types are taken as they are now, for this run,
 	// without a re-backfill.
 	TypesChanged bool
-	// Maintenance: the table's storage files changed by maintenance (ErrStorageReplaced).
+	// Maintenance: the table's storage files changed since the position was taken by maintenance
+	// that changed no value (ErrStorageReplaced), so they are taken as they are now, for this
+	// run, without a re-backfill.
 	Maintenance bool
 }
 
@@ -444,10 +446,11 @@ func (e *Engine) checkTables(ctx context.Context, conn *pgx.Conn, from *Position
 // runSetup is what a run starts from: its watermark writer, the position and tables resolved
 // against the server, and the chunk reader.
 type runSetup struct {
-	writer *watermark.Writer
-	pos    *Position
-	tables map[string]*chunker.Table
-	reader *chunker.Reader
+	writer  *watermark.Writer
+	pos     *Position
+	tables  map[string]*chunker.Table
+	storage map[string]*storageCheck // the tables whose storage change the stream must explain
+	reader  *chunker.Reader
 }
 
 // prepareRun makes the watermarks' transport ready (the signal table in the publication, when it
@@ -475,7 +478,7 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 	if err != nil {
 		return nil, err
 	}
-	pos, tables, err := e.prepare(ctx, conn, stream, from)
+	pos, tables, storage, err := e.prepare(ctx, conn, stream, from)
 	if err != nil {
 		return nil, err
 	}
@@ -483,7 +486,7 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 	if err != nil {
 		return nil, err
 	}
-	return &runSetup{writer: writer, pos: pos, tables: tables, reader: reader}, nil
+	return &runSetup{writer: writer, pos: pos, tables: tables, storage: storage, reader: reader}, nil
 }
 
 // runGoroutines runs the stream, the chunk worker and the merge loop, each on its goroutine, and
@@ -492,6 +495,7 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, s *runSetup) error {
 	pos, tables := s.pos, s.tables
 	core := newCore(s.writer.Config(), pos, tables)
+	core.storage = s.storage
 	core.noGuard, core.noEviction = e.cfg.Faults.noGuard(), e.cfg.Faults.noEviction()
 	core.rereadPartial = e.cfg.RereadPartial
 	// The engine's goroutines run until the merge loop is done, not until ctx ends: when ctx

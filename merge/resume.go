@@ -43,12 +43,12 @@ var (
 // tables, checks the position's identity against the server and the slot, and reconciles the
 // position's tables with the configured ones. The resume LSN is acknowledged last, once it is
 // known to belong to this slot.
-func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, from *Position) (*Position, map[string]*chunker.Table, error) {
+func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, from *Position) (*Position, map[string]*chunker.Table, map[string]*storageCheck, error) {
 	resync := false
 	if from != nil {
 		if err := e.checkIdentity(ctx, from, stream); err != nil {
 			if !e.cfg.ResyncInvalidPosition {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			e.log.Warn().Err(err).Msg("the position cannot be resumed: every table is backfilled again from the slot's position, its output started over")
 			from, resync = nil, true
@@ -56,12 +56,12 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 	}
 	if e.cfg.AddToPublication {
 		if err := e.addToPublication(ctx, conn, from); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	tables, err := e.discover(ctx, conn, from)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	sys, slot := stream.System(), stream.Slot()
 	var pos *Position
@@ -71,13 +71,14 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 		pos = from.Clone()
 	}
 	pos.Version, pos.SystemID, pos.Timeline, pos.Database, pos.Slot = PositionVersion, sys.SystemID, sys.Timeline, sys.Database, slot.Name
-	if err := e.reconcile(ctx, conn, pos, tables, resync); err != nil {
-		return nil, nil, err
+	storage, err := e.reconcile(ctx, conn, pos, tables, resync)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	if from != nil {
 		stream.Ack(from.LSN)
 	}
-	return pos, tables, nil
+	return pos, tables, storage, nil
 }
 
 // checkIdentity accepts a position only on the cluster, database, slot and history it was read
@@ -196,7 +197,7 @@ func (e *Engine) discover(ctx context.Context, conn *pgx.Conn, from *Position) (
 // captured goes, a table whose key changed stops the run, and a captured table must still be the
 // same table (OID) with the same membership of the publication and the same partitions, unless a
 // refresh was asked for. resync starts every table over.
-func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, tables map[string]*chunker.Table, resync bool) error {
+func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, tables map[string]*chunker.Table, resync bool) (map[string]*storageCheck, error) {
 	// A table captured under a new name (renamed) is a new output: its progress under the old
 	// name does not carry over, or its new output would lack the rows backfilled under the old.
 	for name := range pos.Tables {
@@ -204,17 +205,19 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			delete(pos.Tables, name) // no longer captured
 		}
 	}
-	noBackfill, typesChanged := map[string]bool{}, map[string]bool{}
+	noBackfill, typesChanged, maintenance := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, tc := range e.cfg.Tables {
 		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
 		typesChanged[tc.Schema+"."+tc.Name] = tc.TypesChanged
+		maintenance[tc.Schema+"."+tc.Name] = tc.Maintenance
 	}
+	checks := map[string]*storageCheck{}
 	var errs []error
 	for name, t := range tables {
 		key := t.KeyNames()
 		member, err := chunker.Membership(ctx, conn, t.OID, e.cfg.Source.Publication)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		p := pos.Tables[name]
 		if resync {
@@ -243,7 +246,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		if strings.Contains(member, "via_root") && len(t.Partitions) > 0 {
 			storage, err := chunker.Storage(ctx, conn, t.Partitions)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if gone := chunker.Truncated(p.Storage, storage); len(gone) > 0 && !p.Refresh {
 				errs = append(errs, fmt.Errorf("%w: partition(s) %v of %s were truncated since the position was taken (emptied into a new file): published through the root, a TRUNCATE of one partition is not streamed, so their rows are still in the output; re-backfill it",
@@ -259,8 +262,35 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		if err != nil {
 			errs = append(errs, err)
 		}
+		shape.Truncated = p.Truncated
+		if err == nil && len(before.Files) > 0 && !slices.Equal(before.Files, shape.Files) && !maintenance[name] {
+			// New files with no column change: a TRUNCATE explains them, or maintenance, or a
+			// persistence round trip (storageCheck).
+			by, err := lastWriter(ctx, conn, t.OID, before.Files, shape.Files)
+			if err != nil {
+				return nil, fmt.Errorf("read the storage of %s: %w", name, err)
+			}
+			if by == 0 || by != p.Truncated {
+				checks[name] = &storageCheck{table: name, ident: t.Ident(), before: before.Files, files: shape.Files, by: by}
+				shape.Files = before.Files
+			}
+		}
 		p.Key, p.OID, p.Publication, p.Partitions, p.Shape = key, t.OID, member, t.Partitions, shape
 		pos.Tables[name] = p
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if len(checks) > 0 {
+		// Whatever changed the files committed before now: the stream must explain it before
+		// it is past this position.
+		var until pglogrepl.LSN
+		if err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END`).Scan(&until); err != nil {
+			return nil, fmt.Errorf("read the server's WAL position: %w", err)
+		}
+		for _, s := range checks {
+			s.until = until
+		}
+	}
+	return checks, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/chunker"
@@ -34,13 +35,10 @@ var ErrUnlogged = chunker.ErrUnlogged
 type Shape struct {
 	Columns []ColumnType `json:"columns,omitempty"`
 	Files   []uint32     `json:"files,omitempty"` // relfilenodes of the table or its leaf partitions, in OID order
-	// Truncated is the transaction of the last TRUNCATE of the table the stream carried.
+	// Truncated is the transaction of the last TRUNCATE of the table the stream carried: files
+	// whose catalog rows it last wrote are explained (storageCheck), whenever they were looked at.
 	Truncated uint32 `json:"truncated,omitempty"`
 }
-
-// ErrStorageReplaced: a table's storage files changed between two runs, and nothing the stream
-// carried explains it.
-var ErrStorageReplaced = errors.New("a table's storage was replaced between two runs")
 
 // currentShape reads table oid's Shape now, and whether it or a partition is UNLOGGED.
 func currentShape(ctx context.Context, conn *pgx.Conn, oid uint32) (Shape, bool, error) {
@@ -97,4 +95,56 @@ func checkShape(ctx context.Context, conn *pgx.Conn, name, ident string, oid uin
 	}
 	return now, fmt.Errorf("%w: %s was rewritten (new storage files) after a change of column %s: ALTER COLUMN ... TYPE rewrites every stored value, with no row event, and PostgreSQL records no USING clause, so the output may keep values the source no longer has; re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data), or, once the output's values are converted the same way (a PostgreSQL target: ALTER TABLE ... ALTER COLUMN ... TYPE ... USING <the source's expression>;), acknowledge it for one run (tidemark sync --types-changed %s)",
 		ErrValuesRewritten, name, strings.Join(changed, ", "), name, name)
+}
+
+// ErrStorageReplaced: a table's storage files changed between two runs, and nothing the stream
+// carried explains it. Maintenance does this (VACUUM FULL, CLUSTER, pg_repack, SET TABLESPACE)
+// and changes no value; so does ALTER TABLE ... SET UNLOGGED then SET LOGGED, whose writes in
+// between are in no WAL record; PostgreSQL keeps nothing that tells them apart afterwards.
+var ErrStorageReplaced = errors.New("a table's storage was replaced between two runs")
+
+// storageCheck is a table whose storage files changed since the position was taken, with no
+// column change (which ErrValuesRewritten judges) and no TRUNCATE the position had seen that
+// explains them. A TRUNCATE the stream carries on resuming explains them when its transaction
+// is the one that last wrote the catalog rows of every changed file (by); once the stream is
+// past until (the WAL position when they were looked at) without one, the capture stops. Until
+// then the table's progress keeps the files it had, so a checkpoint meanwhile keeps the question
+// for the next run.
+type storageCheck struct {
+	table  string
+	ident  string
+	before []uint32 // the files when the position was taken
+	files  []uint32 // the files now
+	by     uint32   // the transaction that last wrote the pg_class row of every changed file; 0: not one
+	until  pglogrepl.LSN
+}
+
+// lastWriter returns the transaction that last wrote the pg_class row of every one of table oid's
+// storage files (the table's, or its leaf partitions', in OID order as Shape.Files) that differs
+// from before, when one did; 0 when they differ in number (partitions changed, which the
+// position's partitions judge) or were written by several.
+func lastWriter(ctx context.Context, conn *pgx.Conn, oid uint32, before, now []uint32) (uint32, error) {
+	var xmins []int64
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(c.xmin::text::bigint ORDER BY c.oid) FILTER (WHERE c.relkind = 'r'), '{}')
+		FROM pg_class c WHERE c.oid = $1 OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))`, oid).Scan(&xmins)
+	if err != nil || len(before) != len(now) || len(xmins) != len(now) {
+		return 0, err
+	}
+	var by uint32
+	for i := range now {
+		if now[i] == before[i] {
+			continue
+		}
+		if by != 0 && by != uint32(xmins[i]) {
+			return 0, nil
+		}
+		by = uint32(xmins[i])
+	}
+	return by, nil
+}
+
+// err is the stop of a storage change nothing explained.
+func (s *storageCheck) err() error {
+	return fmt.Errorf("%w: the storage files of %s changed since the position was taken (%v, now %v), and the stream carried no TRUNCATE of it that explains them. VACUUM FULL, CLUSTER, pg_repack and ALTER TABLE ... SET TABLESPACE do this and change no value; so does ALTER TABLE ... SET UNLOGGED followed by SET LOGGED, and the writes made in between are in no WAL record; PostgreSQL keeps nothing that tells them apart afterwards. If it was maintenance, acknowledge it for one run (tidemark sync --maintenance %s); otherwise re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data)",
+		ErrStorageReplaced, s.ident, s.before, s.files, s.table, s.table)
 }

@@ -92,7 +92,7 @@ func isConnectFailure(err error) bool {
 // publication membership, partitions, or values rewritten by a type change).
 func needsReset(err error) bool {
 	for _, target := range []error{merge.ErrUnplaceable, merge.ErrKeyChanged, merge.ErrTableReplaced, merge.ErrPublicationChanged,
-		merge.ErrPartitionsChanged, merge.ErrValuesRewritten, merge.ErrUnlogged} {
+		merge.ErrPartitionsChanged, merge.ErrValuesRewritten, merge.ErrUnlogged, merge.ErrStorageReplaced} {
 		if errors.Is(err, target) {
 			return true
 		}

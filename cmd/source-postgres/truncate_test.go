@@ -92,3 +92,35 @@ func TestMissingTableStopsTheRead(t *testing.T) {
 	r3 := e.read(cat, s1)
 	replayEqualsSource(t, e, "public.orders", "id", r1, r3)
 }
+
+// TestStorageReplacedStopsUntilReset: a table made UNLOGGED and LOGGED again between two syncs
+// (allowed under a FOR ALL TABLES publication) had its writes in between in no WAL record; the
+// next read cannot tell it from a VACUUM FULL, and stops with a config error that names it and
+// says to reset the stream, until the stream is reset.
+func TestStorageReplacedStopsUntilReset(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE orders (id int PRIMARY KEY, v text, n numeric)`)
+	e.db.Exec(`INSERT INTO orders SELECT g, 'v' || g, g FROM generate_series(1, 20) g`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR ALL TABLES`)
+	cat := e.catalog()
+	state := e.read(cat, nil).lastState(t)
+	e.db.Exec(`ALTER TABLE orders SET UNLOGGED`)
+	e.db.Exec(`UPDATE orders SET v = 'unlogged' WHERE id = 1`)
+	e.db.Exec(`DELETE FROM orders WHERE id = 2`)
+	e.db.Exec(`ALTER TABLE orders SET LOGGED`)
+	for range 2 {
+		failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", state))
+		require.NotEqual(t, 0, failed.code)
+		errs := failed.traces("ERROR")
+		require.Len(t, errs, 1)
+		require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
+		msg := errs[0].str("trace", "error", "message")
+		require.Contains(t, msg, "storage files of")
+		require.Contains(t, msg, "clear the stream's data")
+		for _, st := range failed.states() {
+			state = mustJSON(t, []any{st.m["state"]})
+		}
+	}
+	r := e.read(cat, withoutStream(t, state, "orders"))
+	replayEqualsSource(t, e, "public.orders", "id", r)
+}

@@ -111,10 +111,10 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 	stats.resumed(from)
 	cfg := f.engineConfig(plan, srcDSN)
 	if checkpointed {
-		// --types-changed, like --rebackfill, is for the state it was given for: after a
+		// --types-changed and --maintenance, like --rebackfill, are for the state they were given for: after a
 		// checkpoint of this process, a reconnection must compare again.
 		for i := range cfg.Tables {
-			cfg.Tables[i].TypesChanged = false
+			cfg.Tables[i].TypesChanged, cfg.Tables[i].Maintenance = false, false
 		}
 	}
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
@@ -123,13 +123,13 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 
 // syncFlags are sync's flags.
 type syncFlags struct {
-	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub *string
-	rebackfill, metricsAddr, watermarks, signalTable, typesChanged        *string
-	audit, stopCaughtUp, noBackfill, quiet                                *bool
-	chunkSize, maxChunkBytes                                              *int
-	interval, wmTimeout                                                   *time.Duration
-	testing                                                               testingFlags
-	keys                                                                  *[]string
+	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub       *string
+	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
+	audit, stopCaughtUp, noBackfill, quiet                                      *bool
+	chunkSize, maxChunkBytes                                                    *int
+	interval, wmTimeout                                                         *time.Duration
+	testing                                                                     testingFlags
+	keys                                                                        *[]string
 }
 
 func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
@@ -147,6 +147,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.interval = fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	f.maintenance = fs.String("maintenance", "", "tables (schema.table,...) whose storage files changed between two runs by maintenance that changed no value (VACUUM FULL, CLUSTER, pg_repack, SET TABLESPACE) and stopped the sync: take them as they are now, for this run, without a re-backfill")
 	f.typesChanged = fs.String("types-changed", "", "tables (schema.table,...) whose output's values were converted as the source's by a column type change that stopped the sync: take their column types as they are now, for this run, without a re-backfill")
 	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
 	f.metricsAddr = fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9187; :9187 listens on every interface) at /metrics")
@@ -191,14 +192,24 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	for i := range p.tables {
 		p.tables[i].NoBackfill = *f.noBackfill
 	}
-	if *f.typesChanged != "" {
-		for _, name := range strings.Split(*f.typesChanged, ",") {
+	for _, ack := range []struct {
+		flag string
+		list string
+		set  func(*merge.TableConfig)
+	}{
+		{"--types-changed", *f.typesChanged, func(t *merge.TableConfig) { t.TypesChanged = true }},
+		{"--maintenance", *f.maintenance, func(t *merge.TableConfig) { t.Maintenance = true }},
+	} {
+		if ack.list == "" {
+			continue
+		}
+		for _, name := range strings.Split(ack.list, ",") {
 			i := slices.IndexFunc(p.tables, func(t merge.TableConfig) bool { return t.Schema+"."+t.Name == strings.TrimSpace(name) })
 			if i < 0 {
-				problems = append(problems, fmt.Sprintf("--types-changed %s: not among --tables", name))
+				problems = append(problems, fmt.Sprintf("%s %s: not among --tables", ack.flag, name))
 				continue
 			}
-			p.tables[i].TypesChanged = true
+			ack.set(&p.tables[i])
 		}
 	}
 	if err := applyKeys(*f.keys, p.tables); err != nil {
