@@ -122,6 +122,84 @@ type window struct {
 	keys    [][]string    // a key-list chunk's keys (text values); nil for a range chunk
 	dirty   error         // why the window cannot complete
 	stale   pglogrepl.LSN // the high watermark committed before this position (0: not yet written)
+	// fills are the touched keys whose changes inside the window were all updates of the key
+	// that left TOASTed values out (a nil entry: a key that had another change).
+	fills map[string]*fill
+}
+
+// fill is what a window knows of a key whose changes inside it were all updates of that key,
+// each leaving TOASTed values out (Unchanged): the last one's values and columns, and which
+// columns every one left out. Those columns kept their values across the window, so the chunk's
+// row, read inside it, has them: the row is whole at the high watermark (wholeRow) without being
+// read again, a read that the next such change cannot beat (a hot row would otherwise be read
+// again and again, each read losing to the next update).
+type fill struct {
+	vals replicator.Tuple
+	cols *Columns
+	kept []bool // column i was Unchanged in every change so far
+}
+
+// noteChange records a change of key inside w for its fill: vals are a same-key update's values,
+// nil for any other change.
+func (w *window) noteChange(key string, vals replicator.Tuple, cols *Columns) {
+	if w.fills == nil {
+		w.fills = map[string]*fill{}
+	}
+	f, seen := w.fills[key]
+	switch {
+	case vals == nil || !hasUnchanged(vals):
+		w.fills[key] = nil
+	case !seen:
+		kept := make([]bool, len(vals))
+		for i, v := range vals {
+			kept[i] = v.Kind == replicator.Unchanged
+		}
+		w.fills[key] = &fill{vals: vals, cols: cols, kept: kept}
+	case f != nil:
+		if cols != f.cols || len(vals) != len(f.kept) {
+			w.fills[key] = nil // the table was described anew: no column-by-column account
+			return
+		}
+		for i, v := range vals {
+			f.kept[i] = f.kept[i] && v.Kind == replicator.Unchanged
+		}
+		f.vals = vals
+	}
+}
+
+// wholeRow returns the row of a key whose changes inside the window were f's, as it is after the
+// last one: that change's values, and the chunk's row (in cols) for the ones it left out; nil
+// when f does not give it (another change, a value left out by the last change that an earlier
+// one set, columns that differ from the chunk's).
+func wholeRow(f *fill, cols *Columns, row chunker.Row) chunker.Row {
+	if f == nil || len(f.cols.Names) != len(cols.Names) || len(row) != len(cols.Names) {
+		return nil
+	}
+	out := make(chunker.Row, len(cols.Names))
+	for j, name := range cols.Names {
+		i := j
+		if f.cols.Names[i] != name {
+			if i = slices.Index(f.cols.Names, name); i < 0 {
+				return nil
+			}
+		}
+		switch v := f.vals[i]; v.Kind {
+		case replicator.Unchanged:
+			if !f.kept[i] || row[j] == nil {
+				return nil
+			}
+			out[j] = row[j]
+		case replicator.Null:
+		case replicator.Text:
+			out[j] = v.Data
+			if out[j] == nil {
+				out[j] = []byte{}
+			}
+		default:
+			return nil
+		}
+	}
+	return out
 }
 
 // tableState is a captured table as the core tracks it. The stream names tables by OID: a
@@ -470,7 +548,8 @@ func (c *core) change(ch *replicator.Change) error {
 		return c.unplaceable(ts, fmt.Sprintf("a change (%s) arrived while %v", ch.Op, ts.identityErr))
 	}
 	var newKey, oldKey []byte
-	var partial bool // an update that lacks unchanged TOASTed values
+	var partial bool          // an update that lacks unchanged TOASTed values
+	var same replicator.Tuple // a same-key update's values
 	var err error
 	switch ch.Op {
 	case replicator.Insert:
@@ -498,7 +577,7 @@ func (c *core) change(ch *replicator.Change) error {
 			c.emit(Delete, ts.cols, ch.Old, oldKey)
 			op = Insert
 		} else {
-			oldKey = nil // the same key: evicted once, with the change's partial flag
+			oldKey, same = nil, vals // the same key: evicted once, with the change's partial flag
 		}
 		switch {
 		case partial && c.rereadPartial:
@@ -519,8 +598,8 @@ func (c *core) change(ch *replicator.Change) error {
 		}
 		c.emit(Delete, ts.cols, ch.Old, oldKey)
 	}
-	c.evict(ts, newKey, partial)
-	c.evict(ts, oldKey, false)
+	c.evict(ts, newKey, partial, same)
+	c.evict(ts, oldKey, false, nil)
 	return nil
 }
 
@@ -579,7 +658,7 @@ func fillUnchanged(n, o replicator.Tuple) replicator.Tuple {
 // evict drops key from the chunks of ts's open windows: the rows whose key a change touched
 // inside the window are not emitted at the high watermark, whether the change came before or
 // after the chunk's rows arrived.
-func (c *core) evict(ts *tableState, key []byte, partial bool) {
+func (c *core) evict(ts *tableState, key []byte, partial bool, same replicator.Tuple) {
 	if key == nil || c.noEviction {
 		return
 	}
@@ -588,9 +667,11 @@ func (c *core) evict(ts *tableState, key []byte, partial bool) {
 		case w.tracked != nil:
 			if w.tracked[string(key)] {
 				w.touched[string(key)] = partial
+				w.noteChange(string(key), same, ts.cols)
 			}
 		case len(w.touched) < maxEarly:
 			w.touched[string(key)] = partial
+			w.noteChange(string(key), same, ts.cols)
 		case w.dirty == nil:
 			w.dirty = errCrowded
 		}
@@ -760,14 +841,30 @@ func (c *core) high(w *window) {
 	t := w.chunk.Table
 	var rereads [][]string
 	c.out = slices.Grow(c.out, len(w.chunk.Rows))
+	var filled map[string]bool // keys whose row went out whole though changed inside the window
+	var wholes [][]string      // and their text values
 	for i, row := range w.chunk.Rows {
 		key := w.rowKeys[i]
 		if partial, touched := w.touched[string(key)]; touched {
-			if partial {
-				// The row held the only whole copy of its unchanged TOASTed values: read it
-				// again after the change (docs/adr/0005-unchanged-toast.md).
-				rereads = append(rereads, keyStrings(row, t.Key))
+			if !partial {
+				continue
 			}
+			if whole := wholeRow(w.fills[string(key)], cols, row); whole != nil {
+				// Every change of the row inside the window left the same TOASTed values out:
+				// the chunk's row has them, the last change the rest.
+				if filled == nil {
+					filled = map[string]bool{}
+				}
+				filled[string(key)] = true
+				wholes = append(wholes, keyStrings(row, t.Key))
+				c.out = append(c.out, Event{Op: Snapshot, Columns: cols, row: whole, Key: key, LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
+				c.txSeq++
+				emitted++
+				continue
+			}
+			// The row held the only whole copy of its unchanged TOASTed values: read it again
+			// after the change (docs/adr/0005-unchanged-toast.md).
+			rereads = append(rereads, keyStrings(row, t.Key))
 			continue
 		}
 		c.out = append(c.out, Event{Op: Snapshot, Columns: cols, row: row, Key: key, LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
@@ -795,7 +892,7 @@ func (c *core) high(w *window) {
 				vals[i] = []byte(v)
 			}
 			key, err := t.AppendKey(nil, vals)
-			if err == nil && (w.touched[string(key)] || read != nil && !read[string(key)]) {
+			if err == nil && (w.touched[string(key)] && !filled[string(key)] || read != nil && !read[string(key)]) {
 				continue
 			}
 			done = append(done, k)
@@ -804,6 +901,12 @@ func (c *core) high(w *window) {
 		w.ts.indexRereads()
 		c.rereadsChanged()
 	} else {
+		if len(wholes) > 0 && len(p.Reread) > 0 {
+			// A row that went out whole after its last change needs no other read.
+			p.Reread = removeKeys(p.Reread, wholes)
+			w.ts.indexRereads()
+			c.rereadsChanged()
+		}
 		if w.chunk.Last != nil {
 			p.Cursor = w.chunk.Last
 		}

@@ -161,7 +161,9 @@ func TestRereadSurvivesKeyRecreatedInItsWindow(t *testing.T) {
 // TestPartialFlagWhenOldAndNewKeysAreEqual: a key update that only rewrites the key's text
 // (numeric 1.0 to 1.00: equal keys) and leaves a TOASTed value out is a partial change of that
 // key; evicting the old key afterwards must not clear the flag, or the chunk row that held the
-// only whole copy is dropped without being read again.
+// only whole copy is dropped without being read again. The window's only change of the key left
+// the value out, so the row goes out whole at the high watermark: the change's key text, the
+// chunk's TOASTed value.
 func TestPartialFlagWhenOldAndNewKeysAreEqual(t *testing.T) {
 	num := &chunker.Table{Schema: "public", Name: "n", OID: 16390, KeySource: "primary key", ReplicaIdentity: 'd',
 		Columns: []chunker.Column{{Name: "k", TypeOID: 1700, BaseOID: 1700, TypeMod: -1}, {Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
@@ -175,7 +177,68 @@ func TestPartialFlagWhenOldAndNewKeysAreEqual(t *testing.T) {
 	})
 	require.Len(t, r.verdicts, 1)
 	require.True(t, r.verdicts[0].completed)
-	require.Equal(t, [][]string{{"1.0"}}, r.c.tables["public.n"].progress.Reread, "the evicted row is read again whole")
+	require.Empty(t, r.c.tables["public.n"].progress.Reread, "nothing to read again")
+	var whole []string
+	for _, ev := range r.out {
+		if ev.Op == Snapshot {
+			whole = append(whole, string(ev.Col(0).Data)+"/"+string(ev.Col(1).Data))
+		}
+	}
+	require.Equal(t, []string{"1.00/whole"}, whole, "the evicted row goes out whole, after the change")
+}
+
+// TestWholeRowOnlyFromValuesTheWindowKept: a row changed inside its window only by updates that
+// left its TOASTed value out goes out whole at the high watermark; one whose value an update
+// inside the window set, before an update that left it out, is read again instead (the chunk's
+// copy may be older than that update); so is one whose change was a delete and an insert.
+func TestWholeRowOnlyFromValuesTheWindowKept(t *testing.T) {
+	rows := []chunker.Row{{[]byte("1"), []byte("chunk1")}, {[]byte("2"), []byte("chunk2")}, {[]byte("3"), []byte("chunk3")}}
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.window(1, toastTable, nil, rows, nil, func() {
+		r.mustTxn(upd(toastRel, nil, text("1"), unchanged))
+		r.mustTxn(upd(toastRel, nil, text("1"), unchanged))
+		r.mustTxn(upd(toastRel, nil, text("2"), text("set")))
+		r.mustTxn(upd(toastRel, nil, text("2"), unchanged))
+		r.mustTxn(del(toastRel, text("3"), null))
+		r.mustTxn(ins(toastRel, text("3"), text("again")))
+		r.mustTxn(upd(toastRel, nil, text("3"), unchanged))
+	})
+	require.Len(t, r.verdicts, 1)
+	require.True(t, r.verdicts[0].completed)
+	var whole []string
+	for _, ev := range r.out {
+		if ev.Op == Snapshot {
+			whole = append(whole, string(ev.Col(0).Data)+"/"+string(ev.Col(1).Data))
+		}
+	}
+	require.Equal(t, []string{"1/chunk1"}, whole)
+	require.Equal(t, [][]string{{"2"}, {"3"}}, r.c.tables["public.t"].progress.Reread)
+
+	// Two TOASTed columns: an update that sets a and leaves b out, then one that leaves both
+	// out; a is not the chunk's any more.
+	two := &chunker.Table{Schema: "public", Name: "two", OID: 16391, KeySource: "primary key", ReplicaIdentity: 'd',
+		Columns: []chunker.Column{{Name: "id", TypeOID: 23, BaseOID: 23, TypeMod: -1}, {Name: "a", TypeOID: 25, BaseOID: 25, TypeMod: -1}, {Name: "b", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
+		Key:     []int{0}}
+	rel := &replicator.Relation{ID: 16391, Schema: "public", Table: "two", ReplicaIdentity: replicator.IdentityDefault,
+		Columns: []replicator.Column{{Name: "id", TypeOID: 23, TypeMod: -1, Key: true}, {Name: "a", TypeOID: 25, TypeMod: -1}, {Name: "b", TypeOID: 25, TypeMod: -1}}}
+	r = newCoreRun(t, nil, two)
+	r.must(rel)
+	r.window(1, two, nil, []chunker.Row{{[]byte("1"), []byte("a1"), []byte("b1")}, {[]byte("2"), []byte("a2"), []byte("b2")}}, nil, func() {
+		r.mustTxn(upd(rel, nil, text("1"), unchanged, unchanged))
+		r.mustTxn(upd(rel, nil, text("1"), text("new"), unchanged))
+		r.mustTxn(upd(rel, nil, text("1"), unchanged, unchanged))
+		r.mustTxn(upd(rel, nil, text("2"), unchanged, unchanged))
+		r.mustTxn(upd(rel, nil, text("2"), text("new"), unchanged))
+	})
+	whole = nil
+	for _, ev := range r.out {
+		if ev.Op == Snapshot {
+			whole = append(whole, string(ev.Col(0).Data)+"/"+string(ev.Col(1).Data)+"/"+string(ev.Col(2).Data))
+		}
+	}
+	require.Equal(t, []string{"2/new/b2"}, whole, "the last change's a, the chunk's b")
+	require.Equal(t, [][]string{{"1"}}, r.c.tables["public.two"].progress.Reread)
 }
 
 // TestNullKeyIsNotPlaced: a change whose key column arrives NULL (the table's replica identity

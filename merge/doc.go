@@ -33,7 +33,10 @@
 //     REPLICA IDENTITY FULL and passed on as Unchanged otherwise, never as NULL; a row that then
 //     has no whole copy in the output (a chunk row evicted by such an update, the new key of a
 //     key change) is read again whole, and stays pending until a window reads it after its last
-//     such change (docs/adr/0005-unchanged-toast.md).
+//     such change. A chunk row whose changes inside its window were all updates of its key that
+//     left the same TOASTed values out goes out whole at H instead (fill: those values did not
+//     change across the window, so the chunk has them), and a hot row never waits on a re-read
+//     that its next update beats (docs/adr/0005-unchanged-toast.md).
 //   - Never silent (I18): tables are known by OID (a renamed table is followed, under its
 //     configured name); a change whose key cannot be built (a key column NULL or unsent, a
 //     replica identity that does not carry the key), another table under a captured name, a

@@ -92,6 +92,7 @@ func (w *worker) run(stop, ctx context.Context) error {
 				w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Bool("refresh", t.progress.Refresh).Msg("backfill started")
 			}
 			w.markTime, w.selectTime, w.waitTime = 0, 0, 0
+			lastReread := false
 			for t.progress.Refresh || !t.progress.Done || len(t.progress.Reread) > 0 {
 				if stop.Err() != nil {
 					return nil
@@ -105,10 +106,12 @@ func (w *worker) run(stop, ctx context.Context) error {
 				switch {
 				case t.progress.Refresh:
 					err = w.refresh(ctx, t)
-				case len(t.progress.Reread) > 0:
-					err = w.reread(ctx, t)
+				case len(t.progress.Reread) > 0 && (t.progress.Done || !lastReread):
+					// Taken in turn with the backfill's chunks: rows that keep asking to be
+					// read again (each update of a hot row, for the connector) never hold it up.
+					err, lastReread = w.reread(ctx, t), true
 				default:
-					err = w.chunk(ctx, t)
+					err, lastReread = w.chunk(ctx, t), false
 				}
 				if err != nil {
 					return err
@@ -261,7 +264,13 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 	err := w.window(ctx, t, keys, false, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Keys(ctx, t.table, keys)
 	})
-	if len(t.progress.Reread) == 0 {
+	// Keys asked for since (an update of a hot row, for the connector) are not this chunk's
+	// failure: only its own keys still pending count.
+	pending := make(map[string]bool, len(t.progress.Reread))
+	for _, k := range t.progress.Reread {
+		pending[strings.Join(k, "\x00")] = true
+	}
+	if !slices.ContainsFunc(keys, func(k []string) bool { return pending[strings.Join(k, "\x00")] }) {
 		w.rereads = 0
 		return err
 	}
