@@ -271,3 +271,50 @@ func TestSpecMatchesConfig(t *testing.T) {
 		require.True(t, spec[k], "the config reads %s, which the spec does not document", k)
 	}
 }
+
+// TestSpecLimitsAsAirbytes: the spec enforces no limit that Airbyte's own spec does not, so that
+// every config its form takes is taken here (the connector then says, with a config_error, what
+// it cannot use): the CDC timing keys' bounds are form hints (min, max) as in Airbyte's spec, not
+// JSON Schema's minimum and maximum; checkpoint_target_interval_seconds has no maximum; port is 0
+// to 65536. The defaults are Airbyte's: ssl_mode require, checkpoint_target_interval_seconds 300.
+func TestSpecLimitsAsAirbytes(t *testing.T) {
+	cs := connSpec(t)
+	b, _ := json.Marshal(cs)
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft7)
+	require.NoError(t, c.AddResource("spec.json", doc))
+	schema, err := c.Compile("spec.json")
+	require.NoError(t, err)
+	for name, cfg := range map[string]string{
+		"timings":    `{"host":"h","port":5432,"database":"d","username":"u","replication_method":{"method":"CDC","replication_slot":"s","publication":"p","initial_waiting_seconds":3600,"queue_size":20000,"initial_load_timeout_hours":48,"debezium_shutdown_timeout_seconds":7200}}`,
+		"checkpoint": `{"host":"h","port":5432,"database":"d","username":"u","checkpoint_target_interval_seconds":172800}`,
+		"port":       `{"host":"h","port":65536,"database":"d","username":"u"}`,
+	} {
+		v, err := jsonschema.UnmarshalJSON(strings.NewReader(cfg))
+		require.NoError(t, err)
+		require.NoError(t, schema.Validate(v), "config %s: Airbyte's form takes it", name)
+	}
+	props := cs["properties"].(map[string]any)
+	require.Equal(t, "require", props["ssl_mode"].(map[string]any)["default"])
+	require.Equal(t, float64(300), props["checkpoint_target_interval_seconds"].(map[string]any)["default"])
+}
+
+// TestCDCColumnsTypedAsAirbytes: the CDC columns have the types Airbyte's connector gives them
+// (_ab_cdc_lsn a number, the two times plain strings, no date-time format), so a connection
+// switched from it keeps its destination's column types.
+func TestCDCColumnsTypedAsAirbytes(t *testing.T) {
+	e := ordersEnv(t, 1)
+	r := e.run("discover", "--config", e.config())
+	require.Equal(t, 0, r.code, r.stderr)
+	cats := r.ofType("CATALOG")
+	require.Len(t, cats, 1)
+	streams := cats[0].get("catalog", "streams").([]any)
+	require.Len(t, streams, 1)
+	props := streams[0].(map[string]any)["json_schema"].(map[string]any)["properties"].(map[string]any)
+	require.Equal(t, []any{"null", "number"}, props["_ab_cdc_lsn"].(map[string]any)["type"])
+	for _, col := range []string{"_ab_cdc_updated_at", "_ab_cdc_deleted_at"} {
+		require.Equal(t, map[string]any{"type": []any{"null", "string"}}, props[col], col)
+	}
+}
