@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -366,11 +367,10 @@ func (c *config) checkIntervals() error {
 		}
 	}
 	if c.CheckpointTargetIntervalSeconds != 0 {
-		// Airbyte's name for the longest time between two states.
-		if err := inRange("checkpoint_target_interval_seconds", c.CheckpointTargetIntervalSeconds, 1, 86400, int(defaultStateInterval/time.Second)); err != nil {
+		// Airbyte's name for the longest time between two states, with its bound (positive;
+		// Airbyte's form fills in 300, so state_interval_seconds, Tidemark's own, wins).
+		if err := inRange("checkpoint_target_interval_seconds", c.CheckpointTargetIntervalSeconds, 1, math.MaxInt32, int(defaultStateInterval/time.Second)); err != nil {
 			errs = append(errs, err)
-		} else if c.StateIntervalSeconds != 0 && c.StateIntervalSeconds != c.CheckpointTargetIntervalSeconds {
-			errs = append(errs, fmt.Errorf("checkpoint_target_interval_seconds %d and state_interval_seconds %d both set the longest time between two states: keep one", c.CheckpointTargetIntervalSeconds, c.StateIntervalSeconds))
 		}
 	}
 	return errors.Join(errs...)

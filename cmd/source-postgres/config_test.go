@@ -64,6 +64,11 @@ func TestConfigRanges(t *testing.T) {
 		path = strings.TrimPrefix(strings.NewReplacer("[oneOf]0", "", "[oneOf]1", "", "[oneOf]2", "", "[oneOf]3", "", "[oneOf]4", "", "[oneOf]5", "").Replace(path), ".")
 		lo, okLo := p["minimum"].(float64)
 		hi, okHi := p["maximum"].(float64)
+		if !okLo && !okHi {
+			// Airbyte's form hints (not JSON Schema keywords), which the connector checks.
+			lo, okLo = p["min"].(float64)
+			hi, okHi = p["max"].(float64)
+		}
 		if typ, _ := p["type"].(string); typ == "integer" && okLo && okHi {
 			if b, seen := bounds[path]; seen {
 				require.Equal(t, b, [2]float64{lo, hi}, "%s has the same range in every variant", path)
@@ -83,6 +88,10 @@ func TestConfigRanges(t *testing.T) {
 		{"replication_method.initial_load_timeout_hours", true},
 		{"checkpoint_target_interval_seconds", true},
 	}
+	// Where the spec keeps Airbyte's bounds and a value inside them cannot work (a port of 0 or
+	// 65536), or has none (checkpoint_target_interval_seconds: positive), the connector's own.
+	bounds["port"], bounds["tunnel_method.tunnel_port"] = [2]float64{1, 65535}, [2]float64{1, 65535}
+	bounds["checkpoint_target_interval_seconds"] = [2]float64{1, math.MaxInt32}
 	for _, k := range keys {
 		b, ok := bounds[k.path]
 		require.True(t, ok, "the spec gives %s a minimum and a maximum", k.path)
@@ -247,15 +256,21 @@ func TestAirbyteKeysHonouredOrRefused(t *testing.T) {
 	}
 
 	// checkpoint_target_interval_seconds is the state interval when state_interval_seconds is
-	// absent; both, differing, are refused.
+	// absent (Airbyte's form fills in 300, so Tidemark's own key wins); it has no maximum.
 	c, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 300 })
 	require.NoError(t, err)
 	require.Equal(t, 300*time.Second, c.stateInterval())
 	c, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 7; m["state_interval_seconds"] = 7 })
 	require.NoError(t, err)
 	require.Equal(t, 7*time.Second, c.stateInterval())
-	_, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 300; m["state_interval_seconds"] = 5 })
-	refused(err, "checkpoint_target_interval_seconds", "state_interval_seconds")
+	c, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 300; m["state_interval_seconds"] = 5 })
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, c.stateInterval())
+	c, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = 172800 })
+	require.NoError(t, err)
+	require.Equal(t, 48*time.Hour, c.stateInterval())
+	_, err = load(func(m map[string]any) { m["checkpoint_target_interval_seconds"] = -1 })
+	refused(err, "checkpoint_target_interval_seconds")
 
 	// check_privileges is accepted either way: discovery lists only what the role may read.
 	for _, v := range []bool{true, false} {

@@ -110,8 +110,10 @@ func (s *source) describe(ctx context.Context, conn *pgx.Conn, types *pgjson.Reg
 	case s.cfg.cdc():
 		// Every stream of a CDC connection carries the metadata columns, as Airbyte's does.
 		props[colLSN] = map[string]any{"type": []string{"null", "number"}}
-		props[colUpdatedAt] = map[string]any{"type": []string{"null", "string"}, "format": "date-time", "airbyte_type": "timestamp_with_timezone"}
-		props[colDeletedAt] = map[string]any{"type": []string{"null", "string"}, "format": "date-time", "airbyte_type": "timestamp_with_timezone"}
+		// Plain strings, as Airbyte's connector types them (its Java version, and its Kotlin one
+		// since 2025): a destination keeps a string column for them either way.
+		props[colUpdatedAt] = map[string]any{"type": []string{"null", "string"}}
+		props[colDeletedAt] = map[string]any{"type": []string{"null", "string"}}
 	}
 	var key []string
 	if r.kind == 'r' || r.kind == 'p' {
