@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -210,16 +211,17 @@ func TestReplicaIdentityWithoutKeyStops(t *testing.T) {
 	require.Equal(t, "refresh", sink.records[indexOfOp(sink, "refresh")].Op)
 }
 
-// TestFirstRunPassesOverWhatItsBackfillReplaces: a first run (no position, so no output yet)
-// whose slot already holds changes of a table that cannot be placed (logged while the table's
-// replica identity was another unique index: a first run killed before its first checkpoint,
-// while an operator tried an identity out, leaves exactly that) passes over them: the table's
-// changes before its backfill's first window are replaced by the backfill, as a re-backfill's
-// are. Before, such a run stopped on them, and so did every run after it: without a position a
-// re-backfill had nothing to start over, and the slot never moved past them (the chaos
-// harness's loop of stops after an identity fault, in the PostgreSQL mode). A table new to a
-// capture that has a position is the same.
-func TestFirstRunPassesOverWhatItsBackfillReplaces(t *testing.T) {
+// TestRebackfillWithoutPosition: a first run (no position) whose slot already holds changes of a
+// table that cannot be placed (logged while the table's replica identity was another unique
+// index: a first run killed before its first checkpoint, while an operator tried an identity
+// out, leaves exactly that) stops on them, as any run does; the fix it gives, a re-backfill of
+// the table, must work without a position too: the table's changes before its backfill are then
+// passed over. Before, a re-backfill asked for without a position was dropped, the run stopped
+// again, and so did every run after it: the slot never moved past those changes (the chaos
+// harness's loop of stops after an identity fault, in the PostgreSQL mode, where the first run
+// had been killed before its first checkpoint). A table new to a capture with a position is the
+// same.
+func TestRebackfillWithoutPosition(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -238,16 +240,38 @@ func TestFirstRunPassesOverWhatItsBackfillReplaces(t *testing.T) {
 	cfg := engineConfig(db, "public.t")
 	cfg.Source.CreateSlot = false
 	sink := newMemSink()
-	require.NoError(t, runEngine(t, cfg, sink, nil))
+	require.ErrorIs(t, runEngine(t, cfg, sink, nil), merge.ErrUnplaceable)
+	again := cfg
+	again.Tables = []merge.TableConfig{{Schema: "public", Name: "t", Rebackfill: true}}
+	require.NoError(t, runEngine(t, again, sink, nil))
 	verify(t, db, sink, "public.t", "id")
-	for _, r := range sink.records {
-		require.NotEqual(t, "refresh", r.Op, "a first run marks no refresh")
-	}
 
 	unplaceable("u")
 	cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: "u"})
-	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "a table new to the capture")
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrUnplaceable, "a table new to the capture")
+	again.Tables = append(again.Tables[:1:1], merge.TableConfig{Schema: "public", Name: "u", Rebackfill: true})
+	again.Tables[0].Rebackfill = false
+	require.NoError(t, runEngine(t, again, sink, sink.last()))
 	verify(t, db, sink, "public.u", "id")
+	verify(t, db, sink, "public.t", "id")
+}
+
+// TestSyncRebackfillWithoutCheckpoint: tidemark sync's --rebackfill applies on a run whose output
+// has no checkpoint yet, which is where the stop it remedies can come from.
+func TestSyncRebackfillWithoutCheckpoint(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)`)
+	db.Exec(`INSERT INTO t (id, email, v) SELECT g, 'u' || g || '@x', 'v' FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	db.Exec(`SELECT pg_create_logical_replication_slot('` + db.Slot + `', 'pgoutput')`)
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY USING INDEX t_email_key`)
+	db.Exec(`DELETE FROM t WHERE id = 5`)
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY DEFAULT`)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	_, err := runSyncTo(t, db, out, "--tables", "public.t", "--stop-when-caught-up", "--quiet")
+	require.ErrorContains(t, err, "--rebackfill public.t")
+	_, err = runSyncTo(t, db, out, "--tables", "public.t", "--stop-when-caught-up", "--quiet", "--rebackfill", "public.t")
+	require.NoError(t, err)
 }
 
 func indexOfOp(s *memSink, op string) int {

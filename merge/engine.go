@@ -45,6 +45,11 @@ type TableConfig struct {
 	// that changed no value (ErrStorageReplaced), so they are taken as they are now, for this
 	// run, without a re-backfill.
 	Maintenance bool
+	// Rebackfill starts the table's output over in this run (a refresh: TableProgress.Refresh),
+	// whether or not the position has the table; without a position, it is how a re-backfill is
+	// asked for (the table's changes before its backfill, even ones that cannot be placed, are
+	// then passed over).
+	Rebackfill bool
 }
 
 // Hooks are called at the points of the chunk protocol and of the output, with the chunk id or
@@ -418,7 +423,7 @@ func (e *Engine) runStream(ctx context.Context, conn *pgx.Conn, stream *replicat
 func (e *Engine) checkTables(ctx context.Context, conn *pgx.Conn, from *Position) error {
 	var errs []error
 	for _, tc := range e.cfg.Tables {
-		if p := progressOf(from, tc.Schema+"."+tc.Name); p != nil && !p.Refresh {
+		if p := progressOf(from, tc.Schema+"."+tc.Name); p != nil && !p.Refresh && !tc.Rebackfill {
 			continue
 		}
 		_, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)

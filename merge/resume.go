@@ -142,7 +142,7 @@ func (e *Engine) addToPublication(ctx context.Context, conn *pgx.Conn, from *Pos
 	pub := e.cfg.Source.Publication
 	for _, tc := range e.cfg.Tables {
 		name := tc.Schema + "." + tc.Name
-		if p := progressOf(from, name); p != nil && !p.Refresh {
+		if p := progressOf(from, name); p != nil && !p.Refresh && !tc.Rebackfill {
 			continue
 		}
 		added, err := replicator.AddToPublication(ctx, conn, pub, pgx.Identifier{tc.Schema, tc.Name})
@@ -177,7 +177,7 @@ func (e *Engine) discover(ctx context.Context, conn *pgx.Conn, from *Position) (
 		if err != nil {
 			p := progressOf(from, name)
 			switch {
-			case p == nil || p.Refresh:
+			case p == nil || p.Refresh || tc.Rebackfill:
 			case errors.Is(err, chunker.ErrNoTable) && p.OID != 0:
 				if schema, now, nerr := chunker.NameOf(ctx, conn, p.OID); nerr == nil {
 					err = fmt.Errorf("%w; the table captured as %s (OID %d) is now %s.%s: rename it back, or capture it under its new name (a new output: it is backfilled under that name)", err, name, p.OID, schema, now)
@@ -205,11 +205,12 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			delete(pos.Tables, name) // no longer captured
 		}
 	}
-	noBackfill, typesChanged, maintenance := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	noBackfill, typesChanged, maintenance, rebackfill := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, tc := range e.cfg.Tables {
 		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
 		typesChanged[tc.Schema+"."+tc.Name] = tc.TypesChanged
 		maintenance[tc.Schema+"."+tc.Name] = tc.Maintenance
+		rebackfill[tc.Schema+"."+tc.Name] = tc.Rebackfill
 	}
 	checks := map[string]*storageCheck{}
 	var errs []error
@@ -220,7 +221,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			return nil, err
 		}
 		p := pos.Tables[name]
-		if resync {
+		if resync || rebackfill[name] {
 			p = &TableProgress{Refresh: true}
 		}
 		switch {

@@ -110,6 +110,15 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 	}
 	stats.resumed(from)
 	cfg := f.engineConfig(plan, srcDSN)
+	if from == nil && !checkpointed {
+		// No position yet (a first run that never checkpointed): the engine starts the tables
+		// over itself, passing over their changes before the backfill, as a re-backfill does.
+		for i, tc := range cfg.Tables {
+			if slices.Contains(plan.refresh, tc.Schema+"."+tc.Name) {
+				cfg.Tables[i].Rebackfill = true
+			}
+		}
+	}
 	if checkpointed {
 		// --types-changed and --maintenance, like --rebackfill, are for the state they were given for: after a
 		// checkpoint of this process, a reconnection must compare again.
