@@ -835,6 +835,25 @@ func TestStorageReplacedBetweenRuns(t *testing.T) {
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "a TRUNCATE the stream carries after the position")
 	verify(t, db, sink, "public.t", "id")
 
+	// A TRUNCATE followed by statements that write the table's catalog row again without a
+	// new file (a column added, a grant, another replica identity): the TOAST table's row
+	// still names the TRUNCATE (the chaos harness's truncate then column faults).
+	db.Exec(`TRUNCATE t`)
+	db.Exec(`INSERT INTO t SELECT g, 'x' || g FROM generate_series(1, 10) g`)
+	db.Exec(`ALTER TABLE t ADD COLUMN c int`)
+	db.Exec(`GRANT SELECT ON t TO PUBLIC`)
+	db.Exec(`ALTER TABLE t REPLICA IDENTITY FULL`)
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "a TRUNCATE, then other statements on the table")
+
+	// A column added with a volatile default rewrites the table and gives every row a value
+	// with no row event: the stop names the column.
+	db.Exec(`ALTER TABLE t ADD COLUMN r float8 DEFAULT random()`)
+	err = runEngine(t, cfg, sink, sink.last())
+	require.ErrorIs(t, err, merge.ErrStorageReplaced)
+	require.ErrorContains(t, err, "column(s) r were added")
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.t")))
+	verify(t, db, sink, "public.t", "id")
+
 	slow := cfg
 	slow.StopWhenCaughtUp, slow.WatchInterval = false, time.Hour // no look at the files while it runs
 	done, stopIt := backgroundEngine(t, slow, sink, sink.last())

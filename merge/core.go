@@ -127,6 +127,10 @@ type window struct {
 	fills map[string]*fill
 }
 
+// maxFills bounds the keys a window keeps the last values of (fill): a window's chunk has at
+// most a chunk's rows, and before it is handed over every changed key is a candidate.
+const maxFills = 1 << 14
+
 // fill is what a window knows of a key whose changes inside it were all updates of that key,
 // each leaving TOASTed values out (Unchanged): the last one's values and columns, and which
 // columns every one left out. Those columns kept their values across the window, so the chunk's
@@ -147,7 +151,9 @@ func (w *window) noteChange(key string, vals replicator.Tuple, cols *Columns) {
 	}
 	f, seen := w.fills[key]
 	switch {
-	case vals == nil || !hasUnchanged(vals):
+	case vals == nil || !hasUnchanged(vals) || !seen && len(w.fills) >= maxFills:
+		// Another change, or more keys than the window keeps values of (a bulk update of
+		// the table inside it): read again as before.
 		w.fills[key] = nil
 	case !seen:
 		kept := make([]bool, len(vals))
@@ -182,6 +188,9 @@ func wholeRow(f *fill, cols *Columns, row chunker.Row) chunker.Row {
 			if i = slices.Index(f.cols.Names, name); i < 0 {
 				return nil
 			}
+		}
+		if f.cols.Types[i] != cols.Types[j] {
+			return nil // a column of that name, another type: not the chunk's column
 		}
 		switch v := f.vals[i]; v.Kind {
 		case replicator.Unchanged:
@@ -686,16 +695,21 @@ func (c *core) emit(op Op, cols *Columns, vals replicator.Tuple, key []byte) {
 func (c *core) truncate(t *replicator.Truncate) error {
 	for _, rel := range t.Rels {
 		ts := c.byOID[rel.ID]
-		if ts == nil || ts.progress.Refresh {
+		if ts == nil {
+			continue
+		}
+		// Recorded even while the table starts over: the files it made are explained whenever
+		// they are looked at (storageCheck).
+		ts.progress.Truncated = c.txXID
+		if sc := c.storage[ts.name]; sc != nil && sc.explainedBy(c.txXID) {
+			ts.progress.Files = sc.files // explained: this TRUNCATE made them
+			delete(c.storage, ts.name)
+		}
+		if ts.progress.Refresh {
 			continue
 		}
 		for _, w := range ts.open {
 			w.dirty = errTruncated
-		}
-		ts.progress.Truncated = c.txXID
-		if sc := c.storage[ts.name]; sc != nil && sc.by == c.txXID {
-			ts.progress.Files = sc.files // explained: this TRUNCATE made them
-			delete(c.storage, ts.name)
 		}
 		c.out = append(c.out, Event{Op: Truncate, Columns: ts.cols, LSN: c.txLSN, Seq: c.txSeq, XID: c.txXID, Time: c.txTime})
 		c.txSeq++
@@ -743,6 +757,11 @@ func (c *core) handover(h handover) error {
 	for k := range w.touched {
 		if !w.tracked[k] {
 			delete(w.touched, k)
+		}
+	}
+	for k := range w.fills {
+		if !w.tracked[k] {
+			delete(w.fills, k)
 		}
 	}
 	if !h.refresh {

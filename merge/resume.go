@@ -267,12 +267,18 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		if err == nil && len(before.Files) > 0 && !slices.Equal(before.Files, shape.Files) && !maintenance[name] {
 			// New files with no column change: a TRUNCATE explains them, or maintenance, or a
 			// persistence round trip (storageCheck).
-			by, err := lastWriter(ctx, conn, t.OID, before.Files, shape.Files)
+			writers, err := lastWriters(ctx, conn, t.OID, before.Files, shape.Files)
 			if err != nil {
 				return nil, fmt.Errorf("read the storage of %s: %w", name, err)
 			}
-			if by == 0 || by != p.Truncated {
-				checks[name] = &storageCheck{table: name, ident: t.Ident(), before: before.Files, files: shape.Files, by: by}
+			sc := &storageCheck{table: name, ident: t.Ident(), before: before.Files, files: shape.Files, writers: writers}
+			for _, c := range shape.Columns {
+				if !slices.ContainsFunc(before.Columns, func(b ColumnType) bool { return b.Attnum == c.Attnum }) {
+					sc.added = append(sc.added, c.Name)
+				}
+			}
+			if !sc.explainedBy(p.Truncated) {
+				checks[name] = sc
 				shape.Files = before.Files
 			}
 		}
@@ -286,7 +292,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		// Whatever changed the files committed before now: the stream must explain it before
 		// it is past this position.
 		var until pglogrepl.LSN
-		if err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END`).Scan(&until); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END`).Scan(&until); err != nil {
 			return nil, fmt.Errorf("read the server's WAL position: %w", err)
 		}
 		for _, s := range checks {

@@ -106,45 +106,65 @@ var ErrStorageReplaced = errors.New("a table's storage was replaced between two 
 // storageCheck is a table whose storage files changed since the position was taken, with no
 // column change (which ErrValuesRewritten judges) and no TRUNCATE the position had seen that
 // explains them. A TRUNCATE the stream carries on resuming explains them when its transaction
-// is the one that last wrote the catalog rows of every changed file (by); once the stream is
-// past until (the WAL position when they were looked at) without one, the capture stops. Until
-// then the table's progress keeps the files it had, so a checkpoint meanwhile keeps the question
-// for the next run.
+// is the last writer of the catalog rows (pg_class) of every changed file: the table's, or its
+// TOAST table's (which a later ALTER TABLE ... ADD COLUMN, GRANT or REPLICA IDENTITY leaves
+// alone, and every rewrite replaces too). Once the stream is past until (the WAL position when
+// they were looked at) without one, the capture stops. Until then the table's progress keeps
+// the files it had, so a checkpoint meanwhile keeps the question for the next run.
 type storageCheck struct {
-	table  string
-	ident  string
-	before []uint32 // the files when the position was taken
-	files  []uint32 // the files now
-	by     uint32   // the transaction that last wrote the pg_class row of every changed file; 0: not one
-	until  pglogrepl.LSN
+	table   string
+	ident   string
+	before  []uint32     // the files when the position was taken
+	files   []uint32     // the files now
+	writers []leafWriter // of each changed file; nil when they cannot be told (partitions changed)
+	added   []string     // columns added since (one with a volatile default rewrote the table)
+	until   pglogrepl.LSN
 }
 
-// lastWriter returns the transaction that last wrote the pg_class row of every one of table oid's
-// storage files (the table's, or its leaf partitions', in OID order as Shape.Files) that differs
-// from before, when one did; 0 when they differ in number (partitions changed, which the
-// position's partitions judge) or were written by several.
-func lastWriter(ctx context.Context, conn *pgx.Conn, oid uint32, before, now []uint32) (uint32, error) {
-	var xmins []int64
-	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(c.xmin::text::bigint ORDER BY c.oid) FILTER (WHERE c.relkind = 'r'), '{}')
-		FROM pg_class c WHERE c.oid = $1 OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))`, oid).Scan(&xmins)
-	if err != nil || len(before) != len(now) || len(xmins) != len(now) {
-		return 0, err
+// leafWriter is the transactions that last wrote the catalog rows of a table (or leaf
+// partition) and of its TOAST table (0: none).
+type leafWriter struct{ heap, toast uint32 }
+
+// explainedBy reports whether a TRUNCATE in transaction xid made every changed file.
+func (s *storageCheck) explainedBy(xid uint32) bool {
+	if xid == 0 || len(s.writers) == 0 {
+		return false
 	}
-	var by uint32
+	for _, w := range s.writers {
+		if w.heap != xid && (w.toast == 0 || w.toast != xid) {
+			return false
+		}
+	}
+	return true
+}
+
+// lastWriters returns the leafWriter of each of table oid's storage files (the table's, or its
+// leaf partitions', in OID order as Shape.Files) that differs from before; nil when they differ
+// in number (partitions changed, which the position's partitions judge).
+func lastWriters(ctx context.Context, conn *pgx.Conn, oid uint32, before, now []uint32) ([]leafWriter, error) {
+	var heap, toast []int64
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(c.xmin::text::bigint ORDER BY c.oid), '{}'),
+			coalesce(array_agg(coalesce(t.xmin::text::bigint, 0) ORDER BY c.oid), '{}')
+		FROM pg_class c LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
+		WHERE c.relkind = 'r' AND (c.oid = $1 OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass)))`, oid).Scan(&heap, &toast)
+	if err != nil || len(before) != len(now) || len(heap) != len(now) {
+		return nil, err
+	}
+	var out []leafWriter
 	for i := range now {
-		if now[i] == before[i] {
-			continue
+		if now[i] != before[i] {
+			out = append(out, leafWriter{heap: uint32(heap[i]), toast: uint32(toast[i])})
 		}
-		if by != 0 && by != uint32(xmins[i]) {
-			return 0, nil
-		}
-		by = uint32(xmins[i])
 	}
-	return by, nil
+	return out, nil
 }
 
 // err is the stop of a storage change nothing explained.
 func (s *storageCheck) err() error {
+	if len(s.added) > 0 {
+		return fmt.Errorf("%w: the storage files of %s changed since the position was taken (%v, now %v) and column(s) %s were added: ALTER TABLE ... ADD COLUMN with a volatile default (random(), clock_timestamp(), a sequence) rewrites the table and gives every row a value with no row event, and a SET UNLOGGED/SET LOGGED round trip leaves the same sign; re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data), or, if the column's values need not reach the output (rows changed later carry them), acknowledge it for one run (tidemark sync --maintenance %s)",
+			ErrStorageReplaced, s.ident, s.before, s.files, strings.Join(s.added, ", "), s.table, s.table)
+	}
 	return fmt.Errorf("%w: the storage files of %s changed since the position was taken (%v, now %v), and the stream carried no TRUNCATE of it that explains them. VACUUM FULL, CLUSTER, pg_repack and ALTER TABLE ... SET TABLESPACE do this and change no value; so does ALTER TABLE ... SET UNLOGGED followed by SET LOGGED, and the writes made in between are in no WAL record; PostgreSQL keeps nothing that tells them apart afterwards. If it was maintenance, acknowledge it for one run (tidemark sync --maintenance %s); otherwise re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data)",
 		ErrStorageReplaced, s.ident, s.before, s.files, s.table, s.table)
 }

@@ -44,9 +44,10 @@ type worker struct {
 	tables   []*workTable
 
 	nextID    int64
-	limit     int // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
-	fails     int // consecutive abandoned chunks
-	rereads   int // consecutive key-list chunks that left keys to read again
+	limit     int  // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
+	fails     int  // consecutive abandoned chunks
+	rereads   int  // consecutive key-list chunks that left keys to read again
+	rereading bool // a key-list chunk is in flight
 	lastWatch time.Time
 	// seedRunning: the position does not say which commits may still be invisible (a first
 	// run, an older position), so the guard starts with every transaction invisible now, when
@@ -261,9 +262,11 @@ func (w *worker) refresh(ctx context.Context, t *workTable) error {
 func (w *worker) reread(ctx context.Context, t *workTable) error {
 	keys := t.progress.Reread[:min(len(t.progress.Reread), w.limit, 1000)]
 	w.log.Debug().Str("table", t.name).Int("keys", len(keys)).Msg("re-reading rows whose TOASTed values a change did not carry")
+	w.rereading = true
 	err := w.window(ctx, t, keys, false, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Keys(ctx, t.table, keys)
 	})
+	w.rereading = false
 	// Keys asked for since (an update of a hot row, for the connector) are not this chunk's
 	// failure: only its own keys still pending count.
 	pending := make(map[string]bool, len(t.progress.Reread))
@@ -360,13 +363,20 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 // verdict applies the merge loop's verdict on a chunk.
 func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v verdict) error {
 	if v.completed {
-		w.fails = 0
 		t.progress, t.gen = v.progress, v.gen
 		switch {
+		case w.rereading:
+			// A key-list chunk says nothing of how the range chunks fare: taken in turn with
+			// them, it would undo their back-off (a statement timeout halves the limit) and
+			// their count of failures in a row.
 		case c.Bytes > w.cfg.MaxChunkBytes:
+			w.fails = 0
 			w.limit = max(1, int(int64(w.limit)*int64(w.cfg.MaxChunkBytes)/int64(c.Bytes)))
 		case w.limit < w.cfg.ChunkSize:
+			w.fails = 0
 			w.limit = min(w.cfg.ChunkSize, 2*w.limit)
+		default:
+			w.fails = 0
 		}
 		w.log.Debug().Str("table", t.name).Int64("chunk", v.id).Int("rows", len(c.Rows)).Int("emitted", v.emitted).
 			Int("bytes", c.Bytes).Strs("cursor", t.progress.Cursor).Msg("chunk done")
