@@ -18,7 +18,7 @@ import (
 	"github.com/tidemark/tidemark/watermark"
 )
 
-// The model: a table t(id numeric primary key, ver int8, big text[, c int4]) whose every write
+// The model: a table t(id numeric primary key, ver int8, big text, big2 text[, c int4]) whose every write
 // takes a new ver from a global counter, so a key's versions only grow, also across a delete and
 // a re-insert. A key is stored with a scale (5, 5.0, 5.00: equal keys, different text), and an
 // update may change only the scale, which the stream sends as a key change. big stands for a TOASTed value: an update that leaves it alone sends it as
@@ -51,7 +51,7 @@ const simOID = 16384
 func simTableWith(c bool) *chunker.Table {
 	t := &chunker.Table{Schema: "public", Name: "t", OID: simOID, KeySource: "primary key", ReplicaIdentity: 'd',
 		Columns: []chunker.Column{{Name: "id", TypeOID: 1700, BaseOID: 1700, TypeMod: -1}, {Name: "ver", TypeOID: 20, BaseOID: 20, TypeMod: -1},
-			{Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
+			{Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}, {Name: "big2", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
 		Key: []int{0}}
 	if c {
 		t.Columns = append(t.Columns, chunker.Column{Name: "c", TypeOID: 23, BaseOID: 23, TypeMod: -1})
@@ -72,7 +72,7 @@ type simSchema struct {
 func (s simSchema) with(edit func(*simSchema)) simSchema {
 	edit(&s)
 	cols := []replicator.Column{{Name: "id", TypeOID: 1700, TypeMod: -1, Key: true}, {Name: "ver", TypeOID: 20, TypeMod: -1, Key: s.full},
-		{Name: "big", TypeOID: 25, TypeMod: -1, Key: s.full}}
+		{Name: "big", TypeOID: 25, TypeMod: -1, Key: s.full}, {Name: "big2", TypeOID: 25, TypeMod: -1, Key: s.full}}
 	if s.c {
 		cols = append(cols, replicator.Column{Name: "c", TypeOID: 23, TypeMod: -1, Key: s.full})
 	}
@@ -87,6 +87,7 @@ func (s simSchema) with(edit func(*simSchema)) simSchema {
 // simRow is a row's state: its version, its TOASTed value's version, and its key's scale.
 type simRow struct {
 	ver, big int64
+	big2     int64 // a second TOASTed value, changed apart from big
 	scale    int
 }
 
@@ -110,6 +111,7 @@ type simOp struct {
 	id, old  int    // old: the previous key of a key-changing update
 	ver      int64  // the new version (insert, update)
 	big      int64  // the new TOASTed value's version; 0: unchanged (update)
+	big2     int64  // the same for big2
 	scale    int    // the key's scale (insert, update)
 	keyMoved bool   // a key change (old, possibly equal to id with another scale)
 	before   simRow // the row before (update, delete): what a FULL identity's old tuple carries
@@ -227,7 +229,7 @@ func newSim(seed uint64, opt simOptions) *sim {
 	// Rows that exist before the slot: only the backfill can see them.
 	for range 10 + s.r.IntN(30) {
 		s.nextKey += 1 + s.r.IntN(3)
-		row := simRow{ver: s.nextVer, big: s.nextVer}
+		row := simRow{ver: s.nextVer, big: s.nextVer, big2: s.nextVer}
 		s.table[s.nextKey], s.vis[s.nextKey] = row, row
 		s.nextVer++
 	}
@@ -306,17 +308,20 @@ func (s *sim) check(ev Event) {
 			}
 		}
 		row := simRow{ver: ver}
-		switch v := ev.Col(2); v.Kind {
-		case replicator.Unchanged:
-			if ev.Op == Snapshot {
-				s.failf("a snapshot row without its TOASTed value")
+		for i, dst := range []*int64{&row.big, &row.big2} {
+			switch v := ev.Col(2 + i); v.Kind {
+			case replicator.Unchanged:
+				if ev.Op == Snapshot {
+					s.failf("a snapshot row without its TOASTed value")
+				}
+				// Kept as it was; 0 when the output never had it.
+				*dst = []int64{s.replay[k].big, s.replay[k].big2}[i]
+			case replicator.Text:
+				*dst, err = strconv.ParseInt(string(v.Data[1:]), 10, 64)
+				s.must(err)
+			default:
+				s.failf("key %x: TOASTed column %d arrived as %q", ev.Key, i, v.Kind)
 			}
-			row.big = s.replay[k].big // kept as it was; 0 when the output never had it
-		case replicator.Text:
-			row.big, err = strconv.ParseInt(string(v.Data[1:]), 10, 64)
-			s.must(err)
-		default:
-			s.failf("key %x: big arrived as %q", ev.Key, v.Kind)
 		}
 		s.maxVer[k], s.deleted[k] = ver, false
 		s.replay[k] = row
@@ -434,12 +439,15 @@ func (s *sim) appTxn() {
 			if !ok {
 				continue
 			}
-			op = simOp{op: replicator.Insert, id: id, ver: s.nextVer, big: s.nextVer, scale: s.r.IntN(3)}
+			op = simOp{op: replicator.Insert, id: id, ver: s.nextVer, big: s.nextVer, big2: s.nextVer, scale: s.r.IntN(3)}
 		case n < 7:
 			id, _ := pick()
 			op = simOp{op: replicator.Update, id: id, ver: s.nextVer, before: scratch[id], scale: scratch[id].scale}
 			if s.r.IntN(3) == 0 {
 				op.big = s.nextVer // the TOASTed value changes too
+			}
+			if s.r.IntN(4) == 0 {
+				op.big2 = s.nextVer // and the other, apart from it
 			}
 		case n < 9:
 			id, _ := pick()
@@ -453,6 +461,9 @@ func (s *sim) appTxn() {
 			op = simOp{op: replicator.Update, id: id, old: old, ver: s.nextVer, keyMoved: true, before: scratch[old], scale: s.r.IntN(3)}
 			if s.r.IntN(3) == 0 {
 				op.big = s.nextVer
+			}
+			if s.r.IntN(4) == 0 {
+				op.big2 = s.nextVer
 			}
 		default:
 			// Only the key's scale changes: an equal key, sent as a key change.
@@ -486,16 +497,19 @@ func (s *sim) ddlTxn() {
 func apply(state map[int]simRow, op simOp) {
 	switch op.op {
 	case replicator.Insert:
-		state[op.id] = simRow{ver: op.ver, big: op.big, scale: op.scale}
+		state[op.id] = simRow{ver: op.ver, big: op.big, big2: op.big2, scale: op.scale}
 	case replicator.Update:
 		prev := state[op.id]
 		if op.keyMoved {
 			prev = state[op.old]
 			delete(state, op.old)
 		}
-		row := simRow{ver: op.ver, big: prev.big, scale: op.scale}
+		row := simRow{ver: op.ver, big: prev.big, big2: prev.big2, scale: op.scale}
 		if op.big != 0 {
 			row.big = op.big
+		}
+		if op.big2 != 0 {
+			row.big2 = op.big2
 		}
 		state[op.id] = row
 	case replicator.Delete:
@@ -503,11 +517,15 @@ func apply(state map[int]simRow, op simOp) {
 	}
 }
 
-// tuple is a row as the stream sends it under schema d; big nil is an unchanged TOASTed value.
-func tuple(d simSchema, id, scale int, ver int64, big *int64) replicator.Tuple {
-	t := replicator.Tuple{text(keyText(id, scale)), text(strconv.FormatInt(ver, 10)), {Kind: replicator.Unchanged}}
+// tuple is a row as the stream sends it under schema d; big or big2 nil is an unchanged TOASTed
+// value.
+func tuple(d simSchema, id, scale int, ver int64, big, big2 *int64) replicator.Tuple {
+	t := replicator.Tuple{text(keyText(id, scale)), text(strconv.FormatInt(ver, 10)), {Kind: replicator.Unchanged}, {Kind: replicator.Unchanged}}
 	if big != nil {
 		t[2] = text("b" + strconv.FormatInt(*big, 10))
+	}
+	if big2 != nil {
+		t[3] = text("b" + strconv.FormatInt(*big2, 10))
 	}
 	if d.c {
 		t = append(t, replicator.Value{Kind: replicator.Null})
@@ -518,9 +536,9 @@ func tuple(d simSchema, id, scale int, ver int64, big *int64) replicator.Tuple {
 // oldTuple is the old key or row an update or delete carries under schema d.
 func oldTuple(d simSchema, id int, before simRow) (replicator.OldKind, replicator.Tuple) {
 	if d.full {
-		return replicator.OldRow, tuple(d, id, before.scale, before.ver, &before.big)
+		return replicator.OldRow, tuple(d, id, before.scale, before.ver, &before.big, &before.big2)
 	}
-	t := replicator.Tuple{text(keyText(id, before.scale)), {Kind: replicator.Null}, {Kind: replicator.Null}}
+	t := replicator.Tuple{text(keyText(id, before.scale)), {Kind: replicator.Null}, {Kind: replicator.Null}, {Kind: replicator.Null}}
 	if d.c {
 		t = append(t, replicator.Value{Kind: replicator.Null})
 	}
@@ -550,13 +568,16 @@ func (s *sim) deliver() {
 		ch := &replicator.Change{Op: op.op, XID: tx.xid, Rel: d.relation}
 		switch op.op {
 		case replicator.Insert:
-			ch.New = tuple(d, op.id, op.scale, op.ver, &op.big)
+			ch.New = tuple(d, op.id, op.scale, op.ver, &op.big, &op.big2)
 		case replicator.Update:
-			var big *int64
+			var big, big2 *int64
 			if op.big != 0 {
 				big = &op.big
 			}
-			ch.New = tuple(d, op.id, op.scale, op.ver, big)
+			if op.big2 != 0 {
+				big2 = &op.big2
+			}
+			ch.New = tuple(d, op.id, op.scale, op.ver, big, big2)
 			switch {
 			case d.full:
 				from := op.id
@@ -644,7 +665,7 @@ func (s *sim) snapshot() chunker.Snapshot {
 // row is a visible row as a chunk reads it.
 func (s *sim) row(id int) chunker.Row {
 	r := s.vis[id]
-	row := chunker.Row{[]byte(keyText(id, r.scale)), []byte(strconv.FormatInt(r.ver, 10)), []byte("b" + strconv.FormatInt(r.big, 10))}
+	row := chunker.Row{[]byte(keyText(id, r.scale)), []byte(strconv.FormatInt(r.ver, 10)), []byte("b" + strconv.FormatInt(r.big, 10)), []byte("b" + strconv.FormatInt(r.big2, 10))}
 	if s.schema.c {
 		row = append(row, nil)
 	}
@@ -850,7 +871,7 @@ func (s *sim) run(steps int) (err error) {
 	for id, row := range s.table {
 		k := s.key(id)
 		got, ok := s.replay[k]
-		if !ok || got.ver != row.ver || got.big != row.big {
+		if !ok || got.ver != row.ver || got.big != row.big || got.big2 != row.big2 {
 			s.failf("I1: key %d is %+v in the table and %+v (present: %v) in the replay", id, row, got, ok)
 		}
 	}
