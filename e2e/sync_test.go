@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -159,4 +160,50 @@ func TestSyncKeysEqualAsPostgres(t *testing.T) {
 		require.Empty(t, e2e.Diff(o.Rows("public."+table), src), "table %s", table)
 	}
 	verifyOutput(t, db, out, "public.n,public.h")
+}
+
+// TestRebackfillCommand: tidemark rebackfill asks a running sync, under a workload, to start a
+// table's output over: the sync goes on, the output gets the table's refresh and its rows again,
+// and a replay of the output equals the source afterwards (with its exactly-once log). A table
+// the sync does not capture is refused; with no sync running, it says so.
+func TestRebackfillCommand(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 3000, 1)
+	stop := auditedWorkload(t, db, 21, 3000)
+	dir := t.TempDir()
+	out, ctl := filepath.Join(dir, "out.jsonl"), filepath.Join(dir, "ctl", "sync.sock")
+	args := []string{"--tables", "public.t,public.txlog", "--chunk-size", "500", "--quiet"}
+	rebackfill := func(tables string) (string, error) {
+		b, err := exec.Command(tidemarkBinary(t), "rebackfill", "--control", ctl, "--tables", tables).CombinedOutput()
+		return string(b), err
+	}
+	msg, err := rebackfill("public.t")
+	require.Error(t, err)
+	require.Contains(t, msg, "no running sync answers on")
+
+	kill := startSync(t, db, out, append(args, "--control", ctl)...)
+	lines := func(op string) int {
+		b, _ := os.ReadFile(out)
+		return strings.Count(string(b), `"op":"`+op+`"`)
+	}
+	require.Eventually(t, func() bool { return lines("snapshot") >= 3000 }, 60*time.Second, 100*time.Millisecond, "the backfill went on")
+	msg, err = rebackfill("public.nope")
+	require.Error(t, err)
+	require.Contains(t, msg, "public.nope is not captured")
+	msg, err = rebackfill("public.t")
+	require.NoError(t, err, msg)
+	require.Contains(t, msg, "re-backfill of public.t asked for")
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(out)
+		_, after, refreshed := strings.Cut(string(b), `"op":"refresh"`)
+		return refreshed && strings.Count(after, `"op":"snapshot"`) >= 2000
+	}, 60*time.Second, 100*time.Millisecond, "the table's output started over and its rows came again")
+	require.Equal(t, 1, lines("refresh"))
+	kill()
+	stop()
+	_, err = runSyncTo(t, db, out, append(args, "--stop-when-caught-up")...)
+	require.NoError(t, err)
+	o := replayFile(t, out, map[string][]string{"public.t": {"id"}, "public.txlog": {"id"}})
+	require.Empty(t, o.Violations())
+	verifyOutput(t, db, out, "public.t,public.txlog")
 }

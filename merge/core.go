@@ -396,6 +396,8 @@ func (c *core) step(in any) error {
 			w.stale = v.after
 			c.checkStale()
 		}
+	case rebackfillAsk:
+		v.done <- c.rebackfill(v.tables)
 	default:
 		return fmt.Errorf("unexpected input %T", in)
 	}
@@ -966,6 +968,41 @@ func (c *core) guardViolated(w *window) bool {
 	}
 	c.end(w, reason, false)
 	return true
+}
+
+// rebackfill starts tables' output over while the run goes on (Engine.Rebackfill): from here their
+// changes are not emitted (Refresh), the windows open or asked for under their old progress are
+// abandoned, and the worker, told of the new progress, opens the refresh's first window, whose
+// low watermark places the Refresh event (I20). Changes passed over between here and there do
+// not matter: the Refresh says every row the output had is gone, and the backfill reads all.
+func (c *core) rebackfill(tables []string) error {
+	var errs []error
+	for _, name := range tables {
+		if c.tables[name] == nil {
+			errs = append(errs, fmt.Errorf("%s is not captured by this run", name))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	for _, name := range tables {
+		ts := c.tables[name]
+		p := ts.progress
+		if p.Refresh {
+			continue // asked for already, not started yet
+		}
+		*p = TableProgress{Refresh: true, Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Shape: p.Shape}
+		ts.indexRereads()
+		for _, w := range c.windows {
+			if w.ts == ts && w.dirty == nil {
+				w.dirty = errRestarted
+			}
+		}
+		c.notices = append(c.notices, fmt.Sprintf("%s: re-backfill asked for while the capture runs: its output starts over at the next window (a refresh), its changes meanwhile are replaced by the backfill", name))
+	}
+	c.rereadsChanged()
+	c.fences = c.fences[:0] // a bounded run is not caught up until the re-backfill is done
+	return nil
 }
 
 // refresh starts ts's output over, at the low watermark of its refresh's first window: a Refresh

@@ -47,7 +47,11 @@
 //     SET UNLOGGED/SET LOGGED round trip leave the same sign) stop the capture with an
 //     UnplaceableError or a sentinel error naming the table, the cause and the fix.
 //   - A refresh (TableProgress.Refresh) starts a table's output over at the low watermark of its
-//     first window, with a Refresh event; the table's changes before it are not emitted (I20).
+//     first window, with a Refresh event; the table's changes before it are not emitted (I20). It
+//     is asked for at start (the position, TableConfig.Rebackfill) or while the run goes on
+//     (Engine.Rebackfill: the merge loop takes it between two inputs, abandons the table's open
+//     windows, and the worker opens the refresh's first window; nothing goes through the
+//     database, so no other role can ask for it).
 //   - Positions are taken only at transaction boundaries and contain the backfill progress as of
 //     that point: a chunk counts iff its H precedes the position. Windows and buffers are never
 //     persisted; a crash redoes the chunk in flight (I8). The slot is acknowledged only up to a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -261,6 +262,49 @@ type Engine struct {
 	addedTables []pgx.Identifier
 	// signalCreated: this run created the signal table.
 	signalCreated bool
+	// asks is the running merge loop's input while a run is under way (Rebackfill); nil
+	// otherwise.
+	askMu sync.Mutex
+	asks  chan<- any
+}
+
+// ErrNotRunning: a request (Rebackfill) came while no run was under way (before the first, or
+// between two: a reconnection).
+var ErrNotRunning = errors.New("the capture is not running")
+
+// rebackfillAsk is a request to start tables' output over while the run goes on; done gets its
+// outcome once the merge loop has taken it.
+type rebackfillAsk struct {
+	tables []string
+	done   chan error
+}
+
+// Rebackfill starts the output of tables (configured "schema.table" names) over while the run
+// goes on: from the moment the merge loop takes the request, their changes are not emitted
+// until the low watermark of their re-backfill's first window, where a Refresh event is; the
+// backfill then reads them from the start, and the stream never pauses for it (I20). Nothing is
+// written to the database but the usual watermarks, so no other role can ask for it. It
+// returns once the request is taken (checkpoints from then on carry it), or an error: no run is
+// under way (ErrNotRunning), a table is not captured.
+func (e *Engine) Rebackfill(ctx context.Context, tables []string) error {
+	e.askMu.Lock()
+	in := e.asks
+	e.askMu.Unlock()
+	if in == nil {
+		return ErrNotRunning
+	}
+	ask := rebackfillAsk{tables: tables, done: make(chan error, 1)}
+	select {
+	case in <- ask:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	select {
+	case err := <-ask.done:
+		return err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // New returns an Engine. It connects to nothing until Run.
@@ -509,6 +553,14 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	defer cancelRun(nil)
 	g, gctx := errgroup.WithContext(runCtx)
 	in := make(chan any, 1024)
+	e.askMu.Lock()
+	e.asks = in
+	e.askMu.Unlock()
+	defer func() {
+		e.askMu.Lock()
+		e.asks = nil
+		e.askMu.Unlock()
+	}()
 	verdicts := make(chan verdict, 8)
 	wake := make(chan wakeup, 1)
 	w := &worker{cfg: &e.cfg, conn: conn, reader: s.reader, writer: s.writer, in: in, verdicts: verdicts, wake: wake, log: e.base.With().Str("component", "chunker").Logger(),

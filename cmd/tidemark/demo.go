@@ -166,7 +166,7 @@ func syncDemo(ctx context.Context, e *env, src string, srcConn, tgtConn *pgx.Con
 	})
 	fmt.Fprintf(e.stderr, "Syncing into a second database while the workload runs (%d transactions/s)...\n", rate)
 	syncStart := time.Now()
-	err = runWithProgress(syncCtx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, src, "", false)
+	err = runWithProgress(syncCtx, e, cfg, statsSink{Sink: sink, s: stats}, from, stats, src, "", false, nil)
 	elapsed := time.Since(syncStart)
 	stopSync(nil)
 	stopWork()

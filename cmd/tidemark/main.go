@@ -87,6 +87,7 @@ var commands = []command{
 	{"demo", "run the demo: a throwaway PostgreSQL, a live workload, a sync into a second database, verified", runDemo},
 	{"sync", "backfill tables while streaming their changes, into PostgreSQL or a JSON lines file", runSync},
 	{"doctor", "check every setting and privilege a capture needs, with the fix for each", runDoctor},
+	{"rebackfill", "ask a running sync to start tables' output over (re-read them) while it runs", runRebackfill},
 	{"verify", "compare a sync's output (a PostgreSQL target or a JSON lines file) with its source, key by key", runVerify},
 	{"status", "show the slot's positions and retained WAL, and the backfill progress of a checkpoint", runStatus},
 	{"cleanup", "drop what a capture owns (its slot, its publication, its signal table row), once confirmed", runCleanup},

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -581,14 +582,26 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 		"schema":  {{"schema", "--source", srcDSN, "--tables", "public.items,public.tenants"}},
 		"stream":  {{"stream", "--source", srcDSN, "--slot", "planted_c_" + pass, "--publication", "planted", "--create-slot"}},
 		"cleanup": {{"cleanup", "--source", srcDSN, "--slot", "planted_b_" + pass, "--publication", "planted", "--yes"}},
-		"demo":    {{"demo", "--rows", "2000", "--live", "1s"}},
-		"bench":   {{"bench", "--rows", "3000", "--reps", "1", "--changes", "2000", "--chunk-size", "1000"}},
+		// A sync left running (its control socket), the re-backfill it is asked for, and the
+		// slot dropped afterwards.
+		"rebackfill": {
+			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_e_" + pass, "--publication", "planted",
+				"--to", filepath.Join(dir, "rebackfill.jsonl"), "--chunk-size", "50", "--quiet", "--control", filepath.Join(dir, "ctl", "sync.sock")},
+			{"rebackfill", "--control", filepath.Join(dir, "ctl", "sync.sock"), "--tables", "public.items"},
+			{"cleanup", "--source", srcDSN, "--slot", "planted_e_" + pass, "--publication", "", "--yes"},
+		},
+		"demo":  {{"demo", "--rows", "2000", "--live", "1s"}},
+		"bench": {{"bench", "--rows", "3000", "--reps", "1", "--changes", "2000", "--chunk-size", "1000"}},
 		"chaos": {{"chaos", "--mode", "postgres", "--source", srcDSN, "--target", tgtDSN, "--duration", "4s", "--rows", "300",
 			"--faults", "kill", "--connector", bins["source-postgres"]}},
 	}
 	for _, cmd := range commands {
 		runs, ok := recipes[cmd.name]
 		require.True(t, ok, "the planted-objects test has no recipe for command %q: add one", cmd.name)
+		if cmd.name == "rebackfill" {
+			runWithSync(t, bins["tidemark"], env, runs, control)
+			continue
+		}
 		for _, args := range runs {
 			runCommand(t, bins["tidemark"], env, args, control)
 		}
@@ -624,6 +637,39 @@ func fileSize(t *testing.T, path string) int64 {
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	return fi.Size()
+}
+
+// runWithSync runs runs[0], a sync, in the background until its control socket (the value of its
+// --control) answers, then the other commands (runCommand), the sync going on for a while after
+// the first (a re-backfill asked for runs), and stops it with SIGINT before the last (cleanup).
+func runWithSync(t *testing.T, bin string, env []string, runs [][]string, control bool) {
+	sync := exec.Command(bin, runs[0]...)
+	sync.Env = env
+	var errBuf strings.Builder
+	sync.Stderr = &errBuf
+	require.NoError(t, sync.Start())
+	sock := runs[0][slices.Index(runs[0], "--control")+1]
+	answered := false
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && !answered; time.Sleep(100 * time.Millisecond) {
+		if c, err := net.Dial("unix", sock); err == nil {
+			_ = c.Close()
+			answered = true
+		}
+	}
+	if !control {
+		require.True(t, answered, "the sync's control socket answers:\n%s", tailOf(errBuf.String()))
+	}
+	runCommand(t, bin, env, runs[1], control)
+	time.Sleep(3 * time.Second) // the re-backfill runs
+	_ = sync.Process.Signal(syscall.SIGINT)
+	err := sync.Wait()
+	t.Logf("tidemark sync with a control socket: %v", err)
+	if !control {
+		require.NoError(t, err, "tidemark sync, stopped by SIGINT:\n%s", tailOf(errBuf.String()))
+	}
+	for _, args := range runs[2:] {
+		runCommand(t, bin, env, args, control)
+	}
 }
 
 // runCommand runs the tidemark binary with args. In the pinned run every command must succeed

@@ -131,6 +131,8 @@ func TestNoSecretInOutput(t *testing.T) {
 				args = []string{c.name, "--slot", "nope_slot"}
 			case "cleanup":
 				args = []string{c.name, "--slot", "nope_slot", "--yes"}
+			case "rebackfill":
+				args = []string{c.name, "--slot", "nope_slot", "--tables", "public.nope"} // no sync answers
 			case "stream":
 				args = []string{c.name, "--slot", "nope_slot"}
 			case "chaos":

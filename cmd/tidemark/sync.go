@@ -34,6 +34,11 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
 	stats := newSyncStats(plan.tables)
+	ctl, err := listenControl(controlPath(*f.control, *f.slot), e.log)
+	if err != nil {
+		e.log.Warn().Err(err).Msg("tidemark rebackfill cannot reach this sync; it runs on")
+	}
+	defer ctl.Close()
 	// A lost connection (the source or the target restarted, failed over, or a network fault)
 	// does not end a run that got going (one checkpoint): it starts again from the last
 	// checkpoint, with a growing wait.
@@ -43,7 +48,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		stats.mu.Lock()
 		before := stats.checkpoint
 		stats.mu.Unlock()
-		err := f.syncOnce(ctx, e, plan, stats)
+		err := f.syncOnce(ctx, e, plan, stats, ctl)
 		// A run that never reached a checkpoint in this process has a setup problem to report
 		// (a host name mistyped is a network error too), not a connection to restore.
 		stats.mu.Lock()
@@ -81,7 +86,7 @@ const (
 
 // syncOnce runs sync once: it opens the source and the output (reading its checkpoint), and runs
 // the engine from there.
-func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *syncStats) error {
+func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *syncStats, ctl *controlServer) error {
 	srcConn, err := pgconf.OpenDefaultSSL(ctx, *f.source, "tidemark")
 	if err != nil {
 		return err
@@ -127,13 +132,14 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 		}
 	}
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
-	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *f.metricsAddr, *f.quiet))
+	return withRebackfillHint(runWithProgress(ctx, e, cfg, statsSink{Sink: out, s: stats}, from, stats, srcDSN, *f.metricsAddr, *f.quiet, ctl))
 }
 
 // syncFlags are sync's flags.
 type syncFlags struct {
 	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub       *string
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
+	control                                                                     *string
 	audit, stopCaughtUp, noBackfill, quiet                                      *bool
 	chunkSize, maxChunkBytes                                                    *int
 	interval, wmTimeout                                                         *time.Duration
@@ -156,6 +162,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.interval = fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
+	f.control = controlFlag(fs)
 	f.maintenance = fs.String("maintenance", "", "tables (schema.table,...) whose storage files changed between two runs by maintenance that changed no value (VACUUM FULL, CLUSTER, pg_repack, SET TABLESPACE) and stopped the sync: take them as they are now, for this run, without a re-backfill")
 	f.typesChanged = fs.String("types-changed", "", "tables (schema.table,...) whose output's values were converted as the source's by a column type change that stopped the sync: take their column types as they are now, for this run, without a re-backfill")
 	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
@@ -319,7 +326,7 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 // runWithProgress runs the engine with the progress display (or log lines), the source poller
 // and the metrics server beside it; it owns their goroutines and waits for them.
 func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.Sink, from *merge.Position, stats *syncStats,
-	source, metricsAddr string, quiet bool) error {
+	source, metricsAddr string, quiet bool, ctl *controlServer) error {
 	// On a terminal, the progress display shows the engine's log lines above its bars.
 	eng, err := merge.New(cfg, sink, e.log)
 	if err != nil {
@@ -345,7 +352,9 @@ func runWithProgress(ctx context.Context, e *env, cfg merge.Config, sink merge.S
 			return err
 		}
 	}
+	ctl.running(eng)
 	err = eng.Run(ctx, from)
+	ctl.running(nil)
 	stopSide()
 	wg.Wait()
 	if merr := stopMetrics(); merr != nil && err == nil {
