@@ -137,7 +137,7 @@ type simOptions struct {
 	restarts            bool // restarts from the last checkpoint
 	rereadPartial       bool // the core withholds partial updates (Airbyte)
 	hot                 bool // most operations hit the keys a window or a re-read is about
-	refreshes           bool // some restarts ask for the table's output to start over
+	refreshes           bool // some restarts ask for the table's output to start over, and so do requests while it runs
 	capped              bool // chunks stop early, as at the byte bound, and few rows may wait to be read again
 }
 
@@ -863,6 +863,13 @@ func (s *sim) run(steps int) (err error) {
 			s.hung = slices.Delete(s.hung, j, j+1)
 		case n >= 50 && n < 75 && s.next < len(s.log):
 			s.deliver()
+		case n == 75 && i < steps && s.opt.refreshes && s.r.IntN(4) == 0:
+			// A re-backfill asked for while the capture runs (Engine.Rebackfill), between two
+			// inputs, wherever the stream and the worker are.
+			ask := rebackfillAsk{tables: []string{"public.t"}, done: make(chan error, 1)}
+			s.tracef("REBACKFILL asked while running")
+			s.feed(ask)
+			s.must(<-ask.done)
 		default:
 			s.workerStep()
 		}
