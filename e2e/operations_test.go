@@ -964,3 +964,33 @@ func TestRebackfillWhileRunning(t *testing.T) {
 	verify(t, db, sink, "public.t", "id")
 	verify(t, db, sink, "public.u", "id")
 }
+
+// TestEnumLabelRenamed: ALTER TYPE ... RENAME VALUE changes the text of every stored value of
+// that label with no row event (an enum value is stored by its pg_enum row): the capture stops
+// while it runs, and a later run refuses to go on as if nothing had happened, naming the label
+// and the statement that renames it on a PostgreSQL target, until the table is re-backfilled. A
+// label added stops nothing.
+func TestEnumLabelRenamed(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, m mood, ms mood[])`)
+	db.Exec(`INSERT INTO t SELECT g, CASE WHEN g % 2 = 0 THEN 'sad' ELSE 'happy' END::mood, ARRAY['sad']::mood[] FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+
+	done, stopIt := watching(t, cfg, sink)
+	db.Exec(`ALTER TYPE mood ADD VALUE 'calm'`)
+	stillRunning(t, done, stopIt, 500*time.Millisecond, "a label added")
+	db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.ErrorIs(t, err, merge.ErrValuesRewritten)
+	require.ErrorContains(t, err, `label 'sad' of type public.mood is now 'unhappy'`)
+	require.ErrorContains(t, err, `ALTER TYPE public.mood RENAME VALUE 'sad' TO 'unhappy'`)
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrValuesRewritten, "and at the next start")
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.t")))
+	verify(t, db, sink, "public.t", "id")
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "after the re-backfill the labels now are the recorded ones")
+}
