@@ -38,6 +38,17 @@ type Shape struct {
 	// Truncated is the transaction of the last TRUNCATE of the table the stream carried: files
 	// whose catalog rows it last wrote are explained (storageCheck), whenever they were looked at.
 	Truncated uint32 `json:"truncated,omitempty"`
+	// Labels are the labels of the enums the table's columns use (directly, in arrays, under
+	// domains), by pg_enum row: a value is stored as its label's row, so a label renamed
+	// (ALTER TYPE ... RENAME VALUE) changes the text of every stored value with no row event.
+	Labels []EnumLabel `json:"labels,omitempty"`
+}
+
+// EnumLabel is a pg_enum row as a Shape records it.
+type EnumLabel struct {
+	OID   uint32 `json:"oid"`
+	Type  string `json:"type"` // the enum, schema-qualified and quoted as needed
+	Label string `json:"label"`
 }
 
 // currentShape reads table oid's Shape now, and whether it or a partition is UNLOGGED.
@@ -61,8 +72,46 @@ func currentShape(ctx context.Context, conn *pgx.Conn, oid uint32) (Shape, bool,
 	var unlogged bool
 	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(c.relfilenode ORDER BY c.oid) FILTER (WHERE c.relkind = 'r'), '{}'), coalesce(bool_or(c.relpersistence <> 'p'), false)
 		FROM pg_class c WHERE c.oid = $1 OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))`, oid).Scan(&s.Files, &unlogged)
+	if err != nil {
+		return s, unlogged, err
+	}
+	rows, err = conn.Query(ctx, `WITH RECURSIVE ty(oid) AS (
+			SELECT atttypid FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+			UNION
+			SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.typelem END FROM pg_catalog.pg_type t JOIN ty ON t.oid = ty.oid
+			WHERE t.typtype = 'd' OR t.typelem <> 0 AND t.typcategory = 'A')
+		SELECT e.oid::bigint, pg_catalog.format_type(e.enumtypid, NULL), e.enumlabel::text FROM pg_catalog.pg_enum e
+		WHERE e.enumtypid IN (SELECT oid FROM ty) ORDER BY e.oid`, oid)
+	if err != nil {
+		return s, unlogged, err
+	}
+	s.Labels, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (EnumLabel, error) {
+		var l EnumLabel
+		var o int64
+		err := r.Scan(&o, &l.Type, &l.Label)
+		l.OID = uint32(o)
+		return l, err
+	})
 	return s, unlogged, err
 }
+
+// renamedLabels returns the labels of before that now have another text, as the statements that
+// rename them likewise on a PostgreSQL target.
+func renamedLabels(before, now []EnumLabel) (what, fix []string) {
+	for _, b := range before {
+		i := slices.IndexFunc(now, func(n EnumLabel) bool { return n.OID == b.OID })
+		if i < 0 || now[i].Label == b.Label {
+			continue
+		}
+		n := now[i]
+		what = append(what, fmt.Sprintf("label %s of type %s is now %s", quoteLiteral(b.Label), n.Type, quoteLiteral(n.Label)))
+		fix = append(fix, fmt.Sprintf("ALTER TYPE %s RENAME VALUE %s TO %s;", n.Type, quoteLiteral(b.Label), quoteLiteral(n.Label)))
+	}
+	return what, fix
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // checkShape stops a capture whose table (name, oid) is UNLOGGED now, or was rewritten under a
 // changed column since before (an empty Shape, from a position of an earlier version, is not
@@ -75,6 +124,10 @@ func checkShape(ctx context.Context, conn *pgx.Conn, name, ident string, oid uin
 	if unlogged {
 		return now, fmt.Errorf("%w: %s, or a partition of it, is UNLOGGED (ALTER TABLE ... SET UNLOGGED): its writes are in no WAL record, so the stream cannot carry them; make it LOGGED again (ALTER TABLE ... SET LOGGED; on %s or the partition), then re-backfill the table",
 			ErrUnlogged, name, ident)
+	}
+	if what, fix := renamedLabels(before.Labels, now.Labels); len(what) > 0 {
+		return now, fmt.Errorf("%w: %s uses an enum whose %s (ALTER TYPE ... RENAME VALUE): a value is stored as its label's pg_enum row, so every stored value of that label now reads otherwise, with no row event, and the output keeps the old text; re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data), or rename it likewise in the output (a PostgreSQL target: %s) and acknowledge it for one run (tidemark sync --types-changed %s)",
+			ErrValuesRewritten, name, strings.Join(what, ", "), name, strings.Join(fix, " "), name)
 	}
 	if len(before.Files) == 0 || slices.Equal(before.Files, now.Files) {
 		return now, nil

@@ -587,7 +587,7 @@ func (w *worker) watchShape(ctx context.Context, t *workTable) error {
 	if err != nil {
 		return err
 	}
-	if slices.Equal(now.Files, t.shape.Files) && slices.Equal(now.Columns, t.shape.Columns) {
+	if slices.Equal(now.Files, t.shape.Files) && slices.Equal(now.Columns, t.shape.Columns) && slices.Equal(now.Labels, t.shape.Labels) {
 		return nil
 	}
 	t.shape = now

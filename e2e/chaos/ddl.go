@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
@@ -47,6 +48,8 @@ func (r *run) schemaFault(ctx context.Context, kind string, d time.Duration) str
 		return r.publicationFault(ctx, d)
 	case "truncate":
 		return r.truncateFault(ctx)
+	case "rebackfill":
+		return r.rebackfillFault(ctx)
 	case "rewrite":
 		return r.rewriteFault(ctx)
 	case "restore":
@@ -92,8 +95,8 @@ func (r *run) ddlExec(ctx context.Context, sql string, args ...any) error {
 func (r *run) undoExec(ctx context.Context, sql string) error {
 	var err error
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); sleep(ctx, 200*time.Millisecond) {
-		if err = r.ddlExec(ctx, sql); err == nil {
-			return nil
+		if err = r.ddlExec(ctx, sql); err == nil || pgerr.DuplicateObject(err) {
+			return err // done, or done by someone else: its caller says which it accepts
 		}
 	}
 	return err
@@ -235,6 +238,11 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 	drop := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
 	e := r.expect("publication", r.sch+"."+t, true, func(ctx context.Context) error {
 		err := r.undoExec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+name)
+		if pgerr.DuplicateObject(err) {
+			// Already back: a run that started with no checkpoint yet adds every table it
+			// captures to the publication, this one too (its output had nothing of it).
+			err = nil
+		}
 		if hi, herr := r.currentLSN(ctx); err == nil && herr == nil {
 			r.mu.Lock()
 			drop.hi = hi
@@ -319,6 +327,68 @@ func (r *run) rewriteFault(ctx context.Context) string {
 		return noEffect + err.Error()
 	}
 	return "rewrote every value of " + name + ".v (ALTER COLUMN v TYPE text USING v || '~')"
+}
+
+// rebackfillFault asks the running sync to start a table's output over while it goes on
+// (tidemark rebackfill over its control socket, as an operator would): the capture does not stop,
+// the table's output gets a refresh and its rows again, and the oracle finds the output equal
+// to the source at the end. With no capture running at that moment (between two runs, or one
+// reconnecting), it has no effect.
+//
+// The table's changes from the request to its refresh's first window are passed over by design
+// (the refresh replaces them): like a publication fault's, their versions are left out of the
+// target history's staleness check (a span of WAL from before the request to after a
+// checkpoint shows the refresh done; unreceived).
+func (r *run) rebackfillFault(ctx context.Context) string {
+	t := r.pickTable(r.rng)
+	if t == "" {
+		return noEffect + "every table awaits a remedy"
+	}
+	name := r.sch + "." + t
+	// The changes passed over start where the stream is when the sync takes the request, which
+	// may lag the server's WAL: at the durable checkpoint, or later.
+	cp, err := r.capt.checkpoint(ctx)
+	if err != nil || cp == nil {
+		return noEffect + fmt.Sprintf("no checkpoint yet (%v)", err)
+	}
+	lo := cp.LSN
+	span := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
+	r.mu.Lock()
+	r.pubDrops = append(r.pubDrops, span)
+	r.mu.Unlock()
+	out, err := exec.CommandContext(ctx, r.cfg.Tidemark, "rebackfill", "--control", r.controlPath(), "--tables", name).CombinedOutput()
+	if err != nil {
+		r.mu.Lock()
+		span.hi = lo // nothing passed over
+		r.mu.Unlock()
+		return noEffect + oneLine(string(out))
+	}
+	// The span ends once a checkpoint taken after the request shows the refresh done (its
+	// first window's low watermark passed); until then, or if none comes, it stays open.
+	after, err := r.currentLSN(ctx)
+	if err != nil {
+		r.note("rebackfill: %v; the span stays open", err)
+	}
+	for deadline := time.Now().Add(90 * time.Second); err == nil && time.Now().Before(deadline); sleep(ctx, 200*time.Millisecond) {
+		if cp, cerr := r.capt.checkpoint(ctx); cerr == nil && cp != nil && cp.LSN >= after && cp.Tables[name] && !cp.Refresh[name] {
+			if hi, herr := r.currentLSN(ctx); herr == nil {
+				r.mu.Lock()
+				span.hi = hi
+				r.mu.Unlock()
+			}
+			break
+		}
+	}
+	r.mu.Lock()
+	what := fmt.Sprintf("re-backfill of %s asked of the running sync (its changes passed over from %s to %s)", name, span.lo, span.hi)
+	r.mu.Unlock()
+	return what
+}
+
+// controlPath is the control socket the run's syncs listen on (short: a Unix socket's path
+// has a limit), in a directory of the harness's user alone.
+func (r *run) controlPath() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("tidemark-chaos-%d", os.Getuid()), r.slot+".sock")
 }
 
 // restoreFault restores the source to an earlier point, as a failover to a standby that lags, or

@@ -45,8 +45,10 @@ var faultKinds = []faultKind{
 	{"publication", 6, false, "ddl", nil},        // a table dropped from the publication for 1-4 s, then added back
 	{"truncate", 6, false, "ddl", nil},           // TRUNCATE of a table (the main table is reloaded in the same transaction)
 	{"rewrite", 5, false, "ddl", nil},            // ALTER COLUMN v TYPE text USING v || ...: every value changed, no row event
-	{"standby-restart", 5, true, "ddl", nil},     // a commit kept invisible across a kill -9 and restart of the capture
-	{"restore", 3, true, "ddl", nil},             // the source restored to a base backup taken seconds before, on a new timeline
+	// tidemark rebackfill asked of the running sync: a table's output starts over mid-run.
+	{"rebackfill", 5, false, "ddl", []Mode{JSONL, Postgres}},
+	{"standby-restart", 5, true, "ddl", nil}, // a commit kept invisible across a kill -9 and restart of the capture
+	{"restore", 3, true, "ddl", nil},         // the source restored to a base backup taken seconds before, on a new timeline
 	// A second capture against the slot and output of the running one, which is frozen and
 	// loses its walsender meanwhile: the second must be refused (fence.go).
 	{"second-capture", 6, false, "fence", nil},
