@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -242,6 +243,9 @@ type core struct {
 	// storage are the tables whose storage files changed since the position was taken, until a
 	// TRUNCATE the stream carries explains them (storageCheck).
 	storage map[string]*storageCheck
+	// asked are the re-backfill requests taken, answered once a checkpoint carries them;
+	// deferred, those that came inside a transaction, to be taken at its end.
+	asked, deferred []rebackfillAsk
 
 	inTxn     bool
 	txXID     uint32
@@ -397,7 +401,14 @@ func (c *core) step(in any) error {
 			c.checkStale()
 		}
 	case rebackfillAsk:
-		v.done <- c.rebackfill(v.tables)
+		switch {
+		case v.ctx.Err() != nil:
+			v.done <- context.Cause(v.ctx) // its caller gave up: not taken
+		case c.inTxn:
+			c.deferred = append(c.deferred, v) // taken at the transaction's end
+		default:
+			c.takeAsk(v)
+		}
 	default:
 		return fmt.Errorf("unexpected input %T", in)
 	}
@@ -802,7 +813,29 @@ func (c *core) commit(cm *replicator.Commit) error {
 	c.pos.LSN = cm.EndLSN
 	c.checkStale()
 	c.guard.prune(c.pendingXmins())
+	for _, v := range c.deferred {
+		c.takeAsk(v)
+	}
+	c.deferred = c.deferred[:0]
 	return c.checkStorage()
+}
+
+// takeAsk applies a re-backfill request at a transaction boundary; it is answered once a
+// checkpoint carries it, or at once when it is refused.
+func (c *core) takeAsk(v rebackfillAsk) {
+	if err := c.rebackfill(v.tables); err != nil {
+		v.done <- err
+		return
+	}
+	c.asked = append(c.asked, v)
+}
+
+// dropAsks answers the requests no checkpoint carried, when the run ends.
+func (c *core) dropAsks() {
+	for _, v := range append(c.asked, c.deferred...) {
+		v.done <- errAskLost
+	}
+	c.asked, c.deferred = nil, nil
 }
 
 // checkStorage stops the capture once the stream is past where a table's storage change was

@@ -262,10 +262,11 @@ type Engine struct {
 	addedTables []pgx.Identifier
 	// signalCreated: this run created the signal table.
 	signalCreated bool
-	// asks is the running merge loop's input while a run is under way (Rebackfill); nil
-	// otherwise.
-	askMu sync.Mutex
-	asks  chan<- any
+	// asks is the running merge loop's input while a run is under way (Rebackfill), nil
+	// otherwise; askGone is closed once that merge loop has returned.
+	askMu   sync.Mutex
+	asks    chan<- any
+	askGone <-chan struct{}
 }
 
 // ErrNotRunning: a request (Rebackfill) came while no run was under way (before the first, or
@@ -273,37 +274,57 @@ type Engine struct {
 var ErrNotRunning = errors.New("the capture is not running")
 
 // rebackfillAsk is a request to start tables' output over while the run goes on; done gets its
-// outcome once the merge loop has taken it.
+// outcome once a checkpoint carries it (or why not). A request whose ctx ended before the merge
+// loop took it is not taken.
 type rebackfillAsk struct {
+	ctx    context.Context
 	tables []string
 	done   chan error
 }
 
+// errAskLost: the run ended before a checkpoint carried a request it had taken.
+var errAskLost = errors.New("the capture stopped before a checkpoint recorded the request: ask again once it runs")
+
 // Rebackfill starts the output of tables (configured "schema.table" names) over while the run
 // goes on: from the moment the merge loop takes the request, their changes are not emitted
 // until the low watermark of their re-backfill's first window, where a Refresh event is; the
-// backfill then reads them from the start, and the stream never pauses for it (I20). Nothing is
-// written to the database but the usual watermarks, so no other role can ask for it. It
-// returns once the request is taken (checkpoints from then on carry it), or an error: no run is
-// under way (ErrNotRunning), a table is not captured.
+// backfill then reads them from the start, and the stream never pauses for it (I20). A request
+// that comes inside a source transaction is taken at its end, so that the output never holds
+// part of a transaction. Nothing is written to the database but the usual watermarks, so no
+// other role can ask for it. It returns once a checkpoint carries the request (a restart then
+// goes on with it), or an error: no run is under way (ErrNotRunning), a table is not captured,
+// the run ended first; when ctx ends after the request was taken, it says so (the re-backfill
+// goes on unless the run ends before its next checkpoint).
 func (e *Engine) Rebackfill(ctx context.Context, tables []string) error {
 	e.askMu.Lock()
-	in := e.asks
+	in, gone := e.asks, e.askGone
 	e.askMu.Unlock()
+	if len(tables) == 0 {
+		return errors.New("no table to re-backfill")
+	}
 	if in == nil {
 		return ErrNotRunning
 	}
-	ask := rebackfillAsk{tables: tables, done: make(chan error, 1)}
+	ask := rebackfillAsk{ctx: ctx, tables: tables, done: make(chan error, 1)}
 	select {
 	case in <- ask:
+	case <-gone:
+		return ErrNotRunning
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
 	select {
 	case err := <-ask.done:
 		return err
+	case <-gone:
+		select {
+		case err := <-ask.done:
+			return err
+		default:
+			return errAskLost
+		}
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return fmt.Errorf("the request was sent; no checkpoint recorded it yet (%w): the re-backfill goes on unless the capture stops first", context.Cause(ctx))
 	}
 }
 
@@ -553,12 +574,13 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	defer cancelRun(nil)
 	g, gctx := errgroup.WithContext(runCtx)
 	in := make(chan any, 1024)
+	askGone := make(chan struct{})
 	e.askMu.Lock()
-	e.asks = in
+	e.asks, e.askGone = in, askGone
 	e.askMu.Unlock()
 	defer func() {
 		e.askMu.Lock()
-		e.asks = nil
+		e.asks, e.askGone = nil, nil
 		e.askMu.Unlock()
 	}()
 	verdicts := make(chan verdict, 8)
@@ -579,6 +601,8 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	})
 	g.Go(func() error { return w.run(ctx, gctx) })
 	g.Go(func() error {
+		defer close(askGone)
+		defer m.core.dropAsks()
 		err := m.run(ctx, gctx)
 		if err == nil {
 			cancelRun(errFinished)
@@ -720,7 +744,7 @@ func (m *mergeLoop) wakeWorker() {
 }
 
 func (m *mergeLoop) checkpointDue() bool {
-	return m.chunkDone || time.Since(m.lastCheckpoint) >= m.e.cfg.CheckpointInterval && m.core.pos.LSN != m.lastLSN()
+	return m.chunkDone || len(m.core.asked) > 0 || time.Since(m.lastCheckpoint) >= m.e.cfg.CheckpointInterval && m.core.pos.LSN != m.lastLSN()
 }
 
 func (m *mergeLoop) lastLSN() pglogrepl.LSN {
@@ -779,6 +803,10 @@ func (m *mergeLoop) checkpoint(ctx context.Context) error {
 	}
 	m.e.checkpointing.Store(true)
 	m.checkpointed, m.lastCheckpoint, m.chunkDone = pos, time.Now(), false
+	for _, a := range m.core.asked {
+		a.done <- nil // recorded: a restart goes on with it
+	}
+	m.core.asked = m.core.asked[:0]
 	if h := m.e.cfg.Hooks.AfterCheckpoint; h != nil {
 		h(ctx, pos)
 	}

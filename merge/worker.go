@@ -103,6 +103,21 @@ func (w *worker) run(stop, ctx context.Context) error {
 						return err
 					}
 				}
+				// A re-backfill asked for while another table's backfill runs: its refresh's first
+				// window (no rows) goes first, so that its changes are withheld only until then,
+				// not for as long as this backfill takes; its rows come in their turn.
+				select {
+				case up := <-w.wake:
+					w.update(up)
+				default:
+				}
+				for _, u := range w.tables {
+					if u != t && u.progress.Refresh {
+						if err := w.refresh(ctx, u); err != nil {
+							return err
+						}
+					}
+				}
 				var err error
 				switch {
 				case t.progress.Refresh:
@@ -128,11 +143,7 @@ func (w *worker) run(stop, ctx context.Context) error {
 		}
 		select {
 		case up := <-w.wake:
-			for _, t := range w.tables {
-				if p, ok := up.tables[t.name]; ok && up.gen > t.gen {
-					t.progress, t.gen = p, up.gen
-				}
-			}
+			w.update(up)
 		case <-watch.C:
 			if err := w.watch(ctx); err != nil {
 				return err
@@ -256,6 +267,15 @@ func (w *worker) refresh(ctx context.Context, t *workTable) error {
 	return w.window(ctx, t, nil, true, func(context.Context) (*chunker.Chunk, error) {
 		return &chunker.Chunk{Table: t.table}, nil
 	})
+}
+
+// update takes the merge loop's newer progress of each table (a wakeup).
+func (w *worker) update(up wakeup) {
+	for _, t := range w.tables {
+		if p, ok := up.tables[t.name]; ok && up.gen > t.gen {
+			t.progress, t.gen = p, up.gen
+		}
+	}
 }
 
 // reread runs a key-list chunk of t's pending re-reads to its verdict.

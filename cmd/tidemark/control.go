@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/merge"
@@ -38,6 +39,7 @@ type controlRequest struct {
 type controlReply struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
+	Sync  string `json:"sync,omitempty"` // which sync answered: its slot and output
 }
 
 // controlPath is the control socket of the sync of slot: flag when given, else
@@ -62,6 +64,7 @@ func controlFlag(fs *flag.FlagSet) *string {
 type controlServer struct {
 	ln     net.Listener
 	path   string
+	who    string // this sync, as a reply names it: its slot and output
 	log    zerolog.Logger
 	engine atomic.Pointer[merge.Engine] // the engine of the run under way; nil between runs
 	wg     sync.WaitGroup
@@ -70,22 +73,20 @@ type controlServer struct {
 // listenControl opens the control socket at path. Its directory must be the user's alone (made
 // so when missing); a socket a live sync answers on is left alone (another sync of the slot), a
 // stale one is replaced.
-func listenControl(path string, log zerolog.Logger) (*controlServer, error) {
+func listenControl(path, who string, log zerolog.Logger) (*controlServer, error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 || ok && int(st.Uid) != os.Getuid() {
-		return nil, fmt.Errorf("control socket: the directory %s must be a directory of this user's alone (mode 0700), or another user could ask this sync to re-backfill; fix it (chmod 700) or give --control a path in one", dir)
+	if err := ownDir(dir); err != nil {
+		return nil, fmt.Errorf("control socket: %w, or another user could ask this sync to re-backfill; fix it (chmod 700) or give --control a path in one", err)
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("control socket: a sync already listens on %s (another sync of this slot?); give this one --control", path)
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != os.ModeSocket {
+		return nil, fmt.Errorf("control socket: %s is not a socket (a file of yours?): it is left alone; give --control another path", path)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("control socket: %w", err)
@@ -98,7 +99,7 @@ func listenControl(path string, log zerolog.Logger) (*controlServer, error) {
 		_ = ln.Close()
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	s := &controlServer{ln: ln, path: path, log: log}
+	s := &controlServer{ln: ln, path: path, log: log, who: who}
 	s.wg.Go(s.serve)
 	log.Debug().Str("control", path).Msg("control socket ready (tidemark rebackfill)")
 	return s, nil
@@ -119,6 +120,7 @@ func (s *controlServer) handle(c net.Conn) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Minute))
 	reply := func(r controlReply) {
+		r.Sync = s.who
 		b, _ := json.Marshal(r)
 		_, _ = c.Write(append(b, '\n'))
 	}
@@ -147,6 +149,20 @@ func (s *controlServer) handle(c net.Conn) {
 	}
 	s.log.Info().Strs("tables", req.Rebackfill).Msg("re-backfill asked for over the control socket: the tables' output starts over while the capture runs")
 	reply(controlReply{OK: true})
+}
+
+// ownDir checks that dir is a directory of this user's alone (no access for group or others):
+// the sync listens there, and tidemark rebackfill trusts what answers there.
+func ownDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 || ok && int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("the directory %s must be a directory of this user's alone (mode 0700)", dir)
+	}
+	return nil
 }
 
 // limitedConn reads at most n bytes of a connection.
@@ -201,6 +217,10 @@ func runRebackfill(ctx context.Context, args []string, e *env) error {
 		names = append(names, t.Schema+"."+t.Name)
 	}
 	path := controlPath(*control, *slot)
+	if err := ownDir(filepath.Dir(path)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Another user's directory: whatever answers there could say yes and do nothing.
+		return fmt.Errorf("%w; not asking what listens on %s", err, path)
+	}
 	d := net.Dialer{Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -221,8 +241,21 @@ func runRebackfill(ctx context.Context, args []string, e *env) error {
 		return fmt.Errorf("the sync on %s answered %q", path, strings.TrimSpace(string(line)))
 	}
 	if !r.OK {
-		return fmt.Errorf("the sync refused: %s", r.Error)
+		return fmt.Errorf("the sync (%s) refused: %s", r.Sync, r.Error)
 	}
-	fmt.Fprintf(e.stdout, "re-backfill of %s asked for: the running sync starts their output over (a refresh) and reads them again from the start, while changes keep flowing; its progress and status show it\n", strings.Join(names, ", "))
+	fmt.Fprintf(e.stdout, "re-backfill of %s taken and recorded by the running sync (%s): their output starts over (a refresh) and they are read again from the start, while changes keep flowing; its progress and status show it\n", strings.Join(names, ", "), r.Sync)
 	return nil
+}
+
+// describeOutput names a sync's --to without its secrets: a file's path, or a PostgreSQL
+// target's host, port and database.
+func describeOutput(to string) string {
+	if !isDSN(to) {
+		return to
+	}
+	cfg, err := pgconn.ParseConfig(to)
+	if err != nil {
+		return "a PostgreSQL target"
+	}
+	return fmt.Sprintf("PostgreSQL %s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
 }

@@ -34,7 +34,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
 	stats := newSyncStats(plan.tables)
-	ctl, err := listenControl(controlPath(*f.control, *f.slot), e.log)
+	ctl, err := listenControl(controlPath(*f.control, *f.slot), fmt.Sprintf("slot %s, output %s", *f.slot, describeOutput(*f.to)), e.log)
 	if err != nil {
 		e.log.Warn().Err(err).Msg("tidemark rebackfill cannot reach this sync; it runs on")
 	}
@@ -128,7 +128,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 		// --types-changed and --maintenance, like --rebackfill, are for the state they were given for: after a
 		// checkpoint of this process, a reconnection must compare again.
 		for i := range cfg.Tables {
-			cfg.Tables[i].TypesChanged, cfg.Tables[i].Maintenance = false, false
+			cfg.Tables[i].TypesChanged, cfg.Tables[i].Maintenance, cfg.Tables[i].Rebackfill = false, false, false
 		}
 	}
 	cfg.Hooks.ChunkAbandoned = stats.abandonedHook
@@ -305,7 +305,7 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 	return merge.Config{
 		Source: replicator.Config{DSN: srcDSN, Slot: *f.slot, Publication: *f.pub, CreateSlot: true,
 			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
-		Tables:             p.tables,
+		Tables:             slices.Clone(p.tables), // a run's acknowledgements are its own
 		Hooks:              p.hooks,
 		Faults:             p.faults,
 		ChunkSize:          *f.chunkSize,
