@@ -115,6 +115,30 @@ func TestTargetStorageReplaced(t *testing.T) {
 	targetEquals(t, db, tgt, "t")
 }
 
+// TestTargetEnumLabelRenamed: into a PostgreSQL target, ALTER TYPE ... RENAME VALUE on the source
+// stops the sync with the statement that renames the label on the target; once run there, a
+// sync told so (--types-changed) goes on, and the target equals the source.
+func TestTargetEnumLabelRenamed(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, m mood)`)
+	db.Exec(`INSERT INTO t SELECT g, CASE WHEN g % 2 = 0 THEN 'sad' ELSE 'happy' END::mood FROM generate_series(1, 20) g`)
+	tgt := targetDB(t, db)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`)
+	db.Exec(`UPDATE t SET m = 'unhappy' WHERE id = 1`)
+	err := syncTarget(t, db, tgt, "public.t")
+	require.ErrorContains(t, err, `ALTER TYPE public.mood RENAME VALUE 'sad' TO 'unhappy';`)
+	conn, err := pgxConnect(context.Background(), tgt)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), `ALTER TYPE public.mood RENAME VALUE 'sad' TO 'unhappy'`)
+	require.NoError(t, err)
+	_, err = runSyncTo(t, db, tgt, "--tables", "public.t", "--stop-when-caught-up", "--quiet", "--types-changed", "public.t")
+	require.NoError(t, err)
+	targetEquals(t, db, tgt, "t")
+}
+
 // TestPrecreatedTargets: a target made with `pg_dump -s` of the source has a key GENERATED
 // ALWAYS AS IDENTITY, which takes the source's values (OVERRIDING SYSTEM VALUE); a foreign key
 // on the target is refused with the reason (tables are applied in the capture's order, and

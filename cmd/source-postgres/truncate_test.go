@@ -124,3 +124,30 @@ func TestStorageReplacedStopsUntilReset(t *testing.T) {
 	r := e.read(cat, withoutStream(t, state, "orders"))
 	replayEqualsSource(t, e, "public.orders", "id", r)
 }
+
+// TestEnumLabelRenamedStopsUntilReset: ALTER TYPE ... RENAME VALUE of an enum a stream's column
+// uses changes every stored value of that label with no row event: the next read stops with a
+// config error that names it and says to reset the stream, until the stream is reset.
+func TestEnumLabelRenamedStopsUntilReset(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
+	e.db.Exec(`CREATE TABLE orders (id int PRIMARY KEY, m mood)`)
+	e.db.Exec(`INSERT INTO orders SELECT g, CASE WHEN g % 2 = 0 THEN 'sad' ELSE 'happy' END::mood FROM generate_series(1, 20) g`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE orders`)
+	cat := e.catalog()
+	state := e.read(cat, nil).lastState(t)
+	e.db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`)
+	failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", state))
+	require.NotEqual(t, 0, failed.code)
+	errs := failed.traces("ERROR")
+	require.Len(t, errs, 1)
+	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
+	msg := errs[0].str("trace", "error", "message")
+	require.Contains(t, msg, `label 'sad' of type public.mood is now 'unhappy'`)
+	require.Contains(t, msg, "clear the stream's data")
+	for _, st := range failed.states() {
+		state = mustJSON(t, []any{st.m["state"]})
+	}
+	r := e.read(cat, withoutStream(t, state, "orders"))
+	replayEqualsSource(t, e, "public.orders", "id", r)
+}
