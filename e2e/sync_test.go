@@ -262,3 +262,64 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestOnSlotLossRebackfill: a slot invalidated by max_slot_wal_keep_size (wal_status lost: the
+// changes it needed are gone) stops the next sync with the fix; with --on-slot-loss rebackfill,
+// the sync drops the invalidated slot, creates it again, and backfills every table again while
+// the changes stream: the output equals the source afterwards, the changes made while the slot
+// was lost included.
+func TestOnSlotLossRebackfill(t *testing.T) {
+	e2e.NeedsLocal(t, server, "needs a local cluster of its own with a small max_slot_wal_keep_size")
+	ctx := context.Background()
+	srv, err := e2e.Start(ctx, e2e.Options{Settings: map[string]string{"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "max_wal_size": "32MB", "min_wal_size": "32MB"}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, srv.Stop(ctx)) }()
+	dsn := srv.DSN("postgres")
+	conn, err := pgxConnect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	run := func(sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	run(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	run(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 1000) g`)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	sync := func(args ...string) (string, error) {
+		b, err := exec.Command(tidemarkBinary(t), append([]string{"sync", "--source", dsn, "--slot", "lost", "--publication", "lost",
+			"--tables", "public.t", "--to", out, "--stop-when-caught-up", "--quiet"}, args...)...).CombinedOutput()
+		return string(b), err
+	}
+	msg, err := sync()
+	require.NoError(t, err, msg)
+
+	// The slot's consumer away: changes, then more WAL than the slot may keep, and checkpoints.
+	run(`UPDATE t SET v = 'while lost' WHERE id <= 10`)
+	run(`DELETE FROM t WHERE id BETWEEN 11 AND 20`)
+	run(`INSERT INTO t VALUES (5000, 'new while lost')`)
+	require.Eventually(t, func() bool {
+		run(`CREATE TABLE IF NOT EXISTS filler (g int, pad text)`)
+		run(`INSERT INTO filler SELECT g, repeat('x', 1000) FROM generate_series(1, 20000) g`)
+		run(`SELECT pg_switch_wal()`)
+		run(`CHECKPOINT`)
+		var status string
+		require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'lost'`).Scan(&status))
+		return status == "lost"
+	}, 2*time.Minute, 100*time.Millisecond, "the slot lost WAL it needed")
+
+	msg, err = sync()
+	require.Error(t, err)
+	require.Contains(t, msg, "lost WAL it needed")
+	msg, err = sync("--on-slot-loss", "rebackfill")
+	require.NoError(t, err, msg)
+	require.Contains(t, msg, "every table is backfilled again from the new slot")
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"op":"refresh"`)
+	got := replayFile(t, out, map[string][]string{"public.t": {"id"}})
+	require.Empty(t, got.Violations())
+	src, err := e2e.SourceRowsJSON(ctx, dsn, "public", "t", []string{"id"})
+	require.NoError(t, err)
+	require.Empty(t, e2e.Diff(got.Rows("public.t"), src))
+}

@@ -121,6 +121,10 @@ type Config struct {
 	// of the server) by starting over from the slot's position with every table refreshed
 	// (TableProgress.Refresh) instead of failing. Zero: Run fails with the reason.
 	ResyncInvalidPosition bool
+	// ResyncLostSlot answers a position whose slot is gone (dropped, or invalidated and created
+	// again: Source.ReplaceLostSlot) the same way, and only that: every table is backfilled
+	// again from the new slot, in the background of the stream, with a warning.
+	ResyncLostSlot bool
 	Hooks                 Hooks
 	Faults                Faults // empty unless built with the tidemark_faults tag (faults.go)
 }

@@ -47,8 +47,12 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 	resync := false
 	if from != nil {
 		if err := e.checkIdentity(ctx, from, stream); err != nil {
-			if !e.cfg.ResyncInvalidPosition {
+			lost := e.cfg.ResyncLostSlot && stream.Slot().Created
+			if !e.cfg.ResyncInvalidPosition && !lost {
 				return nil, nil, nil, err
+			}
+			if lost {
+				e.log.Warn().Str("slot", stream.Slot().Name).Msg("the slot was lost (dropped, or invalidated and created again): every table is backfilled again from the new slot while its changes stream (--on-slot-loss rebackfill)")
 			}
 			e.log.Warn().Err(err).Msg("the position cannot be resumed: every table is backfilled again from the slot's position, its output started over")
 			from, resync = nil, true

@@ -22,6 +22,11 @@ type Config struct {
 	Publication string
 	// CreateSlot creates Slot when it does not exist. Zero: a missing slot is ErrSlotMissing.
 	CreateSlot bool
+	// ReplaceLostSlot drops Slot when it is invalidated (wal_status lost: it lost WAL it needed
+	// and streams nothing any more) and creates it again (with CreateSlot), instead of
+	// ErrSlotLost: an operator's choice (sync --on-slot-loss rebackfill); the position it held
+	// is then not in the new slot, which the engine answers with a full backfill.
+	ReplaceLostSlot bool
 	// CreatePublication creates Publication, FOR TABLE PublicationTables, when it does not exist.
 	// Zero: a missing publication is ErrPublicationMissing.
 	CreatePublication bool

@@ -163,11 +163,22 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgx.Conn, db string) error
 	var plugin, typ, slotDB, walStatus, confirmed, restart string
 	var active bool
 	var pid int32
-	err := conn.QueryRow(ctx, `
+	query := func() error {
+		return conn.QueryRow(ctx, `
 		SELECT coalesce(plugin, ''), slot_type, coalesce(database, ''), active, coalesce(active_pid, 0),
 		       coalesce(wal_status, ''), coalesce(confirmed_flush_lsn, '0/0')::text, coalesce(restart_lsn, '0/0')::text
 		FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&plugin, &typ, &slotDB, &active, &pid, &walStatus, &confirmed, &restart)
+			Scan(&plugin, &typ, &slotDB, &active, &pid, &walStatus, &confirmed, &restart)
+	}
+	err := query()
+	if err == nil && walStatus == "lost" && s.cfg.ReplaceLostSlot && s.cfg.CreateSlot && typ == "logical" && plugin == "pgoutput" && slotDB == db && !active {
+		// Asked for: the slot holds no WAL any more and can stream nothing; it is created again.
+		if _, derr := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); derr != nil {
+			return fmt.Errorf("%w: replication slot %q lost WAL it needed, and dropping it to create it again failed: %w", ErrSlotLost, name, derr)
+		}
+		s.log.Warn().Msg("replication slot lost WAL it needed (wal_status = lost): dropped, to be created again (--on-slot-loss rebackfill)")
+		err = query()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !s.cfg.CreateSlot {
 			return fmt.Errorf("%w: replication slot %q does not exist in database %q; create it with: %s",

@@ -139,7 +139,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 type syncFlags struct {
 	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub       *string
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
-	control                                                                     *string
+	control, onSlotLoss                                                         *string
 	audit, stopCaughtUp, noBackfill, quiet                                      *bool
 	chunkSize, maxChunkBytes                                                    *int
 	interval, wmTimeout                                                         *time.Duration
@@ -163,6 +163,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
 	f.control = controlFlag(fs)
+	f.onSlotLoss = fs.String("on-slot-loss", "fail", "what a run does when its slot is gone (dropped) or lost WAL it needed (invalidated by max_slot_wal_keep_size): fail (with the fix), or rebackfill (create the slot again, dropping the invalidated one, and backfill every table again while the changes stream)")
 	f.maintenance = fs.String("maintenance", "", "tables (schema.table,...) whose storage files changed between two runs by maintenance that changed no value (VACUUM FULL, CLUSTER, pg_repack, SET TABLESPACE) and stopped the sync: take them as they are now, for this run, without a re-backfill")
 	f.typesChanged = fs.String("types-changed", "", "tables (schema.table,...) whose output's values were converted as the source's by a column type change that stopped the sync: take their column types as they are now, for this run, without a re-backfill")
 	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
@@ -230,6 +231,9 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	}
 	if err := applyKeys(*f.keys, p.tables); err != nil {
 		problems = append(problems, err.Error())
+	}
+	if *f.onSlotLoss != "fail" && *f.onSlotLoss != "rebackfill" {
+		problems = append(problems, fmt.Sprintf("--on-slot-loss %q: give fail or rebackfill", *f.onSlotLoss))
 	}
 	var ok bool
 	if p.sigSchema, p.sigName, ok = strings.Cut(*f.signalTable, "."); !ok || p.sigSchema == "" || p.sigName == "" {
@@ -304,7 +308,8 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 	}
 	return merge.Config{
 		Source: replicator.Config{DSN: srcDSN, Slot: *f.slot, Publication: *f.pub, CreateSlot: true,
-			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second},
+			CreatePublication: true, PublicationTables: pubTables, StatusInterval: time.Second,
+			ReplaceLostSlot: *f.onSlotLoss == "rebackfill"},
 		Tables:             slices.Clone(p.tables), // a run's acknowledgements are its own
 		Hooks:              p.hooks,
 		Faults:             p.faults,
@@ -320,6 +325,7 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 		// --rebackfill all: a checkpoint that cannot be resumed is replaced by a refresh of
 		// every table.
 		ResyncInvalidPosition: p.refreshAll,
+		ResyncLostSlot:        *f.onSlotLoss == "rebackfill",
 	}
 }
 
