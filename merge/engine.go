@@ -125,8 +125,8 @@ type Config struct {
 	// again: Source.ReplaceLostSlot) the same way, and only that: every table is backfilled
 	// again from the new slot, in the background of the stream, with a warning.
 	ResyncLostSlot bool
-	Hooks                 Hooks
-	Faults                Faults // empty unless built with the tidemark_faults tag (faults.go)
+	Hooks          Hooks
+	Faults         Faults // empty unless built with the tidemark_faults tag (faults.go)
 }
 
 // Errors callers branch on.
