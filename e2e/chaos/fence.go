@@ -23,8 +23,10 @@ import (
 // fenceMark is what tidemark sync says when another sync holds the output or the checkpoint.
 const fenceMark = "another tidemark sync is writing"
 
-// secondWait is how long a second capture has to be refused.
-const secondWait = 10 * time.Second
+// secondWait is how long a second capture has to be refused: it waits up to 5 s for the lock
+// the first holds (replicator.DefaultInUseWait: a writer killed a moment ago still holds it), after
+// its own start, on a machine that runs three harnesses at once (10 s was met once in CI).
+const secondWait = 20 * time.Second
 
 // second runs a second tidemark sync while the first is frozen (SIGSTOP) and its walsender is
 // ended, so that the slot is free: only the output's lock (JSON lines) or the target's advisory
