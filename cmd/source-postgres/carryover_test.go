@@ -184,3 +184,38 @@ func TestLostSlotFollowsInvalidCursorBehaviour(t *testing.T) {
 	require.True(t, got["1000"], "the row written while the slot was lost")
 	replayEqualsSource(t, e, "public.orders", "id", first, r)
 }
+
+// TestStateOfEarlierReleaseResumes: a state written before checkpoints recorded each table's
+// columns, storage files and enum labels (and the last TRUNCATE seen) resumes without a stop:
+// changes made before the upgrade cannot be judged, and are not held against it. The state it
+// writes then records them, and the next read compares again.
+func TestStateOfEarlierReleaseResumes(t *testing.T) {
+	e := ordersEnv(t, 50)
+	cat := e.catalog()
+	state := e.read(cat, nil).lastState(t)
+	var msgs []map[string]any
+	require.NoError(t, json.Unmarshal(state, &msgs))
+	for _, ss := range msgs[0]["global"].(map[string]any)["stream_states"].([]any) {
+		st := ss.(map[string]any)["stream_state"].(map[string]any)
+		require.Contains(t, st, "files", "this release records the files")
+		for _, k := range []string{"columns", "files", "truncated", "labels"} {
+			delete(st, k) // as the release before wrote it
+		}
+	}
+	old, err := json.Marshal(msgs)
+	require.NoError(t, err)
+	e.db.Exec(`VACUUM FULL orders`)
+	e.db.Exec(`UPDATE orders SET v = 'after the upgrade' WHERE id = 1`)
+	r := e.read(cat, old)
+	found := false
+	for _, m := range r.records() {
+		_, data := recordOf(t, m)
+		found = found || string(data["v"]) == `"after the upgrade"`
+	}
+	require.True(t, found, "the change after the earlier release's state was read")
+
+	e.db.Exec(`VACUUM FULL orders`)
+	failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", r.lastState(t)))
+	require.NotEqual(t, 0, failed.code, "the new state records the files: the next change of them is judged")
+	require.Contains(t, failed.traces("ERROR")[0].str("trace", "error", "message"), "storage files of")
+}
