@@ -67,6 +67,7 @@ type controlServer struct {
 	who    string // this sync, as a reply names it: its slot and output
 	log    zerolog.Logger
 	engine atomic.Pointer[merge.Engine] // the engine of the run under way; nil between runs
+	cur    atomic.Pointer[net.Conn]     // the connection being answered
 	wg     sync.WaitGroup
 }
 
@@ -111,7 +112,9 @@ func (s *controlServer) serve() {
 		if err != nil {
 			return // closed
 		}
+		s.cur.Store(&c)
 		s.handle(c)
+		s.cur.Store(nil)
 	}
 }
 
@@ -189,6 +192,9 @@ func (s *controlServer) Close() {
 		return
 	}
 	_ = s.ln.Close()
+	if c := s.cur.Load(); c != nil {
+		_ = (*c).Close() // a client that sends nothing does not hold the sync's exit
+	}
 	s.wg.Wait()
 	_ = os.Remove(s.path)
 }
