@@ -301,6 +301,32 @@ func (e *env) cursorCatalog(cursors map[string]string, tables ...string) string 
 	return e.file("catalog.json", c)
 }
 
+// configErrorOf checks that r failed with exactly one ERROR trace, a config_error, and returns
+// its message.
+func configErrorOf(t *testing.T, r *result) string {
+	t.Helper()
+	require.NotEqual(t, 0, r.code)
+	errs := r.traces("ERROR")
+	require.Len(t, errs, 1)
+	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
+	return errs[0].str("trace", "error", "message")
+}
+
+// stopsUntilReset runs a read from state that must stop with a config error whose message has
+// each of wants, and returns the state it leaves (the same position: the stop holds it).
+func (e *env) stopsUntilReset(t *testing.T, cat string, state []byte, wants ...string) []byte {
+	t.Helper()
+	failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", state))
+	msg := configErrorOf(t, failed)
+	for _, w := range wants {
+		require.Contains(t, msg, w)
+	}
+	for _, st := range failed.states() {
+		state = mustJSON(t, []any{st.m["state"]})
+	}
+	return state
+}
+
 // run runs the connector and checks its output; see start.
 func (e *env) run(args ...string) *result {
 	e.t.Helper()

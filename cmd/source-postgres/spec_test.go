@@ -205,8 +205,10 @@ const airbyteConfig = `{
   "checkpoint_target_interval_seconds": 300, "max_db_connections": 4, "check_privileges": true
 }`
 
-func TestSpecAcceptsAirbyteConfigs(t *testing.T) {
-	cs := connSpec(t)
+// compiledSpec compiles the connection specification cs as the draft-07 schema configs are
+// validated against.
+func compiledSpec(t *testing.T, cs map[string]any) *jsonschema.Schema {
+	t.Helper()
 	b, _ := json.Marshal(cs)
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
 	require.NoError(t, err)
@@ -215,6 +217,12 @@ func TestSpecAcceptsAirbyteConfigs(t *testing.T) {
 	require.NoError(t, c.AddResource("spec.json", doc))
 	schema, err := c.Compile("spec.json")
 	require.NoError(t, err)
+	return schema
+}
+
+func TestSpecAcceptsAirbyteConfigs(t *testing.T) {
+	cs := connSpec(t)
+	schema := compiledSpec(t, cs)
 	for name, cfg := range map[string]string{
 		"full":     airbyteConfig,
 		"minimal":  `{"host":"h","port":5432,"database":"d","username":"u","password":"p","replication_method":{"method":"CDC","replication_slot":"s","publication":"p"}}`,
@@ -279,14 +287,7 @@ func TestSpecMatchesConfig(t *testing.T) {
 // to 65536. The defaults are Airbyte's: ssl_mode require, checkpoint_target_interval_seconds 300.
 func TestSpecLimitsAsAirbytes(t *testing.T) {
 	cs := connSpec(t)
-	b, _ := json.Marshal(cs)
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
-	require.NoError(t, err)
-	c := jsonschema.NewCompiler()
-	c.DefaultDraft(jsonschema.Draft7)
-	require.NoError(t, c.AddResource("spec.json", doc))
-	schema, err := c.Compile("spec.json")
-	require.NoError(t, err)
+	schema := compiledSpec(t, cs)
 	for name, cfg := range map[string]string{
 		"timings":    `{"host":"h","port":5432,"database":"d","username":"u","replication_method":{"method":"CDC","replication_slot":"s","publication":"p","initial_waiting_seconds":3600,"queue_size":20000,"initial_load_timeout_hours":48,"debezium_shutdown_timeout_seconds":7200}}`,
 		"checkpoint": `{"host":"h","port":5432,"database":"d","username":"u","checkpoint_target_interval_seconds":172800}`,

@@ -19,17 +19,7 @@ func TestTruncateStopsUntilReset(t *testing.T) {
 	e.db.Exec(`TRUNCATE orders`)
 	e.db.Exec(`INSERT INTO orders VALUES (1000, 'after', 1)`)
 	for range 2 {
-		failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", state))
-		require.NotEqual(t, 0, failed.code)
-		errs := failed.traces("ERROR")
-		require.Len(t, errs, 1)
-		require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
-		msg := errs[0].str("trace", "error", "message")
-		require.Contains(t, msg, "truncated")
-		require.Contains(t, msg, "reset the stream")
-		for _, st := range failed.states() {
-			state = mustJSON(t, []any{st.m["state"]})
-		}
+		state = e.stopsUntilReset(t, cat, state, "truncated", "reset the stream")
 	}
 	reset := withoutStream(t, state, "orders")
 	r3 := e.read(cat, reset)
@@ -109,17 +99,7 @@ func TestStorageReplacedStopsUntilReset(t *testing.T) {
 	e.db.Exec(`DELETE FROM orders WHERE id = 2`)
 	e.db.Exec(`ALTER TABLE orders SET LOGGED`)
 	for range 2 {
-		failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", state))
-		require.NotEqual(t, 0, failed.code)
-		errs := failed.traces("ERROR")
-		require.Len(t, errs, 1)
-		require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
-		msg := errs[0].str("trace", "error", "message")
-		require.Contains(t, msg, "storage files of")
-		require.Contains(t, msg, "clear the stream's data")
-		for _, st := range failed.states() {
-			state = mustJSON(t, []any{st.m["state"]})
-		}
+		state = e.stopsUntilReset(t, cat, state, "storage files of", "clear the stream's data")
 	}
 	r := e.read(cat, withoutStream(t, state, "orders"))
 	replayEqualsSource(t, e, "public.orders", "id", r)
@@ -137,17 +117,7 @@ func TestEnumLabelRenamedStopsUntilReset(t *testing.T) {
 	cat := e.catalog()
 	state := e.read(cat, nil).lastState(t)
 	e.db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`)
-	failed := e.run("read", "--config", e.config(), "--catalog", cat, "--state", e.file("state.json", state))
-	require.NotEqual(t, 0, failed.code)
-	errs := failed.traces("ERROR")
-	require.Len(t, errs, 1)
-	require.Equal(t, "config_error", errs[0].str("trace", "error", "failure_type"))
-	msg := errs[0].str("trace", "error", "message")
-	require.Contains(t, msg, `label 'sad' of type public.mood is now 'unhappy'`)
-	require.Contains(t, msg, "clear the stream's data")
-	for _, st := range failed.states() {
-		state = mustJSON(t, []any{st.m["state"]})
-	}
+	state = e.stopsUntilReset(t, cat, state, `label 'sad' of type public.mood is now 'unhappy'`, "clear the stream's data")
 	r := e.read(cat, withoutStream(t, state, "orders"))
 	replayEqualsSource(t, e, "public.orders", "id", r)
 }
