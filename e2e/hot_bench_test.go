@@ -26,13 +26,9 @@ func BenchmarkHotRowBackfill(b *testing.B) {
 	for _, hot := range []bool{false, true} {
 		b.Run(fmt.Sprint("hot=", hot), func(b *testing.B) {
 			db := e2e.NewTestDB(b, server)
-			db.Exec(`CREATE SEQUENCE ver`)
-			db.Exec(`CREATE TABLE t (id int PRIMARY KEY, n int, doc jsonb, ver bigint NOT NULL DEFAULT nextval('ver'))`)
-			db.Exec(`ALTER TABLE t ALTER COLUMN doc SET STORAGE EXTERNAL`)
-			db.Exec(`INSERT INTO t (id, n, doc) SELECT g, 0, (SELECT jsonb_agg(md5(g::text || i::text)) FROM generate_series(1, 60) i) FROM generate_series(1, 20000) g`)
+			toastedTable(db, "t", 20000, 60)
 			db.Exec(`CREATE TABLE other (id int PRIMARY KEY, n int)`)
 			db.Exec(`INSERT INTO other VALUES (1, 0)`)
-			db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
 			update := `UPDATE other SET n = n + 1 WHERE id = 1`
 			if hot {
 				update = `UPDATE t SET n = n + 1, ver = nextval('ver') WHERE id IN (500, 10500, 19500)`

@@ -416,16 +416,23 @@ func TestKeysRoundTripNonUTC(t *testing.T) {
 // the next change forever. A window whose changes of the row all left the value alone (and so
 // kept it) fills it from the chunk's row instead. With RereadPartial (the connector: only whole
 // rows go out, and each such update asks for the row to be read again) the same.
+// toastedTable creates table (id, n, doc jsonb, ver) with rows rows, each doc an array of items
+// md5 texts kept out of line (STORAGE EXTERNAL: TOASTed once over about 2 kB), and the test
+// publication of it.
+func toastedTable(db *e2e.TestDB, table string, rows, items int) {
+	db.Exec(`CREATE SEQUENCE ver`)
+	db.Exec(`CREATE TABLE ` + table + ` (id int PRIMARY KEY, n int, doc jsonb, ver bigint NOT NULL DEFAULT nextval('ver'))`)
+	db.Exec(`ALTER TABLE ` + table + ` ALTER COLUMN doc SET STORAGE EXTERNAL`)
+	db.Exec(fmt.Sprintf(`INSERT INTO %s (id, n, doc) SELECT g, 0, (SELECT jsonb_agg(md5(g::text || i::text)) FROM generate_series(1, %d) i)
+		FROM generate_series(1, %d) g`, table, items, rows))
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE ` + table)
+}
+
 func TestHotRowReadWhole(t *testing.T) {
 	for _, rereadPartial := range []bool{false, true} {
 		t.Run(fmt.Sprint("RereadPartial=", rereadPartial), func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
-			db.Exec(`CREATE SEQUENCE ver`)
-			db.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int, doc jsonb, ver bigint NOT NULL DEFAULT nextval('ver'))`)
-			db.Exec(`ALTER TABLE hot ALTER COLUMN doc SET STORAGE EXTERNAL`)
-			db.Exec(`INSERT INTO hot (id, n, doc) SELECT g, 0, (SELECT jsonb_agg(md5(g::text || i::text)) FROM generate_series(1, 2000) i)
-				FROM generate_series(1, 40) g`)
-			db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE hot`)
+			toastedTable(db, "hot", 40, 2000)
 			cfg := engineConfig(db, "public.hot")
 			cfg.ChunkSize = 5
 			cfg.RereadPartial = rereadPartial
