@@ -1024,7 +1024,8 @@ func (c *core) rebackfill(tables []string) error {
 		if p.Refresh {
 			continue // asked for already, not started yet
 		}
-		*p = TableProgress{Refresh: true, Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Shape: p.Shape}
+		*p = p.whatTheTableIs()
+		p.Refresh = true
 		ts.indexRereads()
 		for _, w := range c.windows {
 			if w.ts == ts && w.dirty == nil {
@@ -1045,7 +1046,7 @@ func (c *core) refresh(ts *tableState) {
 	c.out = append(c.out, Event{Op: Refresh, Columns: chunkColumns(ts.table, ts.schema, ts.tname), LSN: c.txLSN, Seq: c.txSeq, Time: c.txTime})
 	c.txSeq++
 	p := ts.progress
-	*p = TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Shape: p.Shape}
+	*p = p.whatTheTableIs()
 	ts.indexRereads()
 	c.rereadsChanged()
 }

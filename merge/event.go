@@ -337,3 +337,9 @@ func (p *Position) Clone() *Position {
 	}
 	return &c
 }
+
+// whatTheTableIs is p without its backfill's progress: what it knows of the table itself (key,
+// OID, membership, partitions, storage, shape), which a table whose output starts over keeps.
+func (p *TableProgress) whatTheTableIs() TableProgress {
+	return TableProgress{Key: p.Key, OID: p.OID, Publication: p.Publication, Partitions: p.Partitions, Storage: p.Storage, Shape: p.Shape}
+}

@@ -209,12 +209,9 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			delete(pos.Tables, name) // no longer captured
 		}
 	}
-	noBackfill, typesChanged, maintenance, rebackfill := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
+	configs := map[string]TableConfig{}
 	for _, tc := range e.cfg.Tables {
-		noBackfill[tc.Schema+"."+tc.Name] = tc.NoBackfill
-		typesChanged[tc.Schema+"."+tc.Name] = tc.TypesChanged
-		maintenance[tc.Schema+"."+tc.Name] = tc.Maintenance
-		rebackfill[tc.Schema+"."+tc.Name] = tc.Rebackfill
+		configs[tc.Schema+"."+tc.Name] = tc
 	}
 	checks := map[string]*storageCheck{}
 	var errs []error
@@ -225,7 +222,8 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			return nil, err
 		}
 		p := pos.Tables[name]
-		if resync || rebackfill[name] {
+		tc := configs[name]
+		if resync || tc.Rebackfill {
 			p = &TableProgress{Refresh: true}
 		}
 		switch {
@@ -236,7 +234,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			errs = append(errs, fmt.Errorf("%w: %s is keyed by (%s) now (its %s), and was keyed by (%s) when the position was taken: restore its primary key or replica identity, or re-backfill it with the new key",
 				ErrKeyChanged, name, strings.Join(key, ", "), t.KeySource, strings.Join(p.Key, ", ")))
 		case p == nil:
-			p = &TableProgress{Done: noBackfill[name]}
+			p = &TableProgress{Done: tc.NoBackfill}
 		case p.Refresh:
 		case p.OID != 0 && p.OID != t.OID:
 			errs = append(errs, fmt.Errorf("%w: %s had OID %d when the position was taken and has OID %d now: it was dropped and created again, and what happened to it in between is not in the slot; re-backfill it",
@@ -260,7 +258,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			p.Storage = storage
 		}
 		before := p.Shape
-		if p.Refresh || typesChanged[name] {
+		if p.Refresh || tc.TypesChanged {
 			before = Shape{} // started over, or converted: nothing to compare
 		}
 		shape, err := checkShape(ctx, conn, name, t.Ident(), t.OID, before)
@@ -268,7 +266,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			errs = append(errs, err)
 		}
 		shape.Truncated = p.Truncated
-		if err == nil && len(before.Files) > 0 && !slices.Equal(before.Files, shape.Files) && !maintenance[name] {
+		if err == nil && len(before.Files) > 0 && !slices.Equal(before.Files, shape.Files) && !tc.Maintenance {
 			// New files with no column change: a TRUNCATE explains them, or maintenance, or a
 			// persistence round trip (storageCheck).
 			writers, err := lastWriters(ctx, conn, t.OID, before.Files, shape.Files)
