@@ -994,3 +994,72 @@ func TestEnumLabelRenamed(t *testing.T) {
 	verify(t, db, sink, "public.t", "id")
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "after the re-backfill the labels now are the recorded ones")
 }
+
+// TestRewritesRebackfilled: with RebackfillRewrites (what tidemark sync does by default), a change
+// that rewrote a table's values with no row event is followed instead of stopping the capture:
+// the table is re-backfilled in the background of the stream, and the output converges to the
+// source. While the capture runs: a type change with USING, an enum label renamed, a column added
+// with a volatile default, a persistence round trip the watch saw (SET UNLOGGED, writes, SET
+// LOGGED); between two runs: a type change. A rewrite that comes within RewriteRebackfillEvery of
+// the table's last automatic re-backfill waits for it, and is not lost.
+func TestRewritesRebackfilled(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1, price numeric(12,2), m mood)`)
+	db.Exec(`INSERT INTO t (id, price, m) SELECT g, g * 1.25, CASE WHEN g % 2 = 0 THEN 'sad' ELSE 'happy' END::mood FROM generate_series(1, 40) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
+	cfg := engineConfig(db, "public.t")
+	cfg.RebackfillRewrites = true
+	cfg.RewriteRebackfillEvery = 2 * time.Second
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+
+	refreshes := func() int {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		n := 0
+		for _, r := range sink.records {
+			if r.Op == "refresh" && r.Table == "public.t" {
+				n++
+			}
+		}
+		return n
+	}
+	converged := func(why string, want int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			p := sink.last()
+			return refreshes() >= want && p != nil && p.Tables["public.t"].Done && !p.Tables["public.t"].Refresh
+		}, 60*time.Second, 50*time.Millisecond, "re-backfilled after %s", why)
+	}
+
+	done, stopIt := watching(t, cfg, sink)
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
+	converged("a type change with USING", 1)
+	db.Exec(`UPDATE t SET ver = ver + 1 WHERE id = 5`)
+	db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`) // within the 2 s: waits for it
+	converged("an enum label renamed", 2)
+	db.Exec(`ALTER TABLE t ADD COLUMN r float8 DEFAULT random()`)
+	converged("a column added with a volatile default", 3)
+	db.Exec(`ALTER TABLE t SET UNLOGGED`)
+	time.Sleep(400 * time.Millisecond) // the watch sees it
+	db.Exec(`INSERT INTO t (id, price) VALUES (41, 1)`)
+	db.Exec(`UPDATE t SET price = 0, ver = ver + 1 WHERE id = 2`)
+	db.Exec(`DELETE FROM t WHERE id = 3`)
+	db.Exec(`ALTER TABLE t SET LOGGED`)
+	converged("a persistence round trip", 4)
+	select {
+	case <-done:
+		t.Fatalf("the capture stopped: %v", stopIt())
+	default:
+	}
+	require.ErrorIs(t, stopIt(), context.Canceled)
+	catchUp(t, cfg, sink)
+	verify(t, db, sink, "public.t", "id")
+
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE numeric(14,3) USING price / 100.0`)
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "a rewrite between two runs")
+	require.Equal(t, 5, refreshes())
+	verify(t, db, sink, "public.t", "id")
+}

@@ -125,8 +125,19 @@ type Config struct {
 	// again: Source.ReplaceLostSlot) the same way, and only that: every table is backfilled
 	// again from the new slot, in the background of the stream, with a warning.
 	ResyncLostSlot bool
-	Hooks          Hooks
-	Faults         Faults // empty unless built with the tidemark_faults tag (faults.go)
+	// RebackfillRewrites answers a change that rewrote a table's stored values with no row event
+	// by re-backfilling the table in the background of the stream (a refresh, as Rebackfill),
+	// logged with its cause, instead of stopping: a column type change that rewrote the table
+	// and an enum label renamed (ErrValuesRewritten), while the capture runs or between two
+	// runs; a column added with a volatile default, and a persistence round trip the watch saw
+	// (SET UNLOGGED, then SET LOGGED), while it runs. What cannot be told from maintenance
+	// (ErrStorageReplaced) still stops. Zero: each stops the capture.
+	RebackfillRewrites bool
+	// RewriteRebackfillEvery is the shortest time between two automatic re-backfills of one
+	// table (RebackfillRewrites): a rewrite within it waits for its end. Zero: 5m.
+	RewriteRebackfillEvery time.Duration
+	Hooks                  Hooks
+	Faults                 Faults // empty unless built with the tidemark_faults tag (faults.go)
 }
 
 // Errors callers branch on.
@@ -220,8 +231,8 @@ func (c *Config) Validate() error {
 			seen[name] = true
 		}
 	}
-	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 {
-		errs = append(errs, errors.New("chunk size, chunk bytes, checkpoint and watch intervals must not be negative"))
+	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 || c.RewriteRebackfillEvery < 0 {
+		errs = append(errs, errors.New("chunk size, chunk bytes, checkpoint, watch and rewrite re-backfill intervals must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -241,6 +252,9 @@ func (c *Config) ensureDefaults() {
 	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = time.Second
+	}
+	if c.RewriteRebackfillEvery == 0 {
+		c.RewriteRebackfillEvery = 5 * time.Minute
 	}
 	if c.WatchInterval == 0 {
 		c.WatchInterval = 10 * time.Second
