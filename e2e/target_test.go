@@ -2,7 +2,10 @@ package e2e_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -10,11 +13,15 @@ import (
 )
 
 // syncTarget runs `tidemark sync` of tables into the target until caught up.
-func syncTarget(t *testing.T, db *e2e.TestDB, tgt, tables string) error {
+func syncTarget(t *testing.T, db *e2e.TestDB, tgt, tables string, args ...string) error {
 	t.Helper()
-	_, err := runSyncTo(t, db, tgt, "--tables", tables, "--stop-when-caught-up", "--quiet")
+	_, err := runSyncTo(t, db, tgt, append([]string{"--tables", tables, "--stop-when-caught-up", "--quiet"}, args...)...)
 	return err
 }
+
+// failOnRewrite is the sync's choice to stop on a change that rewrote values (the tests of the
+// stops and of what the operator does then), rather than re-backfill the table.
+var failOnRewrite = []string{"--on-rewrite", "fail"}
 
 // targetEquals checks that the target's table equals the source's.
 func targetEquals(t *testing.T, db *e2e.TestDB, tgt, table string) {
@@ -44,7 +51,7 @@ func TestTargetFollowsColumnChanges(t *testing.T) {
 	// as the source's (they are: only the scale grew), the target's column follows.
 	db.Exec(`ALTER TABLE t ALTER COLUMN amount TYPE numeric(12,4)`)
 	db.Exec(`UPDATE t SET amount = 1.2345 WHERE id = 1`)
-	require.ErrorContains(t, syncTarget(t, db, tgt, "public.t"), "--types-changed public.t")
+	require.ErrorContains(t, syncTarget(t, db, tgt, "public.t", failOnRewrite...), "--types-changed public.t")
 	_, err = runSyncTo(t, db, tgt, "--tables", "public.t", "--stop-when-caught-up", "--quiet", "--types-changed", "public.t")
 	require.NoError(t, err)
 	targetEquals(t, db, tgt, "t")
@@ -73,7 +80,7 @@ func TestTargetFollowsColumnChanges(t *testing.T) {
 	// goes on once the operator converted the target's column and said so.
 	db.Exec(`ALTER TABLE t ALTER COLUMN label TYPE int USING length(label)`)
 	db.Exec(`UPDATE t SET label = 42 WHERE id = 4`)
-	err = syncTarget(t, db, tgt, "public.t")
+	err = syncTarget(t, db, tgt, "public.t", failOnRewrite...)
 	require.ErrorContains(t, err, "after a change of column label (text, now label integer)")
 	require.ErrorContains(t, err, "--types-changed public.t")
 	_, err = conn.Exec(context.Background(), `ALTER TABLE t ALTER COLUMN label TYPE int USING length(label)`)
@@ -116,7 +123,7 @@ func TestTargetStorageReplaced(t *testing.T) {
 }
 
 // TestTargetEnumLabelRenamed: into a PostgreSQL target, ALTER TYPE ... RENAME VALUE on the source
-// stops the sync with the statement that renames the label on the target; once run there, a
+// (with --on-rewrite fail) stops the sync with the statement that renames the label on the target; once run there, a
 // sync told so (--types-changed) goes on, and the target equals the source.
 func TestTargetEnumLabelRenamed(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
@@ -127,7 +134,7 @@ func TestTargetEnumLabelRenamed(t *testing.T) {
 	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
 	db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`)
 	db.Exec(`UPDATE t SET m = 'unhappy' WHERE id = 1`)
-	err := syncTarget(t, db, tgt, "public.t")
+	err := syncTarget(t, db, tgt, "public.t", failOnRewrite...)
 	require.ErrorContains(t, err, `ALTER TYPE public.mood RENAME VALUE 'sad' TO 'unhappy';`)
 	conn, err := pgxConnect(context.Background(), tgt)
 	require.NoError(t, err)
@@ -168,4 +175,64 @@ func TestPrecreatedTargets(t *testing.T) {
 	err = syncTarget(t, db, tgt, "public.parent,public.child")
 	require.Error(t, err)
 	require.ErrorContains(t, err, "foreign key")
+}
+
+// TestTargetRewritesRebackfilled: into a PostgreSQL target, with the sync's default --on-rewrite
+// rebackfill, a change that rewrote the source's values with no row event re-backfills the table:
+// the target's table is emptied, takes the source's new column types as they are (no value to
+// convert), and is filled again. While the sync runs, the watch finds a type change on a quiet
+// table; between two runs, a type change and a column added with a volatile default are found at
+// start, and the changes made meanwhile (which a target could not convert) are passed over for
+// the re-backfill. An enum label renamed stops at the re-backfill's rows with the statement that
+// renames it on the target.
+func TestTargetRewritesRebackfilled(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, price numeric(12,2), m mood, v text)`)
+	db.Exec(`INSERT INTO t SELECT g, g * 1.25, CASE WHEN g % 2 = 0 THEN 'sad' ELSE 'happy' END::mood, 'v' || g FROM generate_series(1, 30) g`)
+	tgt := targetDB(t, db)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	conn, err := pgxConnect(context.Background(), tgt)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	typeOf := func(col string) string {
+		var typ string
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'public.t'::regclass AND attname = $1`, col).Scan(&typ))
+		return typ
+	}
+
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
+	db.Exec(`UPDATE t SET price = 7 WHERE id = 1`) // a change the target could not take in numeric's place
+	db.Exec(`ALTER TABLE t ADD COLUMN r float8 DEFAULT random()`)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"), "rewrites between two runs")
+	require.Equal(t, "bigint", typeOf("price"))
+	targetEquals(t, db, tgt, "t")
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"), "the new shape is the recorded one")
+
+	// An enum is a type of the target's, which the sink does not change by itself: the
+	// re-backfill's rows stop it with the statement, and once it is run the next sync goes on.
+	db.Exec(`ALTER TYPE mood RENAME VALUE 'sad' TO 'unhappy'`)
+	err = syncTarget(t, db, tgt, "public.t")
+	require.ErrorContains(t, err, `ALTER TYPE "public"."mood" RENAME VALUE 'sad' TO 'unhappy';`)
+	_, err = conn.Exec(context.Background(), `ALTER TYPE public.mood RENAME VALUE 'sad' TO 'unhappy'`)
+	require.NoError(t, err)
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	targetEquals(t, db, tgt, "t")
+
+	cmd := exec.Command(tidemarkBinary(t), "sync", "--source", db.DSN, "--slot", db.Slot, "--publication", db.Publication, "--to", tgt,
+		"--tables", "public.t", "--quiet")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	time.Sleep(time.Second)
+	db.Exec(`ALTER TABLE t ALTER COLUMN v TYPE int USING length(v)`)
+	require.Eventually(t, func() bool { return typeOf("v") == "integer" }, 60*time.Second, 200*time.Millisecond,
+		"the watch found the rewrite and re-backfilled the table: %s", stderr.String())
+	db.Exec(`UPDATE t SET v = 99 WHERE id = 2`)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	_ = cmd.Wait()
+	require.Contains(t, stderr.String(), "re-backfilling the table while the capture goes on")
+	require.NoError(t, syncTarget(t, db, tgt, "public.t"))
+	targetEquals(t, db, tgt, "t")
 }

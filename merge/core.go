@@ -823,9 +823,17 @@ func (c *core) commit(cm *replicator.Commit) error {
 // takeAsk applies a re-backfill request at a transaction boundary; it is answered once a
 // checkpoint carries it, or at once when it is refused.
 func (c *core) takeAsk(v rebackfillAsk) {
-	if err := c.rebackfill(v.tables); err != nil {
+	if err := c.rebackfill(v.tables, v.cause); err != nil {
 		v.done <- err
 		return
+	}
+	if v.shape != nil {
+		for _, name := range v.tables {
+			p := c.tables[name].progress
+			truncated := p.Truncated
+			p.Shape = *v.shape
+			p.Truncated = truncated
+		}
 	}
 	c.asked = append(c.asked, v)
 }
@@ -1008,7 +1016,7 @@ func (c *core) guardViolated(w *window) bool {
 // abandoned, and the worker, told of the new progress, opens the refresh's first window, whose
 // low watermark places the Refresh event (I20). Changes passed over between here and there do
 // not matter: the Refresh says every row the output had is gone, and the backfill reads all.
-func (c *core) rebackfill(tables []string) error {
+func (c *core) rebackfill(tables []string, cause string) error {
 	var errs []error
 	for _, name := range tables {
 		if c.tables[name] == nil {
@@ -1026,13 +1034,17 @@ func (c *core) rebackfill(tables []string) error {
 		}
 		*p = p.whatTheTableIs()
 		p.Refresh = true
+		delete(c.storage, name) // a storage change between runs no longer matters: every row is read again
 		ts.indexRereads()
 		for _, w := range c.windows {
 			if w.ts == ts && w.dirty == nil {
 				w.dirty = errRestarted
 			}
 		}
-		c.notices = append(c.notices, fmt.Sprintf("%s: re-backfill asked for while the capture runs: its output starts over at the next window (a refresh), its changes meanwhile are replaced by the backfill", name))
+		if cause == "" {
+			cause = "asked for while the capture runs"
+		}
+		c.notices = append(c.notices, fmt.Sprintf("%s: re-backfill, %s: its output starts over at the next window (a refresh), its changes meanwhile are replaced by the backfill", name, cause))
 	}
 	c.rereadsChanged()
 	c.fences = c.fences[:0] // a bounded run is not caught up until the re-backfill is done

@@ -46,6 +46,17 @@
 //     two runs that no streamed TRUNCATE explains (rewrite.go's storageCheck: maintenance and a
 //     SET UNLOGGED/SET LOGGED round trip leave the same sign) stop the capture with an
 //     UnplaceableError or a sentinel error naming the table, the cause and the fix.
+//   - A change that rewrote a table's values with no row event (a type change that rewrote it,
+//     an enum label renamed, a column added with a volatile default, SET UNLOGGED then SET
+//     LOGGED) is, with Config.RebackfillRewrites, followed by a refresh of the table instead of
+//     a stop: the worker asks it of the merge loop with the table's shape now, which the loop
+//     records only as it takes the request, so that a position never holds the new shape
+//     without the refresh (a run killed before finds the change again at start, and re-backfills
+//     from there). A table is re-backfilled this way at most once per RewriteRebackfillEvery; a
+//     rewrite within it leaves the shape unrecorded and is found again at each look until its
+//     time comes. An UNLOGGED table is recorded as such (Shape.Unlogged) and re-backfilled once
+//     LOGGED again, by this run or the next. What cannot be told from maintenance (new storage
+//     files alone, between two runs) still stops.
 //   - A refresh (TableProgress.Refresh) starts a table's output over at the low watermark of its
 //     first window, with a Refresh event; the table's changes before it are not emitted (I20). It
 //     is asked for at start (the position, TableConfig.Rebackfill) or while the run goes on

@@ -298,6 +298,10 @@ type rebackfillAsk struct {
 	ctx    context.Context
 	tables []string
 	done   chan error
+	// cause and shape: a re-backfill the worker asks for itself (Config.RebackfillRewrites),
+	// why, and the table's shape to record with it.
+	cause string
+	shape *Shape
 }
 
 // errAskLost: the run ended before a checkpoint carried a request it had taken.

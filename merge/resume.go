@@ -262,11 +262,17 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 			before = Shape{} // started over, or converted: nothing to compare
 		}
 		shape, err := checkShape(ctx, conn, name, t.Ident(), t.OID, before)
-		if err != nil {
+		var cause error // a rewrite the table is re-backfilled for (RebackfillRewrites)
+		switch {
+		case e.cfg.RebackfillRewrites && errors.Is(err, ErrValuesRewritten):
+			cause, err = err, nil
+		case e.cfg.RebackfillRewrites && err == nil && before.Unlogged:
+			cause = fmt.Errorf("%s was UNLOGGED when the position was taken, and is LOGGED now (ALTER TABLE ... SET LOGGED): the writes made in between are in no WAL record", name)
+		case err != nil:
 			errs = append(errs, err)
 		}
 		shape.Truncated = p.Truncated
-		if err == nil && len(before.Files) > 0 && !slices.Equal(before.Files, shape.Files) && !tc.Maintenance {
+		if err == nil && cause == nil && len(before.Files) > 0 && !slices.Equal(before.Files, shape.Files) && !tc.Maintenance {
 			// New files with no column change: a TRUNCATE explains them, or maintenance, or a
 			// persistence round trip (storageCheck).
 			writers, err := lastWriters(ctx, conn, t.OID, before.Files, shape.Files)
@@ -280,9 +286,21 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 				}
 			}
 			if !sc.explainedBy(p.Truncated) {
-				checks[name] = sc
-				shape.Files = before.Files
+				added, err := volatileAdded(ctx, conn, t.OID, before.Columns, shape.Columns)
+				if err != nil {
+					return nil, fmt.Errorf("read the columns added to %s: %w", name, err)
+				}
+				if len(added) > 0 && e.cfg.RebackfillRewrites {
+					cause = errVolatileAdded(name, added)
+				} else {
+					checks[name] = sc
+					shape.Files = before.Files
+				}
 			}
+		}
+		if cause != nil {
+			e.log.Warn().Str("table", name).Str("cause", rewriteCause(cause)).Msg("re-backfilling the table while the capture goes on: a change rewrote its values with no row event")
+			p = &TableProgress{Refresh: true, Storage: p.Storage}
 		}
 		p.Key, p.OID, p.Publication, p.Partitions, p.Shape = key, t.OID, member, t.Partitions, shape
 		pos.Tables[name] = p

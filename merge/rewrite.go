@@ -42,6 +42,10 @@ type Shape struct {
 	// domains), by pg_enum row: a value is stored as its label's row, so a label renamed
 	// (ALTER TYPE ... RENAME VALUE) changes the text of every stored value with no row event.
 	Labels []EnumLabel `json:"labels,omitempty"`
+	// Unlogged: a capture that re-backfills rewrites (Config.RebackfillRewrites) saw the table
+	// UNLOGGED, and has not re-backfilled it since: once it is LOGGED again, the writes made
+	// meanwhile are in no WAL record, and a later run re-backfills it.
+	Unlogged bool `json:"unlogged,omitempty"`
 }
 
 // EnumLabel is a pg_enum row as a Shape records it.
@@ -220,4 +224,42 @@ func (s *storageCheck) err() error {
 	}
 	return fmt.Errorf("%w: the storage files of %s changed since the position was taken (%v, now %v), and the stream carried no TRUNCATE of it that explains them. VACUUM FULL, CLUSTER, pg_repack and ALTER TABLE ... SET TABLESPACE do this and change no value; so does ALTER TABLE ... SET UNLOGGED followed by SET LOGGED, and the writes made in between are in no WAL record; PostgreSQL keeps nothing that tells them apart afterwards. If it was maintenance, acknowledge it for one run (tidemark sync --maintenance %s); otherwise re-backfill the table (tidemark sync --rebackfill %s; the connector: clear the stream's data)",
 		ErrStorageReplaced, s.ident, s.before, s.files, s.table, s.table)
+}
+
+// volatileAdded returns the columns of now that before lacks and whose existing rows were given
+// values by a rewrite of the table, with no row event: a default that PostgreSQL did not keep as
+// the value rows of the time read (atthasmissing), which is a volatile one (random(),
+// clock_timestamp(), a sequence), or an identity. A default set after the column was added
+// leaves the same sign; with new storage files in the same look, that is as rare as the
+// maintenance it would need.
+func volatileAdded(ctx context.Context, conn *pgx.Conn, oid uint32, before, now []ColumnType) ([]string, error) {
+	var added []int16
+	for _, c := range now {
+		if !slices.ContainsFunc(before, func(b ColumnType) bool { return b.Attnum == c.Attnum }) {
+			added = append(added, c.Attnum)
+		}
+	}
+	if len(added) == 0 || len(before) == 0 {
+		return nil, nil
+	}
+	rows, err := conn.Query(ctx, `SELECT attname::text FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum = ANY($2)
+		AND NOT atthasmissing AND (atthasdef OR attidentity <> '') ORDER BY attnum`, oid, added)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// errVolatileAdded is the stop (without Config.RebackfillRewrites) for columns added to a
+// table with a volatile default while the capture ran.
+func errVolatileAdded(name string, cols []string) error {
+	return fmt.Errorf("%w: column(s) %s of %s were added with a volatile default (or as an identity): PostgreSQL rewrote the table and gave every existing row a value, with no row event, so the output's rows lack them; re-backfill the table (tidemark sync --rebackfill %s, or tidemark rebackfill --tables %s while it runs; the connector: clear the stream's data)",
+		ErrValuesRewritten, strings.Join(cols, ", "), name, name, name)
+}
+
+// rewriteCause is what a rewrite's stop says happened, without the remedies: the cause an
+// automatic re-backfill logs.
+func rewriteCause(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "; re-backfill the table")
+	return strings.TrimPrefix(s, ErrValuesRewritten.Error()+": ")
 }

@@ -28,6 +28,10 @@ type workTable struct {
 	parts    []uint32              // the partitions it had when the run started
 	storage  []chunker.LeafStorage // its leaf partitions' storage when last looked at (publishing through the root)
 	shape    Shape                 // its columns and storage when last looked at
+	// lastAuto is when a rewrite last re-backfilled the table (Config.RebackfillRewrites);
+	// waiting, that a rewrite waits for RewriteRebackfillEvery to pass since (said once).
+	lastAuto time.Time
+	waiting  bool
 }
 
 // worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
@@ -538,8 +542,12 @@ func (w *worker) watch(ctx context.Context) error {
 		}
 		// First: an UNLOGGED table also leaves a FOR ALL TABLES publication, which the membership
 		// would report less precisely.
-		if err := w.watchShape(ctx, t); err != nil {
+		unlogged, err := w.watchShape(ctx, t)
+		if err != nil {
 			return err
+		}
+		if unlogged {
+			continue // out of the publication meanwhile; re-backfilled once LOGGED again
 		}
 		member, err := chunker.Membership(ctx, w.conn, t.table.OID, pub)
 		if err != nil {
@@ -600,18 +608,69 @@ func (w *worker) watchPublish(ctx context.Context) error {
 		ErrPublicationChanged, pub, strings.Join(off, ", "), pgx.Identifier{pub}.Sanitize())
 }
 
-// watchShape stops the capture when t became UNLOGGED or was rewritten under a changed column
-// (checkShape); a change that rewrote nothing under one is recorded for the checkpoints.
-func (w *worker) watchShape(ctx context.Context, t *workTable) error {
+// watchShape stops the capture when t became UNLOGGED, was rewritten under a changed column
+// (checkShape), or got a column with a volatile default (volatileAdded); with
+// RebackfillRewrites, it re-backfills t instead (rewritten), and an UNLOGGED table once it is
+// LOGGED again; unlogged then says it is UNLOGGED now. A change that rewrote nothing is
+// recorded for the checkpoints.
+func (w *worker) watchShape(ctx context.Context, t *workTable) (unlogged bool, err error) {
 	now, err := checkShape(ctx, w.conn, t.name, t.table.Ident(), t.table.OID, t.shape)
-	if err != nil {
-		return err
+	auto := w.cfg.RebackfillRewrites
+	switch {
+	case err == nil:
+	case auto && errors.Is(err, ErrUnlogged):
+		if t.shape.Unlogged {
+			return true, nil
+		}
+		w.log.Warn().Str("table", t.name).Msg("the table is UNLOGGED (ALTER TABLE ... SET UNLOGGED): its writes are in no WAL record, so none is captured until it is LOGGED again; then it is re-backfilled")
+		t.shape.Unlogged = true // recorded, so that a later run re-backfills it too
+		return true, w.send(ctx, shapeNow{table: t.name, shape: t.shape})
+	case auto && errors.Is(err, ErrValuesRewritten):
+		return false, w.rewritten(ctx, t, now, err)
+	default:
+		return false, err
+	}
+	if t.shape.Unlogged {
+		return false, w.rewritten(ctx, t, now, fmt.Errorf("%s was UNLOGGED and is LOGGED again (ALTER TABLE ... SET UNLOGGED, then SET LOGGED): the writes made in between are in no WAL record", t.name))
 	}
 	if slices.Equal(now.Files, t.shape.Files) && slices.Equal(now.Columns, t.shape.Columns) && slices.Equal(now.Labels, t.shape.Labels) {
-		return nil
+		return false, nil
+	}
+	if !slices.Equal(now.Files, t.shape.Files) {
+		added, err := volatileAdded(ctx, w.conn, t.table.OID, t.shape.Columns, now.Columns)
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("read the columns added to %s: %w", t.name, err)
+		case len(added) > 0 && auto:
+			return false, w.rewritten(ctx, t, now, errVolatileAdded(t.name, added))
+		case len(added) > 0:
+			return false, errVolatileAdded(t.name, added)
+		}
 	}
 	t.shape = now
-	return w.send(ctx, shapeNow{table: t.name, shape: now})
+	return false, w.send(ctx, shapeNow{table: t.name, shape: now})
+}
+
+// rewritten re-backfills t, whose values a change rewrote with no row event (cause), while the
+// capture goes on (RebackfillRewrites): at once, or, within RewriteRebackfillEvery of its last
+// such re-backfill, at the first look after that time. Until it is asked for, t's recorded shape
+// stays as it was, so each look (and a later run) finds the change again; with the request, the
+// merge loop records the shape now.
+func (w *worker) rewritten(ctx context.Context, t *workTable, now Shape, cause error) error {
+	// A bounded run (StopWhenCaughtUp) does not wait: it would end with the output behind.
+	if wait := w.cfg.RewriteRebackfillEvery - time.Since(t.lastAuto); !t.lastAuto.IsZero() && wait > 0 && !w.cfg.StopWhenCaughtUp {
+		if !t.waiting {
+			w.log.Warn().Str("table", t.name).Str("cause", rewriteCause(cause)).Str("in", wait.Round(time.Second).String()).
+				Msg("the table's values were rewritten again: it is re-backfilled once the time between two automatic re-backfills of a table has passed")
+			t.waiting = true
+		}
+		return nil
+	}
+	t.lastAuto, t.waiting = time.Now(), false
+	w.log.Warn().Str("table", t.name).Str("cause", rewriteCause(cause)).Msg("re-backfilling the table while the capture goes on: a change rewrote its values with no row event")
+	now.Unlogged = false
+	t.shape = now
+	return w.send(ctx, rebackfillAsk{ctx: ctx, tables: []string{t.name}, done: make(chan error, 1), cause: "its values were rewritten with no row event", shape: &now})
 }
 
 // watchStorage stops the capture when a leaf partition of t was truncated: published through the

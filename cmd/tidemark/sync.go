@@ -139,7 +139,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 type syncFlags struct {
 	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub       *string
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
-	control, onSlotLoss                                                         *string
+	control, onSlotLoss, onRewrite                                              *string
 	audit, stopCaughtUp, noBackfill, quiet                                      *bool
 	chunkSize, maxChunkBytes                                                    *int
 	interval, wmTimeout                                                         *time.Duration
@@ -164,6 +164,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
 	f.control = controlFlag(fs)
 	f.onSlotLoss = fs.String("on-slot-loss", "fail", "what a run does when its slot is gone (dropped) or lost WAL it needed (invalidated by max_slot_wal_keep_size): fail (with the fix), or rebackfill (create the slot again, dropping the invalidated one, and backfill every table again while the changes stream)")
+	f.onRewrite = fs.String("on-rewrite", "rebackfill", "what a run does when a change rewrote a table's values with no row event (a column type change that rewrote the table, an enum label renamed, a column added with a volatile default, SET UNLOGGED then SET LOGGED): rebackfill (the table, while the changes stream, with a warning naming the cause; at most once every 5 minutes per table), or fail (with the cause and the fix)")
 	f.maintenance = fs.String("maintenance", "", "tables (schema.table,...) whose storage files changed between two runs by maintenance that changed no value (VACUUM FULL, CLUSTER, pg_repack, SET TABLESPACE) and stopped the sync: take them as they are now, for this run, without a re-backfill")
 	f.typesChanged = fs.String("types-changed", "", "tables (schema.table,...) whose output's values were converted as the source's by a column type change that stopped the sync: take their column types as they are now, for this run, without a re-backfill")
 	f.rebackfill = fs.String("rebackfill", "", "start these tables' output over (schema.table,... or all): each is emptied on the target (a refresh line in JSON lines) and backfilled again, behind any change that could not be placed; all also starts over when the checkpoint cannot be resumed from the slot. For one run")
@@ -234,6 +235,9 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	}
 	if *f.onSlotLoss != "fail" && *f.onSlotLoss != "rebackfill" {
 		problems = append(problems, fmt.Sprintf("--on-slot-loss %q: give fail or rebackfill", *f.onSlotLoss))
+	}
+	if *f.onRewrite != "fail" && *f.onRewrite != "rebackfill" {
+		problems = append(problems, fmt.Sprintf("--on-rewrite %q: give rebackfill or fail", *f.onRewrite))
 	}
 	var ok bool
 	if p.sigSchema, p.sigName, ok = strings.Cut(*f.signalTable, "."); !ok || p.sigSchema == "" || p.sigName == "" {
@@ -326,6 +330,7 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 		// every table.
 		ResyncInvalidPosition: p.refreshAll,
 		ResyncLostSlot:        *f.onSlotLoss == "rebackfill",
+		RebackfillRewrites:    *f.onRewrite == "rebackfill",
 	}
 }
 

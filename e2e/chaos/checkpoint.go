@@ -14,12 +14,13 @@ import (
 // checkpointInfo is what the harness reads of a capture's durable checkpoint (a merge.Position,
 // or the Airbyte state that carries one).
 type checkpointInfo struct {
-	raw       string          // the checkpoint as stored: it changed iff a run wrote another
-	LSN       pglogrepl.LSN   // where the next run resumes
-	Timeline  int32           // the server's timeline when it was taken
-	Tables    map[string]bool // the tables it has progress for
-	Refresh   map[string]bool // the tables whose re-backfill is asked for and not started yet
-	Invisible string          // the commits not yet visible, as ranges of xids ("1042-1050,1077")
+	raw       string              // the checkpoint as stored: it changed iff a run wrote another
+	LSN       pglogrepl.LSN       // where the next run resumes
+	Timeline  int32               // the server's timeline when it was taken
+	Tables    map[string]bool     // the tables it has progress for
+	Refresh   map[string]bool     // the tables whose re-backfill is asked for and not started yet
+	Files     map[string][]uint32 // the storage files each table had when last looked at
+	Invisible string              // the commits not yet visible, as ranges of xids ("1042-1050,1077")
 }
 
 // invisible reports whether the checkpoint lists xid (its low 32 bits) among the commits not
@@ -64,7 +65,8 @@ func parsePosition(raw []byte) (*checkpointInfo, error) {
 		Timeline  int32  `json:"timeline"`
 		Invisible string `json:"invisible"`
 		Tables    map[string]struct {
-			Refresh bool `json:"refresh"`
+			Refresh bool     `json:"refresh"`
+			Files   []uint32 `json:"files"`
 		} `json:"tables"`
 	}
 	if err := json.Unmarshal(raw, &p); err != nil {
@@ -74,10 +76,11 @@ func parsePosition(raw []byte) (*checkpointInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("position lsn %q: %w", p.LSN, err)
 	}
-	c := &checkpointInfo{raw: string(raw), LSN: lsn, Timeline: p.Timeline, Invisible: p.Invisible, Tables: map[string]bool{}, Refresh: map[string]bool{}}
+	c := &checkpointInfo{raw: string(raw), LSN: lsn, Timeline: p.Timeline, Invisible: p.Invisible, Tables: map[string]bool{}, Refresh: map[string]bool{}, Files: map[string][]uint32{}}
 	for name, t := range p.Tables {
 		c.Tables[name] = true
 		c.Refresh[name] = t.Refresh
+		c.Files[name] = t.Files
 	}
 	return c, nil
 }

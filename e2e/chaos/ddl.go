@@ -307,9 +307,11 @@ func (r *run) truncateFault(ctx context.Context) string {
 }
 
 // rewriteFault changes every value of a table's column v with no row event: ALTER COLUMN v TYPE
-// text USING v || '~' keeps the type and rewrites the table. The capture must stop, naming it
+// text USING v || '~' keeps the type and rewrites the table. The connector must stop, naming it
 // (merge.ErrValuesRewritten: PostgreSQL records no USING, so the output cannot follow), and the
-// remedy re-backfills the table, after which the output must equal the source again.
+// remedy re-backfills the table; tidemark sync (--on-rewrite rebackfill, its default) goes on and
+// re-backfills the table by itself (rewriteFollowed). Either way the output must equal the
+// source again.
 func (r *run) rewriteFault(ctx context.Context) string {
 	// items: small, so that its re-backfill keeps the ddl run short; accounts one time in four.
 	t := r.pickTable(r.rng, "items")
@@ -319,6 +321,9 @@ func (r *run) rewriteFault(ctx context.Context) string {
 	if t == "" {
 		return noEffect + "the table awaits a remedy"
 	}
+	if r.cfg.Mode != Airbyte {
+		return r.rewriteFollowed(ctx, t)
+	}
 	e := r.expect("rewrite", r.sch+"."+t, true, nil, causeRewritten)
 	_ = e.restore(ctx) // nothing to undo: the values are the source's from now on
 	name := r.schema.name(t)
@@ -327,6 +332,48 @@ func (r *run) rewriteFault(ctx context.Context) string {
 		return noEffect + err.Error()
 	}
 	return "rewrote every value of " + name + ".v (ALTER COLUMN v TYPE text USING v || '~')"
+}
+
+// rewriteFollowed rewrites table t's values as rewriteFault does, under a sync that re-backfills
+// such a table by itself: found by its watch while it runs, or at the next start. The table's
+// changes from the re-backfill's request to its refresh are passed over by design, as a
+// rebackfill fault's: the span starts at the durable checkpoint, and ends once a checkpoint
+// records the table's new storage file with its refresh started (it stays open if none does
+// within two minutes).
+func (r *run) rewriteFollowed(ctx context.Context, t string) string {
+	name := r.schema.name(t)
+	var lo pglogrepl.LSN
+	if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil {
+		lo = cp.LSN
+	}
+	span := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
+	r.mu.Lock()
+	r.pubDrops = append(r.pubDrops, span)
+	r.mu.Unlock()
+	if err := r.ddlExec(ctx, `ALTER TABLE `+name+` ALTER COLUMN v TYPE text USING v || '~'`); err != nil {
+		r.mu.Lock()
+		span.hi = lo
+		r.mu.Unlock()
+		return noEffect + err.Error()
+	}
+	file, err := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = '`+strings.ReplaceAll(name, "'", "''")+`'::regclass`)
+	n, perr := strconv.ParseUint(file, 10, 32)
+	for deadline := time.Now().Add(2 * time.Minute); err == nil && perr == nil && time.Now().Before(deadline); sleep(ctx, 200*time.Millisecond) {
+		cp, cerr := r.capt.checkpoint(ctx)
+		if cerr != nil || cp == nil || !slices.Contains(cp.Files[r.sch+"."+t], uint32(n)) || cp.Refresh[r.sch+"."+t] {
+			continue
+		}
+		if hi, herr := r.currentLSN(ctx); herr == nil {
+			r.mu.Lock()
+			span.hi = hi
+			r.mu.Unlock()
+		}
+		break
+	}
+	r.mu.Lock()
+	what := fmt.Sprintf("rewrote every value of %s.v (ALTER COLUMN v TYPE text USING v || '~'), for the sync to re-backfill (its changes passed over from %s to %s)", name, span.lo, span.hi)
+	r.mu.Unlock()
+	return what
 }
 
 // rebackfillFault asks the running sync to start a table's output over while it goes on

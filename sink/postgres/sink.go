@@ -111,6 +111,9 @@ type targetTable struct {
 	// skipDirect counts the batches that go through the staging table before a direct copy is
 	// tried again, after directFails failed in a row on a key the target already had.
 	skipDirect, directFails int
+	// emptied: a TRUNCATE or a refresh emptied the table, and no row was written to it since;
+	// a column type it gets then is given without converting values (reconcile).
+	emptied bool
 }
 
 // tableBatch is a table's pending changes, one final state per key.
@@ -415,7 +418,7 @@ func (s *Sink) Emit(ctx context.Context, evs []merge.Event) error {
 	}
 	for i := range evs {
 		ev := &evs[i]
-		t, err := s.table(ctx, ev.Columns)
+		t, err := s.table(ctx, ev.Columns, ev.Op == merge.Truncate || ev.Op == merge.Refresh)
 		if err != nil {
 			return err
 		}
@@ -426,6 +429,7 @@ func (s *Sink) Emit(ctx context.Context, evs []merge.Event) error {
 			if _, err := s.tx.Exec(ctx, TruncateSQL(t.ident)); err != nil {
 				return fmt.Errorf("truncate %s: %w", t.ident, err)
 			}
+			t.emptied = true
 			continue
 		}
 		if t.columns != ev.Columns {
@@ -460,6 +464,7 @@ func (s *Sink) Emit(ctx context.Context, evs []merge.Event) error {
 
 // pend folds an event into its key's pending state.
 func (s *Sink) pend(t *targetTable, ev *merge.Event) {
+	t.emptied = false
 	b := t.batch
 	if b == nil {
 		b = &tableBatch{t: t, rows: map[string]*pendingRow{}}
@@ -695,6 +700,10 @@ func (s *Sink) typeChangedOf(ctx context.Context, oid uint32, seen map[uint32]bo
 			return fmt.Errorf("%w: enum %s was given labels on the source since the target's was made: it has (%s) on the target and (%s) on the source; add them on the target: %s then run the sync again",
 				ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "), strings.Join(adds, " "))
 		}
+		if renames := enumRenames(ident, have, labels); len(renames) > 0 {
+			return fmt.Errorf("%w: enum %s had labels renamed on the source (ALTER TYPE ... RENAME VALUE) since the target's was made: it has (%s) on the target and (%s) on the source; rename them on the target too (which renames every stored value, as on the source): %s then run the sync again",
+				ErrEnumDiffers, ident, strings.Join(have, ", "), strings.Join(labels, ", "), strings.Join(renames, " "))
+		}
 	case kind == 'c':
 		var attrs, have []string
 		var types []uint32
@@ -743,6 +752,22 @@ func enumAdds(ident string, have, labels []string) (adds []string, ok bool) {
 		adds = append(adds, "ALTER TYPE "+ident+" ADD VALUE "+sqlfix.Literal(l)+where+";")
 	}
 	return adds, j == len(have)
+}
+
+// enumRenames returns the statements that rename enum ident's labels have on the target to the
+// source's labels, when both have as many (PostgreSQL removes no label, so a label the source
+// lacks in the same place was renamed).
+func enumRenames(ident string, have, labels []string) []string {
+	if len(have) != len(labels) {
+		return nil
+	}
+	var out []string
+	for i := range have {
+		if have[i] != labels[i] {
+			out = append(out, "ALTER TYPE "+ident+" RENAME VALUE "+sqlfix.Literal(have[i])+" TO "+sqlfix.Literal(labels[i])+";")
+		}
+	}
+	return out
 }
 
 func (s *Sink) applyBatch(ctx context.Context, b *tableBatch) error {
@@ -928,8 +953,11 @@ func appendCopyRow(buf *bytes.Buffer, row []replicator.Value) {
 }
 
 // table returns the target table of a source table, creating it (with the source's column types
-// and key) when it does not exist, and its staging table.
-func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error) {
+// and key) when it does not exist, and its staging table. An existing table met first for an
+// event that empties it (emptying) is fitted to the source's columns at the next row, once
+// emptied (reconcile: a re-backfill after the source's values were rewritten brings columns
+// the target's rows could not be converted to).
+func (s *Sink) table(ctx context.Context, c *merge.Columns, emptying bool) (*targetTable, error) {
 	name := c.Schema + "." + c.Table
 	if t := s.tables[name]; t != nil {
 		if err := s.guard(ctx, t); err != nil {
@@ -980,8 +1008,10 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 		if err := s.checkConstraints(ctx, t); err != nil {
 			return nil, err
 		}
-		if err := s.reconcile(ctx, t, nil, c); err != nil {
-			return nil, err
+		if !emptying {
+			if err := s.reconcile(ctx, t, nil, c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(t.oids)) {
@@ -1001,6 +1031,9 @@ func (s *Sink) table(ctx context.Context, c *merge.Columns) (*targetTable, error
 	}
 	t.guarded = s.txn
 	t.columns = c
+	if exists && emptying {
+		t.columns = nil // not fitted yet
+	}
 	t.stage = StageTable(len(s.tables))
 	if _, err := s.tx.Exec(ctx, CreateStageSQL(t.stage, t.ident)); err != nil {
 		return nil, fmt.Errorf("create staging table for %s: %w", t.ident, err)
@@ -1419,26 +1452,47 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: a type of the same name in another schema (an extension installed in another schema?); Tidemark uses the source's type, schema-qualified: install it in schema %s on the target too, or create the target table with the source's type, then run the sync again",
 			name, c.Schema, c.Table, base, t.bases[name], t.ident, strings.TrimSuffix(base, "."+unqualified(base)))
 	}
-	if base != t.bases[name] && firstMet {
-		// A table made on the target before the sync, with another type.
-		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on the existing target table %s: give the target's column the source's type (%s), or sync into a new table (--target-schema), then run the sync again",
-			name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
-	}
+	alter := AlterTypeSQL
 	if base != t.bases[name] {
-		return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again",
-			name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
+		empty, err := s.isEmptied(ctx, t)
+		switch {
+		case err != nil:
+			return err
+		case empty:
+		case firstMet:
+			// A table made on the target before the sync, with another type.
+			return fmt.Errorf("column %s of %s.%s is %s on the source and %s on the existing target table %s: give the target's column the source's type (%s), or sync into a new table (--target-schema), then run the sync again",
+				name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
+		default:
+			return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again with --types-changed %s.%s; or re-backfill the table (a run with --on-rewrite rebackfill, the default, does it by itself when the source's table was rewritten)",
+				name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ), c.Schema, c.Table)
+		}
+		alter = ReplaceTypeSQL // emptied by a re-backfill: no value to convert
 	}
 	for _, tbl := range []string{t.ident, t.stage} {
 		if tbl == "" {
 			continue
 		}
-		if _, err := s.tx.Exec(ctx, AlterTypeSQL(tbl, name, typ)); err != nil {
+		if _, err := s.tx.Exec(ctx, alter(tbl, name, typ)); err != nil {
 			return fmt.Errorf("change column %s of %s on the target from %s to %s (as on the source): %w", name, tbl, t.types[name], typ, err)
 		}
 	}
 	s.log.Info().Str("table", t.ident).Str("column", name).Str("was", t.types[name]).Str("now", typ).Msg("target column type changed as on the source")
 	t.types[name] = typ
 	return nil
+}
+
+// isEmptied reports whether target table t is empty since a TRUNCATE or a refresh of this sync:
+// emptied, and no row in it (a row written by another session since would be).
+func (s *Sink) isEmptied(ctx context.Context, t *targetTable) (bool, error) {
+	if !t.emptied {
+		return false, nil
+	}
+	var found bool
+	if err := s.tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+t.ident+")").Scan(&found); err != nil {
+		return false, fmt.Errorf("look for rows in %s: %w", t.ident, err)
+	}
+	return !found, nil
 }
 
 // unqualified is a type's name (format_type's text) without its schema.
@@ -1480,6 +1534,13 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 			def = &val
 		}
 	case hasDefault:
+		empty, err := s.isEmptied(ctx, t)
+		if err != nil {
+			return err
+		}
+		if empty {
+			break // emptied by a re-backfill, which brings the rows with their values
+		}
 		return fmt.Errorf("column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (%s) and re-backfill the table (--rebackfill %s.%s)",
 			name, c.Schema, c.Table, t.ident, AddColumnFix(t.ident, name, typ), c.Schema, c.Table)
 	}

@@ -249,6 +249,12 @@ func AlterTypeSQL(table, column, typ string) string {
 	return fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s", table, Quote(column), typ)
 }
 
+// ReplaceTypeSQL gives a column of an empty table another type, whatever the two are (its
+// values, none, need no conversion).
+func ReplaceTypeSQL(table, column, typ string) string {
+	return AlterTypeSQL(table, column, typ) + " USING NULL"
+}
+
 // AddColumnSQL adds a column of type typ; def, when not nil, is the text of the value the
 // table's existing rows get (a literal cast to typ).
 func AddColumnSQL(table, column, typ string, def *string) string {

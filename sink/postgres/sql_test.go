@@ -59,6 +59,7 @@ func TestSQLGolden(t *testing.T) {
 	add("release savepoint", ReleaseSavepointSQL)
 	add("rollback to savepoint", RollbackSavepointSQL)
 	add("alter type", AlterTypeSQL(table, `we"ird`, "numeric(14,4)"))
+	add("replace type", ReplaceTypeSQL(table, `we"ird`, "integer"))
 	add("add column", AddColumnSQL(table, "Note", "character varying(20)", nil))
 	add("add column with the existing rows' value", AddColumnSQL(table, "Note", "character varying(20)", &val))
 	add("fix: primary key", AddPrimaryKeyFix(table, key))
