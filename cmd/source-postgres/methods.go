@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -72,6 +73,7 @@ type methodState struct {
 	// ScanFrom's xmin on (nil: every row), after which the stream continues from
 	// IncrementalState. Without IncrementalState, nothing was read yet.
 	Load             *merge.TableProgress `json:"load,omitempty"`
+	Pages            *pageScan            `json:"pages,omitempty"` // the load of a relation without a primary key
 	ScanFrom         *methodState         `json:"scan_from,omitempty"`
 	IncrementalState *methodState         `json:"incremental_state,omitempty"`
 }
@@ -536,8 +538,14 @@ func (r *reader) xminRead(ctx context.Context, st *readStream) error {
 		if err != nil || !done {
 			return err
 		}
+	} else if ms.kind == 'r' || ms.kind == 'm' {
+		done, err := r.pageScan(ctx, st, filter)
+		if err != nil || !done {
+			return err
+		}
 	} else {
-		// Without a primary key: one query, whose end alone moves the state.
+		// A partitioned table without a primary key (each partition numbers its pages from
+		// 0): one query, whose end alone moves the state.
 		q := "SELECT * FROM " + pgx.Identifier{st.schema, st.name}.Sanitize()
 		if filter != "" {
 			q += " WHERE " + filter
@@ -640,6 +648,115 @@ func (r *reader) keysetScan(ctx context.Context, st *readStream, filter string) 
 			return false, err
 		}
 		if r.budgetSpent() && !p.Done {
+			return false, nil
+		}
+		if err := context.Cause(ctx); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// pageScan is the progress of a load of a relation without a primary key by ranges of its heap's
+// pages: a row's ctid (page, item) stays as long as the row is not written again, so the pages
+// read so far hold no row the rest of the load needs, except rows written since the load began,
+// which the Xmin state (the oldest transaction running when it began) reads again next time,
+// wherever they moved. A rewrite of the relation (VACUUM FULL, CLUSTER, a non-concurrent REFRESH
+// MATERIALIZED VIEW, TRUNCATE) moves every row without writing it: a new storage file, after
+// which the load starts over.
+type pageScan struct {
+	Filenode uint32 `json:"filenode"` // the relation's storage file when the load began
+	Next     uint32 `json:"next"`     // the first page not read yet
+	End      uint32 `json:"end"`      // the relation's pages when the load began
+}
+
+// pageScan reads st's relation (a table or materialized view without a primary key) by ranges
+// of its pages, one statement each (a TID range scan, PostgreSQL 14 and later; earlier servers
+// filter each range from a sequential scan, so the whole relation is read in one), the rows
+// matching filter (SQL; empty: all), from the progress of st's state, with a state after each
+// range. done reports the scan finished; false with a nil error: the time budget ran out.
+func (r *reader) pageScan(ctx context.Context, st *readStream, filter string) (done bool, err error) {
+	ms := st.method
+	rel := pgx.Identifier{st.schema, st.name}.Sanitize()
+	look := func() (filenode uint32, pages uint32, perPage float64, err error) {
+		var relpages int64
+		var tuples float64
+		err = r.conn.QueryRow(ctx, `SELECT relfilenode::bigint, (pg_relation_size(oid) / current_setting('block_size')::bigint), greatest(reltuples, 0)::float8, relpages::bigint
+			FROM pg_class WHERE oid = $1`, ms.oid).Scan(&filenode, &pages, &tuples, &relpages)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("read the size of %s: %w", st.key(), err)
+		}
+		perPage = 50
+		if relpages > 0 && tuples > 0 {
+			perPage = tuples / float64(relpages)
+		}
+		return filenode, pages, perPage, nil
+	}
+	var version int
+	if err := r.conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return false, err
+	}
+	r.mu.Lock()
+	var ps pageScan
+	if st.ms.Pages != nil {
+		ps = *st.ms.Pages
+	}
+	r.mu.Unlock()
+	filenode, pages, perPage, err := look()
+	if err != nil {
+		return false, err
+	}
+	fresh := func() {
+		if ps.Filenode != 0 {
+			r.s.log.Warn().Str("stream", st.key()).Msg("the relation was rewritten since its load began (VACUUM FULL, CLUSTER, REFRESH MATERIALIZED VIEW, TRUNCATE): its rows moved, so the load starts over")
+		}
+		ps = pageScan{Filenode: filenode, End: pages}
+	}
+	if ps.Filenode != filenode {
+		fresh()
+	}
+	step := uint32(1)
+	if n := math.Ceil(float64(r.s.cfg.BackfillChunkSize) / perPage); n > 1 {
+		step = uint32(min(n, 1<<20))
+	}
+	if version < 140000 {
+		step = max(ps.End, 1) // no TID range scan: one statement
+	}
+	for ps.Next < ps.End {
+		hi := min(uint64(ps.Next)+uint64(step), uint64(ps.End))
+		q := fmt.Sprintf("SELECT * FROM %s WHERE ctid >= '(%d,0)'::tid AND ctid < '(%d,0)'::tid", rel, ps.Next, hi)
+		if filter != "" {
+			q += " AND " + filter
+		}
+		w := r.newRecordWriter(st)
+		if err := r.streamRows(ctx, st, w, q, nil, 0, func([][]byte, *rowColumns) error { return nil }); err != nil {
+			return false, err
+		}
+		if err := w.flush(); err != nil {
+			return false, err
+		}
+		ps.Next = uint32(hi)
+		// A rewrite before this range was read moved rows to pages read already: checked after
+		// it, so that a range read from the new file is never taken for the old one's.
+		now, _, _, err := look()
+		if err != nil {
+			return false, err
+		}
+		if now != ps.Filenode {
+			filenode, pages, _, err = look()
+			if err != nil {
+				return false, err
+			}
+			fresh()
+		}
+		r.mu.Lock()
+		progress := ps
+		st.ms.Pages = &progress
+		r.mu.Unlock()
+		if err := r.emitState(st); err != nil {
+			return false, err
+		}
+		if r.budgetSpent() && ps.Next < ps.End {
 			return false, nil
 		}
 		if err := context.Cause(ctx); err != nil {
