@@ -377,6 +377,12 @@ func (c *core) step(in any) error {
 			ts.progress.Storage = v.leaves
 		}
 	case shapeNow:
+		for i, a := range c.deferred {
+			if a.shape != nil && slices.Contains(a.tables, v.table) {
+				newer := v.shape // the request is taken with the latest look's shape
+				c.deferred[i].shape = &newer
+			}
+		}
 		if ts := c.tables[v.table]; ts != nil {
 			files, truncated := ts.progress.Files, ts.progress.Truncated
 			ts.progress.Shape = v.shape
@@ -1034,7 +1040,12 @@ func (c *core) rebackfill(tables []string, cause string) error {
 		}
 		*p = p.whatTheTableIs()
 		p.Refresh = true
-		delete(c.storage, name) // a storage change between runs no longer matters: every row is read again
+		if sc := c.storage[name]; sc != nil {
+			// A storage change between runs no longer matters: every row is read again. The
+			// files now are the ones to compare with from here.
+			p.Files = sc.files
+			delete(c.storage, name)
+		}
 		ts.indexRereads()
 		for _, w := range c.windows {
 			if w.ts == ts && w.dirty == nil {

@@ -55,8 +55,28 @@ type EnumLabel struct {
 	Label string `json:"label"`
 }
 
-// currentShape reads table oid's Shape now, and whether it or a partition is UNLOGGED.
+// currentShape reads table oid's Shape now, and whether it or a partition is UNLOGGED, in one
+// snapshot: a type change committed between two of its reads would show the new files beside the
+// old column rows, which is what maintenance shows.
 func currentShape(ctx context.Context, conn *pgx.Conn, oid uint32) (Shape, bool, error) {
+	if conn.PgConn().TxStatus() != 'I' {
+		return readShape(ctx, conn, oid) // inside the caller's transaction: its snapshot
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Shape{}, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	return readShape(ctx, tx, oid)
+}
+
+// querier runs a query: a connection, or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func readShape(ctx context.Context, conn querier, oid uint32) (Shape, bool, error) {
 	var s Shape
 	rows, err := conn.Query(ctx, `SELECT attname::text, attnum, atttypid, atttypmod, xmin::text::bigint FROM pg_attribute
 		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`, oid)

@@ -489,7 +489,8 @@ func (r *reader) cursorScan(ctx context.Context, st *readStream) (err error) {
 const stateEvery = 10000
 
 // xminRead reads an Xmin stream: a scan of the rows written from its state's xmin on (every row
-// on its first read), by key chunks where the relation has a primary key.
+// on its first read), by key chunks where the relation has a primary key, by ranges of pages
+// where a table or materialized view has none (pageScan).
 func (r *reader) xminRead(ctx context.Context, st *readStream) error {
 	ms := st.method
 	var xmin, xmax uint64

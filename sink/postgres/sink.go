@@ -1431,7 +1431,7 @@ func (s *Sink) reconcile(ctx context.Context, t *targetTable, before, c *merge.C
 		}
 	}
 	for _, i := range missing {
-		if err := s.addColumn(ctx, t, c, c.Names[i], types[i]); err != nil {
+		if err := s.addColumn(ctx, t, c, c.Names[i], types[i], before == nil); err != nil {
 			return err
 		}
 	}
@@ -1454,7 +1454,7 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 	}
 	alter := AlterTypeSQL
 	if base != t.bases[name] {
-		empty, err := s.isEmptied(ctx, t)
+		empty, err := s.isEmptied(ctx, t, c, firstMet)
 		switch {
 		case err != nil:
 			return err
@@ -1468,6 +1468,9 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 				name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ), c.Schema, c.Table)
 		}
 		alter = ReplaceTypeSQL // emptied by a re-backfill: no value to convert
+		if err := s.ensureType(ctx, c.Types[i], 0); err != nil {
+			return err
+		}
 	}
 	for _, tbl := range []string{t.ident, t.stage} {
 		if tbl == "" {
@@ -1479,13 +1482,36 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 	}
 	s.log.Info().Str("table", t.ident).Str("column", name).Str("was", t.types[name]).Str("now", typ).Msg("target column type changed as on the source")
 	t.types[name] = typ
+	if base == t.bases[name] {
+		return nil
+	}
+	// Another type: what the sink knows of it is read again (its domains' checks, and a key
+	// column's comparison operators, which the deletes use).
+	var oid uint32
+	if err := s.tx.QueryRow(ctx, TargetBaseTypeSQL, t.ident, name).Scan(&base, &oid); err != nil {
+		return fmt.Errorf("read column %s of %s on the target: %w", name, t.ident, err)
+	}
+	t.bases[name], t.oids[name] = base, oid
+	if err := pgtrust.Domain(ctx, s.tx, fmt.Sprintf("column %s of target table %s", Quote(name), t.ident), oid); err != nil {
+		return err
+	}
+	if k := slices.Index(t.key, name); k >= 0 {
+		ops, err := chunker.ReadOps(ctx, s.tx, oid)
+		if err != nil {
+			return fmt.Errorf("target table %s, key column %s: %w", t.ident, name, err)
+		}
+		t.keyOps[k] = ops
+	}
 	return nil
 }
 
-// isEmptied reports whether target table t is empty since a TRUNCATE or a refresh of this sync:
-// emptied, and no row in it (a row written by another session since would be).
-func (s *Sink) isEmptied(ctx context.Context, t *targetTable) (bool, error) {
-	if !t.emptied {
+// isEmptied reports whether target table t, the target of c's table, is empty since a TRUNCATE or
+// a refresh of this sync (and no row was written to it since, by anyone): emptied by this sink,
+// or, met first (a new sink, after a crash or a reconnection that followed the refresh's
+// commit), a table this sync's checkpoint accounts for, found empty. A table of the operator's
+// (pre-created, empty) is not taken for one.
+func (s *Sink) isEmptied(ctx context.Context, t *targetTable, c *merge.Columns, firstMet bool) (bool, error) {
+	if !t.emptied && !(firstMet && s.accounted[c.Schema+"."+c.Table]) {
 		return false, nil
 	}
 	var found bool
@@ -1514,7 +1540,7 @@ func unqualified(typ string) string {
 
 // addColumn adds a column of the source to the target, with the value the source's existing
 // rows have for it.
-func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, name, typ string) error {
+func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, name, typ string, firstMet bool) error {
 	var hasDefault, hasMissing bool
 	var missing *string
 	delim := ","
@@ -1534,7 +1560,7 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 			def = &val
 		}
 	case hasDefault:
-		empty, err := s.isEmptied(ctx, t)
+		empty, err := s.isEmptied(ctx, t, c, firstMet)
 		if err != nil {
 			return err
 		}

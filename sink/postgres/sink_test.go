@@ -247,3 +247,73 @@ func TestAddColumnDefaultKeepsBackslashes(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT p FROM public.t WHERE id = 1`).Scan(&got))
 	require.Equal(t, want, got)
 }
+
+// crashAfterRefresh wraps the PostgreSQL sink and stops (as a crash would, with nothing more
+// applied) at the first rows after a checkpoint that committed a refresh's TRUNCATE.
+type crashAfterRefresh struct {
+	*Sink
+	refreshed, committed bool
+}
+
+func (c *crashAfterRefresh) Emit(ctx context.Context, evs []merge.Event) error {
+	if c.committed {
+		return errCrashed
+	}
+	for _, ev := range evs {
+		c.refreshed = c.refreshed || ev.Op == merge.Refresh
+	}
+	return c.Sink.Emit(ctx, evs)
+}
+
+func (c *crashAfterRefresh) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	err := c.Sink.Checkpoint(ctx, pos)
+	c.committed = err == nil && c.refreshed
+	return err
+}
+
+// TestRefreshedTableFittedAfterACrash: a re-backfill after the source's values were rewritten
+// (a column given another type) empties the target's table, and its rows then carry the new
+// type. A sink that stops after the TRUNCATE committed and before those rows leaves the table
+// empty with the old type; the next sink meets the table first on such a row, and fits it (the
+// checkpoint accounts for the table, and it is empty) instead of taking it for a table made by
+// the operator with another type.
+func TestRefreshedTableFittedAfterACrash(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, price numeric(12,2))`)
+	db.Exec(`INSERT INTO t SELECT g, g * 1.25 FROM generate_series(1, 50) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	ctx := context.Background()
+	tgtDSN, _ := targetDatabase(t, db)
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	run := func(wrap func(*Sink) merge.Sink) error {
+		tgt, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
+		require.NoError(t, err)
+		defer tgt.Close(ctx)
+		src, err := pgconf.OpenDefaultSSL(ctx, db.DSN, "tidemark")
+		require.NoError(t, err)
+		defer src.Close(ctx)
+		sink, pos, err := Open(ctx, tgt, src, Options{ID: "test", Log: log})
+		require.NoError(t, err)
+		defer sink.Close(ctx)
+		eng, err := merge.New(merge.Config{
+			Source:             replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+			Tables:             []merge.TableConfig{{Schema: "public", Name: "t"}},
+			AckCheckpoints:     true,
+			StopWhenCaughtUp:   true,
+			RebackfillRewrites: true,
+		}, wrap(sink), log)
+		require.NoError(t, err)
+		return eng.Run(ctx, pos)
+	}
+	plain := func(s *Sink) merge.Sink { return s }
+	require.NoError(t, run(plain))
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE bigint USING (price * 100)::bigint`)
+	require.ErrorIs(t, run(func(s *Sink) merge.Sink { return &crashAfterRefresh{Sink: s} }), errCrashed)
+	require.NoError(t, run(plain))
+	want, err := e2e.SourceRows(ctx, db.DSN, "public", "t", []string{"id"})
+	require.NoError(t, err)
+	got, err := e2e.SourceRows(ctx, tgtDSN, "public", "t", []string{"id"})
+	require.NoError(t, err)
+	require.Empty(t, e2e.Diff(got, want))
+}
