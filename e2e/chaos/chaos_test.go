@@ -136,15 +136,15 @@ func TestChaosDDL(t *testing.T) {
 	// loop of stops: a first run killed before its first checkpoint left changes that cannot be
 	// placed in the slot, and a re-backfill without a position was dropped; fixed, see
 	// TestRebackfillWithoutPosition.)
-	turns := []string{"restore", "identity", "publication", "rename", "truncate", "rewrite", "column", "rebackfill"}
+	turns := []string{"restore", "identity", "publication", "rename", "truncate", "rewrite", "column", "rebackfill", "publish"}
 	order := mrand.New(mrand.NewPCG(seed, seed))
 	order.Shuffle(len(turns), func(i, j int) { turns[i], turns[j] = turns[j], turns[i] })
 	turns = append(turns, "standby-restart")
-	t.Logf("seed %d; replay with tidemark chaos --mode M --seed %d --faults %s --in-turn --duration 35s --fault-every 2s", seed, seed, strings.Join(turns, ","))
+	t.Logf("seed %d; replay with tidemark chaos --mode M --seed %d --faults %s --in-turn --duration 25s --fault-every 2s", seed, seed, strings.Join(turns, ","))
 	var cfgs []chaos.Config
 	for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
 		cfg := config(t, mode, seed)
-		cfg.Faults, cfg.InTurn, cfg.Duration = turns, true, 35*time.Second
+		cfg.Faults, cfg.InTurn, cfg.Duration = turns, true, 25*time.Second
 		cfgs = append(cfgs, cfg)
 	}
 	for i, rep := range concurrently(t, cfgs) {
@@ -153,7 +153,7 @@ func TestChaosDDL(t *testing.T) {
 		effective := func(kind string) int { return rep.Faults[kind] - rep.Void[kind] }
 		kinds := []string{"identity", "publication", "rename", "truncate", "rewrite", "column"}
 		if rep.Mode != chaos.Airbyte {
-			kinds = append(kinds, "rebackfill") // tidemark rebackfill asks a running sync
+			kinds = append(kinds, "rebackfill", "publish") // tidemark rebackfill asks a running sync; publish: a sync's stop and remedy
 		}
 		for _, kind := range kinds {
 			require.Positive(t, effective(kind), "%s: the %s fault took effect", rep.Mode, kind)

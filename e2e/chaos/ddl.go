@@ -52,6 +52,8 @@ func (r *run) schemaFault(ctx context.Context, kind string, d time.Duration) str
 		return r.rebackfillFault(ctx)
 	case "rewrite":
 		return r.rewriteFault(ctx)
+	case "publish":
+		return r.publishFault(ctx)
 	case "restore":
 		return r.restoreFault(ctx, d)
 	}
@@ -268,6 +270,44 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 	}
 	r.undone(e)
 	return what
+}
+
+// publishFault narrows the publication's publish option for 15 s (longer than the capture's
+// watch interval), then puts it back: ALTER PUBLICATION ... SET (publish = 'insert, update,
+// delete'). pgoutput leaves out each change of a kind the option leaves out as it is written, and
+// sends nothing for the ALTER: a running capture must stop within its watch interval
+// (merge.ErrPublicationChanged), one started meanwhile at start (replicator.ErrPublication); the
+// remedy puts the option back. Truncate is the kind left out, and the fault holds every table
+// (no truncate fault meanwhile; the workload truncates nothing), so no change is lost and no
+// re-backfill is needed: the oracle checks that nothing else went wrong. An OWNER TO of the
+// publication before it changes the same catalog row without changing what is published, and
+// must stop nothing.
+func (r *run) publishFault(ctx context.Context) string {
+	for _, t := range ddlTables {
+		if r.busy(r.sch + "." + t) {
+			return noEffect + "a table awaits a remedy"
+		}
+	}
+	pub := pgx.Identifier{r.slot}.Sanitize()
+	if err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` OWNER TO CURRENT_USER`); err != nil {
+		return noEffect + err.Error()
+	}
+	e := r.expect("publish", "", false, func(ctx context.Context) error {
+		return r.undoExec(ctx, `ALTER PUBLICATION `+pub+` SET (publish = 'insert, update, delete, truncate')`)
+	}, causePublication, causePublishOff)
+	if err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` SET (publish = 'insert, update, delete')`); err != nil {
+		r.forget(e)
+		return noEffect + err.Error()
+	}
+	e.hold(ctx, 15*time.Second)
+	if err := e.restore(ctx); err != nil {
+		r.violate("the harness could not put the publish option of %s back: %v", pub, err)
+	}
+	r.undone(e)
+	r.mu.Lock()
+	stops := e.stops
+	r.mu.Unlock()
+	return fmt.Sprintf("publication %s published no truncate for up to 15 s (after an OWNER TO); the capture stopped %d time(s)", pub, stops)
 }
 
 // truncateFault truncates a table; the main table is reloaded with its initial rows in the same

@@ -43,6 +43,7 @@ const (
 	causeStreamGone  cause = "stream-gone"   // the Airbyte connector's stop at a configured stream whose table is gone
 	causeColumnGone  cause = "column-gone"   // the PostgreSQL target's stop at a column added while one dropped is still there
 	causeRewritten   cause = "rewritten"     // merge.ErrValuesRewritten: a table rewritten under a changed column
+	causePublishOff  cause = "publish-off"   // replicator.ErrPublication: a kind of change not published, at start
 )
 
 var causeTexts = []struct {
@@ -69,6 +70,7 @@ var causeTexts = []struct {
 	{causeStreamGone, "no longer exists (dropped or renamed)"},
 	{causeColumnGone, "a renamed column, or one dropped and another added?"},
 	{causeRewritten, merge.ErrValuesRewritten.Error()},
+	{causePublishOff, replicator.ErrPublication.Error()},
 }
 
 // positionCauses are the refusals of a checkpoint the server's history no longer has (a restore
