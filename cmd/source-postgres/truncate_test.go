@@ -121,3 +121,20 @@ func TestEnumLabelRenamedStopsUntilReset(t *testing.T) {
 	r := e.read(cat, withoutStream(t, state, "orders"))
 	replayEqualsSource(t, e, "public.orders", "id", r)
 }
+
+// TestVolatileDefaultStopsUntilReset: a column added with a volatile default gives every existing
+// row a value with no row event (PostgreSQL rewrites the table): the next read stops with a config
+// error that names the column and says to reset the stream, until the stream is reset.
+func TestVolatileDefaultStopsUntilReset(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(`CREATE TABLE orders (id int PRIMARY KEY, v text)`)
+	e.db.Exec(`INSERT INTO orders SELECT g, 'v' || g FROM generate_series(1, 20) g`)
+	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE orders`)
+	cat := e.catalog()
+	state := e.read(cat, nil).lastState(t)
+	e.db.Exec(`ALTER TABLE orders ADD COLUMN r float8 DEFAULT random()`)
+	cat = e.catalog() // the schema refreshed, with the new column
+	state = e.stopsUntilReset(t, cat, state, "column(s) r were added", "clear the stream's data")
+	r := e.read(cat, withoutStream(t, state, "orders"))
+	replayEqualsSource(t, e, "public.orders", "id", r)
+}
