@@ -398,17 +398,10 @@ func (r *run) rewriteFollowed(ctx context.Context, t string) string {
 	}
 	file, err := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = '`+strings.ReplaceAll(name, "'", "''")+`'::regclass`)
 	n, perr := strconv.ParseUint(file, 10, 32)
-	for deadline := time.Now().Add(2 * time.Minute); err == nil && perr == nil && time.Now().Before(deadline); sleep(ctx, 200*time.Millisecond) {
-		cp, cerr := r.capt.checkpoint(ctx)
-		if cerr != nil || cp == nil || !slices.Contains(cp.Files[r.sch+"."+t], uint32(n)) || cp.Refresh[r.sch+"."+t] {
-			continue
-		}
-		if hi, herr := r.currentLSN(ctx); herr == nil {
-			r.mu.Lock()
-			span.hi = hi
-			r.mu.Unlock()
-		}
-		break
+	if err == nil && perr == nil {
+		r.closeSpan(ctx, span, 2*time.Minute, func(cp *checkpointInfo) bool {
+			return slices.Contains(cp.Files[r.sch+"."+t], uint32(n)) && !cp.Refresh[r.sch+"."+t]
+		})
 	}
 	r.mu.Lock()
 	what := fmt.Sprintf("rewrote every value of %s.v (ALTER COLUMN v TYPE text USING v || '~'), for the sync to re-backfill (its changes passed over from %s to %s)", name, span.lo, span.hi)
@@ -456,20 +449,32 @@ func (r *run) rebackfillFault(ctx context.Context) string {
 	if err != nil {
 		r.note("rebackfill: %v; the span stays open", err)
 	}
-	for deadline := time.Now().Add(90 * time.Second); err == nil && time.Now().Before(deadline); sleep(ctx, 200*time.Millisecond) {
-		if cp, cerr := r.capt.checkpoint(ctx); cerr == nil && cp != nil && cp.LSN >= after && cp.Tables[name] && !cp.Refresh[name] {
-			if hi, herr := r.currentLSN(ctx); herr == nil {
-				r.mu.Lock()
-				span.hi = hi
-				r.mu.Unlock()
-			}
-			break
-		}
+	if err == nil {
+		r.closeSpan(ctx, span, 90*time.Second, func(cp *checkpointInfo) bool {
+			return cp.LSN >= after && cp.Tables[name] && !cp.Refresh[name]
+		})
 	}
 	r.mu.Lock()
 	what := fmt.Sprintf("re-backfill of %s asked of the running sync (its changes passed over from %s to %s)", name, span.lo, span.hi)
 	r.mu.Unlock()
 	return what
+}
+
+// closeSpan ends span (changes passed over by a re-backfill) at the server's WAL position once a
+// durable checkpoint shows the re-backfill started (done), polling for up to within; it stays
+// open if none does.
+func (r *run) closeSpan(ctx context.Context, span *pubDrop, within time.Duration, done func(*checkpointInfo) bool) {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 200*time.Millisecond) {
+		if cp, err := r.capt.checkpoint(ctx); err != nil || cp == nil || !done(cp) {
+			continue
+		}
+		if hi, err := r.currentLSN(ctx); err == nil {
+			r.mu.Lock()
+			span.hi = hi
+			r.mu.Unlock()
+		}
+		return
+	}
 }
 
 // controlPath is the control socket the run's syncs listen on (short: a Unix socket's path

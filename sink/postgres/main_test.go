@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
 )
 
@@ -28,6 +29,21 @@ func targetDatabase(t *testing.T, db *e2e.TestDB) (string, *pgx.Conn) {
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return server.DSN(name), conn
+}
+
+// sinkConns opens a sink's two connections, to the target and to the source, as tidemark sync
+// does; done closes both.
+func sinkConns(t *testing.T, tgtDSN, srcDSN string) (tgt, src *pgx.Conn, done func()) {
+	t.Helper()
+	ctx := context.Background()
+	tgt, err := pgconf.OpenDefaultSSL(ctx, tgtDSN, "tidemark")
+	require.NoError(t, err)
+	src, err = pgconf.OpenDefaultSSL(ctx, srcDSN, "tidemark")
+	if err != nil {
+		tgt.Close(ctx)
+	}
+	require.NoError(t, err)
+	return tgt, src, func() { src.Close(ctx); tgt.Close(ctx) }
 }
 
 func position(lsn pglogrepl.LSN) *merge.Position {
