@@ -183,7 +183,8 @@ func TestPrecreatedTargets(t *testing.T) {
 // convert), and is filled again. While the sync runs, the watch finds a type change on a quiet
 // table; between two runs, a type change and a column added with a volatile default are found at
 // start, and the changes made meanwhile (which a target could not convert) are passed over for
-// the re-backfill. An enum label renamed stops at the re-backfill's rows with the statement that
+// the re-backfill; on a busy table, whose next change reaches the target before the watch looks,
+// the sync runs again, and that run re-backfills it. An enum label renamed stops at the re-backfill's rows with the statement that
 // renames it on the target.
 func TestTargetRewritesRebackfilled(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
@@ -230,6 +231,13 @@ func TestTargetRewritesRebackfilled(t *testing.T) {
 	require.Eventually(t, func() bool { return typeOf("v") == "integer" }, 60*time.Second, 200*time.Millisecond,
 		"the watch found the rewrite and re-backfilled the table: %s", stderr.String())
 	db.Exec(`UPDATE t SET v = 99 WHERE id = 2`)
+	// A busy table: its next change reaches the target before the watch looks. The target
+	// cannot take it in the old type's place; the sync runs again, and the new run re-backfills.
+	db.Exec(`ALTER TABLE t ALTER COLUMN price TYPE text USING price::text || ' cents'`)
+	db.Exec(`UPDATE t SET price = 'none' WHERE id = 3`)
+	require.Eventually(t, func() bool { return typeOf("price") == "text" }, 60*time.Second, 200*time.Millisecond,
+		"the sync ran again and re-backfilled the table: %s", stderr.String())
+	require.Contains(t, stderr.String(), "running again, which re-backfills the table")
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	_ = cmd.Wait()
 	require.Contains(t, stderr.String(), "re-backfilling the table while the capture goes on")

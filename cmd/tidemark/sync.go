@@ -44,6 +44,7 @@ func runSync(ctx context.Context, args []string, e *env) error {
 	// checkpoint, with a growing wait.
 	// Everything else stops it at once, with its cause and fix.
 	stalled := 0 // attempts in a row that took no checkpoint
+	rewriteRetried := false
 	for attempt := 1; ; attempt++ {
 		stats.mu.Lock()
 		before := stats.checkpoint
@@ -54,6 +55,15 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		stats.mu.Lock()
 		running, progressed := !stats.checkpoint.IsZero(), stats.checkpoint.After(before)
 		stats.mu.Unlock()
+		// A change of the rewritten table that reached the PostgreSQL target before the watch
+		// saw the rewrite: the next run finds the rewrite at its start and re-backfills the
+		// table, passing over that change. Once: a type change that rewrote nothing stops again.
+		rewrite := errors.Is(err, postgres.ErrRewriteNotFollowed) && *f.onRewrite == "rebackfill" && !rewriteRetried && ctx.Err() == nil
+		rewriteRetried = rewrite || (rewriteRetried && !progressed)
+		if rewrite {
+			e.log.Warn().Err(err).Msg("the target met a change of a table whose values the source rewrote, before the re-backfill it asks for: running again, which re-backfills the table from its start")
+			continue
+		}
 		if err == nil || ctx.Err() != nil || !running || !pgerr.Reconnectable(err) || errors.Is(err, replicator.ErrLeftBehind) {
 			return err
 		}

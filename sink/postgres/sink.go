@@ -1096,6 +1096,12 @@ func (s *Sink) create(ctx context.Context, t *targetTable, schema string, c *mer
 	return err
 }
 
+// ErrRewriteNotFollowed: the source rewrote a table's stored values in a way its target cannot
+// follow in place (a column given another type, whose USING is unknown; a column added with a
+// volatile default). A run that re-backfills such tables (merge.Config.RebackfillRewrites) does
+// so at its start, passing over the changes before it: tidemark sync runs again once.
+var ErrRewriteNotFollowed = errors.New("the target cannot follow the source's rewrite of a table in place")
+
 // ErrEnumDiffers: an enum a created table needs exists on the target with other labels.
 var ErrEnumDiffers = errors.New("the target's enum differs from the source's")
 
@@ -1464,8 +1470,8 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 			return fmt.Errorf("column %s of %s.%s is %s on the source and %s on the existing target table %s: give the target's column the source's type (%s), or sync into a new table (--target-schema), then run the sync again",
 				name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ))
 		default:
-			return fmt.Errorf("column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again with --types-changed %s.%s; or re-backfill the table (a run with --on-rewrite rebackfill, the default, does it by itself when the source's table was rewritten)",
-				name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ), c.Schema, c.Table)
+			return fmt.Errorf("%w: column %s of %s.%s is %s on the source and %s on target table %s: the source converted its rows with a USING clause Tidemark cannot know; convert the target's rows the same way (%s), then run the sync again with --types-changed %s.%s; or re-backfill the table (a run with --on-rewrite rebackfill, the default, does it by itself when the source's table was rewritten)",
+				ErrRewriteNotFollowed, name, c.Schema, c.Table, typ, t.types[name], t.ident, ConvertTypeFix(t.ident, name, typ), c.Schema, c.Table)
 		}
 		alter = ReplaceTypeSQL // emptied by a re-backfill: no value to convert
 		if err := s.ensureType(ctx, c.Types[i], 0); err != nil {
@@ -1567,8 +1573,8 @@ func (s *Sink) addColumn(ctx context.Context, t *targetTable, c *merge.Columns, 
 		if empty {
 			break // emptied by a re-backfill, which brings the rows with their values
 		}
-		return fmt.Errorf("column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (%s) and re-backfill the table (--rebackfill %s.%s)",
-			name, c.Schema, c.Table, t.ident, AddColumnFix(t.ident, name, typ), c.Schema, c.Table)
+		return fmt.Errorf("%w: column %s of %s.%s has a default, and the source's rows got its values without a row event (a volatile default, or the table was rewritten since): target table %s cannot get them; add the column on the target (%s) and re-backfill the table (--rebackfill %s.%s; a run with --on-rewrite rebackfill, the default, does it by itself)",
+			ErrRewriteNotFollowed, name, c.Schema, c.Table, t.ident, AddColumnFix(t.ident, name, typ), c.Schema, c.Table)
 	}
 	// The type's domains run their constraints as the column is added (on every row the target
 	// has): checked first (pgtrust.Domain).
