@@ -138,3 +138,21 @@ func TestVolatileDefaultStopsUntilReset(t *testing.T) {
 	r := e.read(cat, withoutStream(t, state, "orders"))
 	replayEqualsSource(t, e, "public.orders", "id", r)
 }
+
+// TestFirstReadPassesOverChangesBeforeItsBackfill: a first read (no state) whose slot already
+// exists (a first read killed before its first state created it) streams from the slot's
+// position, behind changes made before the backfill: a TRUNCATE there must not stop the read,
+// since the reset it would ask for gives the same empty state again (a loop, met in a chaos
+// run). The backfill reads the tables as they are, so their changes before it are passed over.
+func TestFirstReadPassesOverChangesBeforeItsBackfill(t *testing.T) {
+	e := ordersEnv(t, 50)
+	e.db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.db.Slot)
+	e.db.Exec(`TRUNCATE orders`)
+	e.db.Exec(`INSERT INTO orders VALUES (1000, 'after', 1)`)
+	e.db.Exec(`UPDATE orders SET v = 'changed' WHERE id = 1000`)
+	cat := e.catalog()
+	r := e.read(cat, nil)
+	replayEqualsSource(t, e, "public.orders", "id", r)
+	r2 := e.read(cat, r.lastState(t))
+	require.Empty(t, r2.records())
+}
