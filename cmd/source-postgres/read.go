@@ -329,7 +329,19 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 	from := r.position()
 	for attempt := 0; ; attempt++ {
 		sink := newRecordSink(r, tables)
-		engine, err := merge.New(cfg, sink, s.log)
+		run := cfg
+		if from == nil {
+			// No position: every table is backfilled from scratch, so its changes before its
+			// backfill are passed over (a TRUNCATE, a change that cannot be placed), as a reset
+			// stream's are. The slot may hold such changes (an earlier read, killed before its
+			// first state, created it), and the reset a stop would ask for gives this same empty
+			// state again.
+			run.Tables = slices.Clone(cfg.Tables)
+			for i := range run.Tables {
+				run.Tables[i].Rebackfill = true
+			}
+		}
+		engine, err := merge.New(run, sink, s.log)
 		if err != nil {
 			return &configError{err}
 		}
