@@ -238,6 +238,11 @@ func TestTargetRewritesRebackfilled(t *testing.T) {
 	require.Eventually(t, func() bool { return typeOf("price") == "text" }, 60*time.Second, 200*time.Millisecond,
 		"the sync ran again and re-backfilled the table: %s", stderr.String())
 	require.Contains(t, stderr.String(), "running again, which re-backfills the table")
+	// And again later in the same process: each such stop gets its run again.
+	db.Exec(`ALTER TABLE t ALTER COLUMN v TYPE bigint USING v::bigint * 2`)
+	db.Exec(`UPDATE t SET v = 5 WHERE id = 4`)
+	require.Eventually(t, func() bool { return typeOf("v") == "bigint" }, 60*time.Second, 200*time.Millisecond,
+		"the sync ran again a second time: %s", stderr.String())
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	_ = cmd.Wait()
 	require.Contains(t, stderr.String(), "re-backfilling the table while the capture goes on")

@@ -539,14 +539,17 @@ func (r *reader) xminRead(ctx context.Context, st *readStream) error {
 		if err != nil || !done {
 			return err
 		}
-	} else if ms.kind == 'r' || ms.kind == 'm' {
+	} else if pages, err := r.pageable(ctx, ms); err != nil {
+		return err
+	} else if pages {
 		done, err := r.pageScan(ctx, st, filter)
 		if err != nil || !done {
 			return err
 		}
 	} else {
-		// A partitioned table without a primary key (each partition numbers its pages from
-		// 0): one query, whose end alone moves the state.
+		// A partitioned table, or a table with inheritance children, without a primary key
+		// (each partition or child numbers its pages from 0): one query, whose end alone moves
+		// the state.
 		q := "SELECT * FROM " + pgx.Identifier{st.schema, st.name}.Sanitize()
 		if filter != "" {
 			q += " WHERE " + filter
@@ -671,6 +674,20 @@ type pageScan struct {
 	End      uint32 `json:"end"`      // the relation's pages when the load began
 }
 
+// pageable reports whether a relation without a primary key can be loaded by ranges of its pages
+// (pageScan): a table or materialized view whose rows are all its own, no table inheriting from
+// it (a scan of it reads theirs too, each numbered from page 0).
+func (r *reader) pageable(ctx context.Context, ms *methodStream) (bool, error) {
+	if ms.kind != 'r' && ms.kind != 'm' {
+		return false, nil
+	}
+	var children bool
+	if err := r.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = $1)`, ms.oid).Scan(&children); err != nil {
+		return false, fmt.Errorf("read the children of relation %d: %w", ms.oid, err)
+	}
+	return !children, nil
+}
+
 // pageScan reads st's relation (a table or materialized view without a primary key) by ranges
 // of its pages, one statement each (a TID range scan, PostgreSQL 14 and later; earlier servers
 // filter each range from a sequential scan, so the whole relation is read in one), the rows
@@ -725,7 +742,7 @@ func (r *reader) pageScan(ctx context.Context, st *readStream, filter string) (d
 	}
 	for ps.Next < ps.End {
 		hi := min(uint64(ps.Next)+uint64(step), uint64(ps.End))
-		q := fmt.Sprintf("SELECT * FROM %s WHERE ctid >= '(%d,0)'::tid AND ctid < '(%d,0)'::tid", rel, ps.Next, hi)
+		q := fmt.Sprintf("SELECT * FROM ONLY %s WHERE ctid >= '(%d,0)'::tid AND ctid < '(%d,0)'::tid", rel, ps.Next, hi)
 		if filter != "" {
 			q += " AND " + filter
 		}

@@ -330,12 +330,14 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 	for attempt := 0; ; attempt++ {
 		sink := newRecordSink(r, tables)
 		run := cfg
-		if from == nil {
-			// No position: every table is backfilled from scratch, so its changes before its
-			// backfill are passed over (a TRUNCATE, a change that cannot be placed), as a reset
-			// stream's are. The slot may hold such changes (an earlier read, killed before its
-			// first state, created it), and the reset a stop would ask for gives this same empty
-			// state again.
+		if from == nil && attempt == 0 {
+			// No position: every table is backfilled from scratch into an empty destination, so
+			// its changes before its backfill are passed over (a TRUNCATE, a change that cannot
+			// be placed), as a reset stream's are. The slot may hold such changes (an earlier
+			// read, killed before its first state, created it), and the reset a stop would ask
+			// for gives this same empty state again. Not after a re-sync of a state the slot
+			// cannot resume (a later attempt): the destination holds rows, which a TRUNCATE
+			// passed over would leave there.
 			run.Tables = slices.Clone(cfg.Tables)
 			for i := range run.Tables {
 				run.Tables[i].Rebackfill = true

@@ -58,8 +58,12 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		// A change of the rewritten table that reached the PostgreSQL target before the watch
 		// saw the rewrite: the next run finds the rewrite at its start and re-backfills the
 		// table, passing over that change. Once: a type change that rewrote nothing stops again.
-		rewrite := errors.Is(err, postgres.ErrRewriteNotFollowed) && *f.onRewrite == "rebackfill" && !rewriteRetried && ctx.Err() == nil
-		rewriteRetried = rewrite || (rewriteRetried && !progressed)
+		if progressed {
+			rewriteRetried = false
+		}
+		rewrite := errors.Is(err, postgres.ErrRewriteNotFollowed) && *f.onRewrite == "rebackfill" && !rewriteRetried && running &&
+			!errors.Is(err, replicator.ErrLeftBehind) && ctx.Err() == nil
+		rewriteRetried = rewriteRetried || rewrite
 		if rewrite {
 			e.log.Warn().Err(err).Msg("the target met a change of a table whose values the source rewrote, before the re-backfill it asks for: running again, which re-backfills the table from its start")
 			continue

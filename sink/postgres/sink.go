@@ -1511,14 +1511,19 @@ func (s *Sink) alterType(ctx context.Context, t *targetTable, c *merge.Columns, 
 	return nil
 }
 
-// isEmptied reports whether target table t, the target of c's table, is empty since a TRUNCATE or
-// a refresh of this sync (and no row was written to it since, by anyone): emptied by this sink,
-// or, met first (a new sink, after a crash or a reconnection that followed the refresh's
-// commit), a table this sync's checkpoint accounts for, found empty. A table of the operator's
-// (pre-created, empty) is not taken for one.
+// isEmptied reports whether target table t, the target of c's table, has no row, and may take the
+// source's column types as they are: emptied by this sink (a TRUNCATE or a refresh), or, met
+// first (a new sink, after a crash or a reconnection that followed a refresh's commit), a table
+// this sync's checkpoint accounts for. An empty table the operator made with other types is
+// fitted too once a checkpoint of this sync names its table (it has no value to lose); before,
+// it is refused with the statement (alterType). The table is locked against every writer first,
+// so that no row arrives between the look and the change.
 func (s *Sink) isEmptied(ctx context.Context, t *targetTable, c *merge.Columns, firstMet bool) (bool, error) {
 	if !t.emptied && !(firstMet && s.accounted[c.Schema+"."+c.Table]) {
 		return false, nil
+	}
+	if _, err := s.tx.Exec(ctx, "LOCK TABLE "+t.ident+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		return false, fmt.Errorf("lock %s: %w", t.ident, err)
 	}
 	var found bool
 	if err := s.tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+t.ident+")").Scan(&found); err != nil {
