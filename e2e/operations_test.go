@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1062,4 +1063,47 @@ func TestRewritesRebackfilled(t *testing.T) {
 	require.NoError(t, runEngine(t, cfg, sink, sink.last()), "a rewrite between two runs")
 	require.Equal(t, 5, refreshes())
 	verify(t, db, sink, "public.t", "id")
+}
+
+// blockingSink holds its first Emit of backfilled rows for hold, after saying so on held: the
+// merge loop stops taking the stream meanwhile, and the worker waits for its chunk's verdict.
+type blockingSink struct {
+	*memSink
+	hold time.Duration
+	held chan struct{}
+	once sync.Once
+}
+
+func (s *blockingSink) Emit(ctx context.Context, evs []merge.Event) error {
+	if slices.ContainsFunc(evs, func(ev merge.Event) bool { return ev.Op == merge.Snapshot }) {
+		s.once.Do(func() {
+			close(s.held)
+			time.Sleep(s.hold)
+		})
+	}
+	return s.memSink.Emit(ctx, evs)
+}
+
+// TestWatchWhileWaitingForAVerdict: the worker looks at what the stream does not say on its
+// interval also while it waits for a chunk's verdict, which behind a backlog (a slow output, a
+// restart's catch-up) can take long: a publish option narrowed and restored during such a wait is
+// seen, and stops the capture (found in a ten-minute chaos run, where a capture catching up ran
+// through a publish fault's 15 s without a look).
+func TestWatchWhileWaitingForAVerdict(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
+	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 100) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	cfg := engineConfig(db, "public.t")
+	cfg.WatchInterval = 200 * time.Millisecond
+	sink := &blockingSink{memSink: newMemSink(), hold: 4 * time.Second, held: make(chan struct{})}
+	go func() {
+		<-sink.held
+		db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish = 'insert, update, delete')`)
+		time.Sleep(2500 * time.Millisecond)
+		db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET (publish = 'insert, update, delete, truncate')`)
+	}()
+	err := runEngine(t, cfg, sink, nil)
+	require.ErrorIs(t, err, merge.ErrPublicationChanged)
+	require.ErrorContains(t, err, "no longer publishes truncate")
 }
