@@ -82,8 +82,9 @@
 //
 // Engine.Run owns three goroutines, each waited for: the replication loop (sole user of the
 // replication connection), the chunk worker (sole user of the query connection: chunks, marks,
-// and the watch of what the stream does not report: names, publication membership, partitions,
-// column types),
+// and the watch of what the stream does not report: names, publication membership, publish
+// options, partitions, column types and storage, every WatchInterval, between chunks, while idle
+// and while it waits for a verdict, so that no wait hides a change undone within it),
 // and the merge loop (which owns the core and calls the Sink). They meet in one buffered channel, private to
 // this package, read by the merge loop; the merge loop answers the worker with a verdict per
 // chunk. A slow sink fills the channel, and the replication loop keeps the server's

@@ -215,7 +215,9 @@ func (w *worker) send(ctx context.Context, v any) error {
 }
 
 // wait waits for chunk id's verdict. Meanwhile (behind a backlog of changes, it can be long), it
-// takes a snapshot every second: the commits it shows visible need not be handed to the next run.
+// takes a snapshot every second: the commits it shows visible need not be handed to the next run;
+// and it looks at what the stream does not say when WatchInterval has passed, so that a wait
+// never hides a change undone within it (a publish option narrowed and restored).
 func (w *worker) wait(ctx context.Context, id int64) (verdict, error) {
 	probes := time.NewTicker(time.Second)
 	defer probes.Stop()
@@ -229,6 +231,11 @@ func (w *worker) wait(ctx context.Context, id int64) (verdict, error) {
 		case <-probes.C:
 			if err := w.probe(ctx); err != nil {
 				return verdict{}, err
+			}
+			if time.Since(w.lastWatch) >= w.cfg.WatchInterval {
+				if err := w.watch(ctx); err != nil {
+					return verdict{}, err
+				}
 			}
 		case <-ctx.Done():
 			return verdict{}, context.Cause(ctx)
