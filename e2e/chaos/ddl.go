@@ -272,7 +272,7 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 	return what
 }
 
-// publishFault narrows the publication's publish option for 15 s (longer than the capture's
+// publishFault narrows the publication's publish option for 12 s (longer than the capture's
 // watch interval), then puts it back: ALTER PUBLICATION ... SET (publish = 'insert, update,
 // delete'). pgoutput leaves out each change of a kind the option leaves out as it is written, and
 // sends nothing for the ALTER: a running capture must stop within its watch interval
@@ -299,7 +299,7 @@ func (r *run) publishFault(ctx context.Context) string {
 		r.forget(e)
 		return noEffect + err.Error()
 	}
-	e.hold(ctx, 15*time.Second)
+	e.hold(ctx, 12*time.Second)
 	if err := e.restore(ctx); err != nil {
 		r.violate("the harness could not put the publish option of %s back: %v", pub, err)
 	}
@@ -307,7 +307,7 @@ func (r *run) publishFault(ctx context.Context) string {
 	r.mu.Lock()
 	stops := e.stops
 	r.mu.Unlock()
-	return fmt.Sprintf("publication %s published no truncate for up to 15 s (after an OWNER TO); the capture stopped %d time(s)", pub, stops)
+	return fmt.Sprintf("publication %s published no truncate for up to 12 s (after an OWNER TO); the capture stopped %d time(s)", pub, stops)
 }
 
 // truncateFault truncates a table; the main table is reloaded with its initial rows in the same
