@@ -140,11 +140,11 @@ func TestChaosDDL(t *testing.T) {
 	order := mrand.New(mrand.NewPCG(seed, seed))
 	order.Shuffle(len(turns), func(i, j int) { turns[i], turns[j] = turns[j], turns[i] })
 	turns = append(turns, "standby-restart")
-	t.Logf("seed %d; replay with tidemark chaos --mode M --seed %d --faults %s --in-turn --duration 35s --fault-every 2s", seed, seed, strings.Join(turns, ","))
+	t.Logf("seed %d; replay with tidemark chaos --mode M --seed %d --faults %s --in-turn --duration 30s --fault-every 2s", seed, seed, strings.Join(turns, ","))
 	var cfgs []chaos.Config
 	for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
 		cfg := config(t, mode, seed)
-		cfg.Faults, cfg.InTurn, cfg.Duration = turns, true, 35*time.Second
+		cfg.Faults, cfg.InTurn, cfg.Duration = turns, true, 30*time.Second
 		cfgs = append(cfgs, cfg)
 	}
 	for i, rep := range concurrently(t, cfgs) {
