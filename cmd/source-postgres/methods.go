@@ -696,23 +696,20 @@ func (r *reader) pageable(ctx context.Context, ms *methodStream) (bool, error) {
 func (r *reader) pageScan(ctx context.Context, st *readStream, filter string) (done bool, err error) {
 	ms := st.method
 	rel := pgx.Identifier{st.schema, st.name}.Sanitize()
-	look := func() (filenode uint32, pages uint32, perPage float64, err error) {
-		var relpages int64
-		var tuples float64
-		err = r.conn.QueryRow(ctx, `SELECT relfilenode::bigint, (pg_relation_size(oid) / current_setting('block_size')::bigint), greatest(reltuples, 0)::float8, relpages::bigint
-			FROM pg_class WHERE oid = $1`, ms.oid).Scan(&filenode, &pages, &tuples, &relpages)
+	// look reads the relation's storage file and size in pages, and the rows per page the
+	// statistics estimate (50 without any), and whether the server has TID range scans.
+	var filenode, pages uint32
+	var perPage float64
+	var rangeScans bool
+	look := func() error {
+		err := r.conn.QueryRow(ctx, `SELECT relfilenode::bigint, pg_relation_size(oid) / current_setting('block_size')::bigint,
+				CASE WHEN relpages > 0 AND reltuples > 0 THEN reltuples / relpages ELSE 50 END::float8,
+				current_setting('server_version_num')::int >= 140000
+			FROM pg_class WHERE oid = $1`, ms.oid).Scan(&filenode, &pages, &perPage, &rangeScans)
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("read the size of %s: %w", st.key(), err)
+			return fmt.Errorf("read the size of %s: %w", st.key(), err)
 		}
-		perPage = 50
-		if relpages > 0 && tuples > 0 {
-			perPage = tuples / float64(relpages)
-		}
-		return filenode, pages, perPage, nil
-	}
-	var version int
-	if err := r.conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
-		return false, err
+		return nil
 	}
 	r.mu.Lock()
 	var ps pageScan
@@ -720,25 +717,22 @@ func (r *reader) pageScan(ctx context.Context, st *readStream, filter string) (d
 		ps = *st.ms.Pages
 	}
 	r.mu.Unlock()
-	filenode, pages, perPage, err := look()
-	if err != nil {
+	if err := look(); err != nil {
 		return false, err
 	}
-	fresh := func() {
+	// startOver begins the load (again, when the relation was rewritten since it began).
+	startOver := func() {
 		if ps.Filenode != 0 {
 			r.s.log.Warn().Str("stream", st.key()).Msg("the relation was rewritten since its load began (VACUUM FULL, CLUSTER, REFRESH MATERIALIZED VIEW, TRUNCATE): its rows moved, so the load starts over")
 		}
 		ps = pageScan{Filenode: filenode, End: pages}
 	}
 	if ps.Filenode != filenode {
-		fresh()
+		startOver()
 	}
-	step := uint32(1)
-	if n := math.Ceil(float64(r.s.cfg.BackfillChunkSize) / perPage); n > 1 {
-		step = uint32(min(n, 1<<20))
-	}
-	if version < 140000 {
-		step = max(ps.End, 1) // no TID range scan: one statement
+	step := uint32(min(max(math.Ceil(float64(r.s.cfg.BackfillChunkSize)/perPage), 1), 1<<20))
+	if !rangeScans {
+		step = max(ps.End, 1) // each range would be a sequential scan: one statement
 	}
 	for ps.Next < ps.End {
 		hi := min(uint64(ps.Next)+uint64(step), uint64(ps.End))
@@ -756,16 +750,11 @@ func (r *reader) pageScan(ctx context.Context, st *readStream, filter string) (d
 		ps.Next = uint32(hi)
 		// A rewrite before this range was read moved rows to pages read already: checked after
 		// it, so that a range read from the new file is never taken for the old one's.
-		now, _, _, err := look()
-		if err != nil {
+		if err := look(); err != nil {
 			return false, err
 		}
-		if now != ps.Filenode {
-			filenode, pages, _, err = look()
-			if err != nil {
-				return false, err
-			}
-			fresh()
+		if filenode != ps.Filenode {
+			startOver()
 		}
 		r.mu.Lock()
 		progress := ps
