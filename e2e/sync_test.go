@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -245,23 +244,8 @@ func TestSyncRebackfillOnceAcrossReconnects(t *testing.T) {
 	require.Less(t, lines("snapshot"), 1000, "the rows were not read again")
 }
 
-// syncBuffer is a strings.Builder safe for a process's writes and a test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer = e2e.SyncBuffer
 
 // TestOnSlotLossRebackfill: a slot invalidated by max_slot_wal_keep_size (wal_status lost: the
 // changes it needed are gone) stops the next sync with the fix; with --on-slot-loss rebackfill,

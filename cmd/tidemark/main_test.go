@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,23 +25,8 @@ var server *e2e.Server
 
 func TestMain(m *testing.M) { os.Exit(e2e.Main(m, &server)) }
 
-// syncBuffer is a bytes.Buffer that a test may read while a command writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer collects a command's output while the test reads it.
+type syncBuffer = e2e.SyncBuffer
 
 func testEnv(t *testing.T) (*env, *syncBuffer, *syncBuffer) {
 	var out, errOut syncBuffer
