@@ -395,19 +395,17 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v verdict) error {
 	if v.completed {
 		t.progress, t.gen = v.progress, v.gen
-		switch {
-		case w.rereading:
-			// A key-list chunk says nothing of how the range chunks fare: taken in turn with
-			// them, it would undo their back-off (a statement timeout halves the limit) and
-			// their count of failures in a row.
-		case c.Bytes > w.cfg.MaxChunkBytes:
+		// A key-list chunk says nothing of how the range chunks fare: taken in turn with them, it
+		// would undo their back-off (a statement timeout halves the limit) and their count of
+		// failures in a row.
+		if !w.rereading {
 			w.fails = 0
-			w.limit = max(1, int(int64(w.limit)*int64(w.cfg.MaxChunkBytes)/int64(c.Bytes)))
-		case w.limit < w.cfg.ChunkSize:
-			w.fails = 0
-			w.limit = min(w.cfg.ChunkSize, 2*w.limit)
-		default:
-			w.fails = 0
+			switch {
+			case c.Bytes > w.cfg.MaxChunkBytes:
+				w.limit = max(1, int(int64(w.limit)*int64(w.cfg.MaxChunkBytes)/int64(c.Bytes)))
+			case w.limit < w.cfg.ChunkSize:
+				w.limit = min(w.cfg.ChunkSize, 2*w.limit)
+			}
 		}
 		w.log.Debug().Str("table", t.name).Int64("chunk", v.id).Int("rows", len(c.Rows)).Int("emitted", v.emitted).
 			Int("bytes", c.Bytes).Strs("cursor", t.progress.Cursor).Msg("chunk done")
