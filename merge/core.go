@@ -384,12 +384,7 @@ func (c *core) step(in any) error {
 			}
 		}
 		if ts := c.tables[v.table]; ts != nil {
-			files, truncated := ts.progress.Files, ts.progress.Truncated
-			ts.progress.Shape = v.shape
-			ts.progress.Truncated = truncated
-			if c.storage[v.table] != nil {
-				ts.progress.Files = files // still to be explained
-			}
+			c.setShape(v.table, ts.progress, v.shape)
 		}
 	case handover:
 		return c.handover(v)
@@ -835,13 +830,22 @@ func (c *core) takeAsk(v rebackfillAsk) {
 	}
 	if v.shape != nil {
 		for _, name := range v.tables {
-			p := c.tables[name].progress
-			truncated := p.Truncated
-			p.Shape = *v.shape
-			p.Truncated = truncated
+			c.setShape(name, c.tables[name].progress, *v.shape)
 		}
 	}
 	c.asked = append(c.asked, v)
+}
+
+// setShape records what a look found of table name's shape in its progress p. The last TRUNCATE
+// the stream carried stays (the worker does not know it), and so do the files a storage
+// question is pending on (still to be explained).
+func (c *core) setShape(name string, p *TableProgress, s Shape) {
+	files, truncated := p.Files, p.Truncated
+	p.Shape = s
+	p.Truncated = truncated
+	if c.storage[name] != nil {
+		p.Files = files
+	}
 }
 
 // dropAsks answers the requests no checkpoint carried, when the run ends.
