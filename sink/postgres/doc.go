@@ -49,7 +49,12 @@
 //   - The source's definition changes are followed where that is safe (a column added, a type's
 //     modifiers changed); otherwise the sink stops with the statements to run (a rename that
 //     cannot be told from a drop and an add, a type converted with an unknown USING, a column
-//     whose existing rows got values no event carries).
+//     whose existing rows got values no event carries: the last two wrap ErrRewriteNotFollowed,
+//     which tidemark sync answers by running again once, a run that re-backfills the table).
+//   - A table with no row since a TRUNCATE or a refresh of this sink (or, met first, one the
+//     checkpoint accounts for, found empty under an ACCESS EXCLUSIVE lock) takes the source's
+//     column types as they are (ALTER ... TYPE ... USING NULL: no value to convert); the key's
+//     operators and the type's domain checks are then read again.
 //
 // The SQL is built by pure functions (sql.go), golden-tested (testdata/sql.golden; go test
 // ./sink/postgres -run TestSQLGolden -update rewrites it): identifiers quoted, values bound
