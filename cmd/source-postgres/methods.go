@@ -37,8 +37,9 @@ import (
 // A stream's first read loads the whole table: by primary key chunks, one statement each, with a
 // state after each, so a read killed mid-table resumes after the last chunk the platform saw;
 // the position the increments continue from is taken before the load starts. A relation without
-// a primary key is read in one query (Standard: in cursor order, with states between cursor
-// values, so it resumes too).
+// a primary key is read in one query by Standard (in cursor order, with states between cursor
+// values, so it resumes too), and by Xmin in ranges of its pages with a state after each
+// (pageScan), unless it is partitioned or has inheritance children (one query).
 //
 // The states are Airbyte's STREAM states, in Airbyte's own forms (version 2: cursor_based, xmin)
 // once a stream is loaded, so that a state moves between the two connectors; a load in progress
