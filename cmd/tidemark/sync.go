@@ -61,10 +61,9 @@ func runSync(ctx context.Context, args []string, e *env) error {
 		if progressed {
 			rewriteRetried = false
 		}
-		rewrite := errors.Is(err, postgres.ErrRewriteNotFollowed) && *f.onRewrite == "rebackfill" && !rewriteRetried && running &&
-			!errors.Is(err, replicator.ErrLeftBehind) && ctx.Err() == nil
-		rewriteRetried = rewriteRetried || rewrite
-		if rewrite {
+		if errors.Is(err, postgres.ErrRewriteNotFollowed) && *f.onRewrite == "rebackfill" && !rewriteRetried && running &&
+			!errors.Is(err, replicator.ErrLeftBehind) && ctx.Err() == nil {
+			rewriteRetried = true
 			e.log.Warn().Err(err).Msg("the target met a change of a table whose values the source rewrote, before the re-backfill it asks for: running again, which re-backfills the table from its start")
 			continue
 		}
