@@ -366,6 +366,60 @@ func TestPublicationDropStopsCapture(t *testing.T) {
 	verify(t, db, sink, "public.t", "id")
 }
 
+// TestPublicationLayoutChanged: a table that stays published all along while the publication's
+// layout changes stops nothing, while the capture runs or between two runs: its schema added to
+// the publication, then the table dropped by name (what an operator does to be allowed ALTER
+// TABLE ... SET UNLOGGED), and back. Each step keeps one of the catalog rows that made it a
+// member. Two such steps between two looks cannot be told from a table that left the publication
+// and came back, and stop as that does.
+func TestPublicationLayoutChanged(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 20, 1)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+	pub := db.Publication
+	member := func() string {
+		if p := sink.last(); p != nil && p.Tables["public.t"] != nil {
+			return p.Tables["public.t"].Publication
+		}
+		return ""
+	}
+	require.Contains(t, member(), "rel:")
+
+	cont := cfg
+	cont.StopWhenCaughtUp = false
+	cont.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	db.Exec(`ALTER PUBLICATION ` + pub + ` ADD TABLES IN SCHEMA public`)
+	require.Eventually(t, func() bool { return strings.Contains(member(), "schema:") }, 30*time.Second, 50*time.Millisecond, "a checkpoint records the schema")
+	db.Exec(`ALTER PUBLICATION ` + pub + ` DROP TABLE t`)
+	db.Exec(fmt.Sprintf(upd, "through the schema", 4))
+	require.Eventually(t, func() bool { return !strings.Contains(member(), "rel:") }, 30*time.Second, 50*time.Millisecond, "a checkpoint records the table out of the list")
+	select {
+	case <-done:
+		t.Fatalf("the capture stopped: %v", stopIt())
+	default:
+	}
+	require.ErrorIs(t, stopIt(), context.Canceled)
+
+	// One step between two runs: the table by name again, then the schema dropped.
+	db.Exec(`ALTER PUBLICATION ` + pub + ` ADD TABLE t`)
+	db.Exec(fmt.Sprintf(upd, "by name again", 5))
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()))
+	db.Exec(`ALTER PUBLICATION ` + pub + ` DROP TABLES IN SCHEMA public`)
+	db.Exec(fmt.Sprintf(upd, "by name alone", 6))
+	require.NoError(t, runEngine(t, cfg, sink, sink.last()))
+	require.NotContains(t, member(), "schema:")
+	verify(t, db, sink, "public.t", "id")
+
+	// Two steps between two runs: for all a look can tell, it left and came back.
+	db.Exec(`ALTER PUBLICATION ` + pub + ` ADD TABLES IN SCHEMA public`)
+	db.Exec(`ALTER PUBLICATION ` + pub + ` DROP TABLE t`)
+	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrPublicationChanged)
+}
+
 // TestPublishViaRootTurnedOff: with publish_via_partition_root turned off, a partitioned table's
 // changes stream under its partitions' names; the capture of the root stops instead of skipping
 // them.
