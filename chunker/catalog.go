@@ -88,6 +88,26 @@ func Membership(ctx context.Context, conn *pgx.Conn, oid uint32, pub string) (st
 	return strings.Join(parts, ","), nil
 }
 
+// MembershipKept reports whether a table whose membership token (Membership) was before and is
+// now was published all along: both name one same catalog row that makes it a member (a
+// pg_publication_rel row, a pg_publication_namespace row, or FOR ALL TABLES), which was there at
+// both looks and so in between (a row removed never comes back under its OID);
+// publish_via_partition_root is the same; and before had no row filter (a path without one added
+// since publishes rows the output never had). Such a change of the publication's layout (the
+// table's schema added, the table dropped from the list while its schema stays, and back) loses
+// nothing. Two steps between two looks (the schema added and the list entry dropped) share no row,
+// and cannot be told from a table that left and came back.
+func MembershipKept(before, now string) bool {
+	if before == "" || now == "" || strings.Contains(before, ":filter:") {
+		return false
+	}
+	b, n := strings.Split(before, ","), strings.Split(now, ",")
+	if slices.Contains(b, "via_root") != slices.Contains(n, "via_root") {
+		return false
+	}
+	return slices.ContainsFunc(b, func(e string) bool { return e != "via_root" && slices.Contains(n, e) })
+}
+
 // Partitions returns the OIDs of every partition under the table with OID oid (leaves and
 // intermediate partitioned tables), in OID order; none for a table that is not partitioned.
 func Partitions(ctx context.Context, conn *pgx.Conn, oid uint32) ([]uint32, error) {

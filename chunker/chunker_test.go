@@ -149,3 +149,26 @@ func TestParseInt(t *testing.T) {
 		require.False(t, ok, bad)
 	}
 }
+
+// TestMembershipKept: a membership change keeps the table published all along only when both
+// looks share a catalog row without a row filter, and publish_via_partition_root did not change.
+func TestMembershipKept(t *testing.T) {
+	for _, c := range []struct {
+		before, now string
+		kept        bool
+	}{
+		{"rel:10", "rel:10,schema:20", true},                      // its schema added
+		{"rel:10,schema:20", "schema:20", true},                   // then dropped from the list
+		{"schema:20", "rel:30,schema:20", true},                   // and back
+		{"all", "all,rel:10", true},                               // FOR ALL TABLES stays
+		{"rel:10", "schema:20", false},                            // two steps between two looks
+		{"rel:10", "rel:11", false},                               // dropped and added again
+		{"rel:10", "", false},                                     // left
+		{"", "rel:10", false},                                     // no membership recorded
+		{"rel:10:filter:ab", "rel:10:filter:ab,schema:20", false}, // more rows published than the output has
+		{"rel:10,via_root", "rel:10", false},                      // publish_via_partition_root off
+		{"via_root", "via_root,rel:10", false},                    // a token of a flag alone shares no row
+	} {
+		require.Equal(t, c.kept, MembershipKept(c.before, c.now), "%q -> %q", c.before, c.now)
+	}
+}

@@ -57,6 +57,13 @@ type (
 		table string
 		shape Shape
 	}
+	// memberNow is a table's membership of the publication as the worker's watch found it after
+	// a change that kept it published all along (chunker.MembershipKept): checkpoints carry it
+	// (TableProgress.Publication).
+	memberNow struct {
+		table  string
+		member string
+	}
 	// highWritten reports that chunk id's high watermark committed before WAL position after:
 	// once the stream has passed it, the window is stale if the mark was not seen.
 	highWritten struct {
@@ -385,6 +392,10 @@ func (c *core) step(in any) error {
 		}
 		if ts := c.tables[v.table]; ts != nil {
 			c.setShape(v.table, ts.progress, v.shape)
+		}
+	case memberNow:
+		if ts := c.tables[v.table]; ts != nil {
+			ts.progress.Publication = v.member
 		}
 	case handover:
 		return c.handover(v)

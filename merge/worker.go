@@ -28,6 +28,9 @@ type workTable struct {
 	parts    []uint32              // the partitions it had when the run started
 	storage  []chunker.LeafStorage // its leaf partitions' storage when last looked at (publishing through the root)
 	shape    Shape                 // its columns and storage when last looked at
+	// member is its membership of the publication when last looked at (Membership), which
+	// changes while the run goes on only in ways that keep it published (MembershipKept).
+	member string
 	// lastAuto is when a rewrite last re-backfilled the table (Config.RebackfillRewrites);
 	// waiting, that a rewrite waits for RewriteRebackfillEvery to pass since (said once).
 	lastAuto time.Time
@@ -558,14 +561,25 @@ func (w *worker) watch(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if member != t.progress.Publication {
+		if t.member == "" {
+			t.member = t.progress.Publication
+		}
+		if member != t.member && chunker.MembershipKept(t.member, member) {
+			w.log.Info().Str("table", t.name).Str("was", t.member).Str("now", member).
+				Msg("the table's membership of the publication changed, and it stayed published all along")
+			t.member = member
+			if err := w.send(ctx, memberNow{table: t.name, member: member}); err != nil {
+				return err
+			}
+		}
+		if member != t.member {
 			what := "its membership changed"
 			if member == "" {
 				what = "it is no longer published under its name (dropped from the publication, or publish_via_partition_root turned off)"
 			}
 			return fmt.Errorf("%w: %s in publication %q: %s (was %q, now %q), so its changes since then are not in the slot; "+
 				"restore it (ALTER PUBLICATION %s ADD TABLE ONLY %s, or SET (publish_via_partition_root = true)), then re-backfill the table",
-				ErrPublicationChanged, t.name, pub, what, t.progress.Publication, member, pgx.Identifier{pub}.Sanitize(), t.table.Ident())
+				ErrPublicationChanged, t.name, pub, what, t.member, member, pgx.Identifier{pub}.Sanitize(), t.table.Ident())
 		}
 		if t.table.Partitions != nil || t.parts != nil {
 			parts, err := chunker.Partitions(ctx, w.conn, t.table.OID)
