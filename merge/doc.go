@@ -91,4 +91,11 @@
 // wal_sender_timeout at bay with status updates while it waits. When Run's context ends, the
 // merge loop finishes the transaction in progress (for up to 5 seconds), takes a last
 // checkpoint, and stops the others.
+//
+// A table's membership of the publication is the catalog rows that make it a member; a look
+// that finds another stops the capture (its changes may have gone to no slot meanwhile), unless
+// both looks share one of those rows without a row filter (chunker.MembershipKept): a row there
+// at both looks was there in between, so the table was published all along (its schema added
+// to the publication, then the table dropped from the list). The new membership is then
+// recorded (memberNow), and the next look compares with it.
 package merge
