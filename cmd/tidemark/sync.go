@@ -155,7 +155,7 @@ type syncFlags struct {
 	control, onSlotLoss, onRewrite                                              *string
 	audit, stopCaughtUp, noBackfill, quiet                                      *bool
 	chunkSize, maxChunkBytes                                                    *int
-	interval, wmTimeout                                                         *time.Duration
+	interval, wmTimeout, watch                                                  *time.Duration
 	testing                                                                     testingFlags
 	keys                                                                        *[]string
 }
@@ -186,6 +186,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.watermarks = fs.String("watermarks", "auto", "how watermarks are written: message (transactional logical messages: no table, no write privilege; PostgreSQL 14+), table (rows of --signal-table), or auto (message on 14+, table before; table when --signal-table is given)")
 	f.signalTable = signalTableFlag(fs, "the watermark table of the table transport, as schema.table; created when missing")
 	f.wmTimeout = fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
+	f.watch = fs.Duration("watch-interval", 10*time.Second, "time between two looks at what the stream does not carry (a table renamed, dropped or out of the publication, its partitions, UNLOGGED or rewritten, the publish option): a change undone within one interval is not seen")
 	f.testing = newTestingFlags(fs)
 	f.maxChunkBytes = fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	return f
@@ -209,6 +210,7 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		intRange("chunk-size", *f.chunkSize, 1, 1_000_000),
 		durationRange("checkpoint-interval", *f.interval, 10*time.Millisecond, time.Hour),
 		durationRange("watermark-timeout", *f.wmTimeout, 100*time.Millisecond, time.Hour),
+		durationRange("watch-interval", *f.watch, 100*time.Millisecond, time.Hour),
 		intRange("max-chunk-bytes", *f.maxChunkBytes, 1<<10, 1<<30))
 	if *f.source == "" {
 		problems = append(problems, "--source is required")
@@ -339,6 +341,7 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 		Watermarks:         p.transport,
 		SignalTable:        pgx.Identifier{p.sigSchema, p.sigName},
 		WatermarkTimeout:   *f.wmTimeout,
+		WatchInterval:      *f.watch,
 		// --rebackfill all: a checkpoint that cannot be resumed is replaced by a refresh of
 		// every table.
 		ResyncInvalidPosition: p.refreshAll,
