@@ -237,11 +237,12 @@ type run struct {
 	stops         map[string]int // expected stops by fault kind
 	remedies      map[string]int
 	otherFailures map[string]int
-	violations    []string       // found while the run goes on
-	exps          []*expectation // the stops the faults may cause
-	auditFrom     int64          // the PostgreSQL target's audit covers txlog ids above (a restore raises it)
-	pubDrops      []*pubDrop     // the publication faults' spans, for the target history
-	unmet         []string       // InTurn: kinds that never took effect
+	violations    []string             // found while the run goes on
+	exps          []*expectation       // the stops the faults may cause
+	auditFrom     int64                // the PostgreSQL target's audit covers txlog ids above (a restore raises it)
+	pubDrops      []*pubDrop           // the publication faults' spans, for the target history
+	autoAt        map[string]time.Time // table → when a fault last had the sync re-backfill it by itself
+	unmet         []string             // InTurn: kinds that never took effect
 	sup           *supervisor
 	journal       *os.File // Dir/journal.log: the faults, the capture's runs and how they ended
 }
@@ -322,9 +323,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	_, _ = crand.Read(id[:])
 	sch := fmt.Sprintf("%s_%d_%x", SchemaPrefix, cfg.Seed%1000000, id)
 	r := &run{cfg: cfg, log: cfg.Log, faults: map[string]int{}, void: map[string]int{}, stops: map[string]int{}, remedies: map[string]int{},
-		otherFailures: map[string]int{}, schema: newSchemaState(sch), sch: sch, slot: sch, faultsArg: faultsArg,
+		otherFailures: map[string]int{}, autoAt: map[string]time.Time{}, schema: newSchemaState(sch), sch: sch, slot: sch, faultsArg: faultsArg,
 		report: &Report{Mode: cfg.Mode, Seed: cfg.Seed, Schema: sch},
 		rng:    rand.New(rand.NewPCG(cfg.Seed, 2))}
+	if cfg.Dir != "" {
+		// Another run's output there would be resumed (and its checkpoint is of another server).
+		if entries, err := os.ReadDir(cfg.Dir); err == nil && len(entries) > 0 {
+			return nil, fmt.Errorf("chaos: %s holds the files of another run; give an empty or new directory", cfg.Dir)
+		}
+		if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+	}
 	if cfg.Dir == "" {
 		dir, err := os.MkdirTemp("", "tidemark-chaos-")
 		if err != nil {

@@ -121,7 +121,8 @@ func TestChaos(t *testing.T) {
 
 // TestChaosDDL runs each mode under the schema and operations faults (the ddl family: renames,
 // columns, replica identities, the publication, TRUNCATE, a column's values rewritten by ALTER
-// COLUMN ... TYPE ... USING, a re-backfill asked of the running sync, a commit kept invisible across a
+// COLUMN ... TYPE ... USING, the publish option narrowed, a table UNLOGGED and LOGGED again under
+// a schema publication, a re-backfill asked of the running sync, a commit kept invisible across a
 // restart of the capture, a restore of the source to an earlier point), taken in turn so that
 // a short run meets each, with a random seed (printed). The capture follows each change or stops
 // with an error naming its cause; the harness checks the cause, applies the remedy the error
@@ -136,7 +137,7 @@ func TestChaosDDL(t *testing.T) {
 	// loop of stops: a first run killed before its first checkpoint left changes that cannot be
 	// placed in the slot, and a re-backfill without a position was dropped; fixed, see
 	// TestRebackfillWithoutPosition.)
-	turns := []string{"restore", "identity", "publication", "rename", "truncate", "rewrite", "column", "rebackfill", "publish"}
+	turns := []string{"restore", "identity", "publication", "rename", "truncate", "rewrite", "column", "rebackfill", "publish", "persist"}
 	order := mrand.New(mrand.NewPCG(seed, seed))
 	order.Shuffle(len(turns), func(i, j int) { turns[i], turns[j] = turns[j], turns[i] })
 	turns = append(turns, "standby-restart")
@@ -151,7 +152,7 @@ func TestChaosDDL(t *testing.T) {
 		require.True(t, rep.OK(), "%s seed %d: %s", rep.Mode, seed, strings.Join(rep.Violations, "\n"))
 		require.Greater(t, rep.Transactions, int64(500), "the workload ran")
 		effective := func(kind string) int { return rep.Faults[kind] - rep.Void[kind] }
-		kinds := []string{"identity", "publication", "rename", "truncate", "rewrite", "column"}
+		kinds := []string{"identity", "publication", "rename", "truncate", "rewrite", "column", "persist"}
 		if rep.Mode != chaos.Airbyte {
 			kinds = append(kinds, "rebackfill", "publish") // tidemark rebackfill asks a running sync; publish: a sync's stop and remedy
 		}

@@ -20,6 +20,7 @@ type checkpointInfo struct {
 	Tables    map[string]bool     // the tables it has progress for
 	Refresh   map[string]bool     // the tables whose re-backfill is asked for and not started yet
 	Files     map[string][]uint32 // the storage files each table had when last looked at
+	Members   map[string]string   // each table's membership of the publication (chunker.Membership)
 	Invisible string              // the commits not yet visible, as ranges of xids ("1042-1050,1077")
 }
 
@@ -65,8 +66,9 @@ func parsePosition(raw []byte) (*checkpointInfo, error) {
 		Timeline  int32  `json:"timeline"`
 		Invisible string `json:"invisible"`
 		Tables    map[string]struct {
-			Refresh bool     `json:"refresh"`
-			Files   []uint32 `json:"files"`
+			Refresh     bool     `json:"refresh"`
+			Files       []uint32 `json:"files"`
+			Publication string   `json:"publication"`
 		} `json:"tables"`
 	}
 	if err := json.Unmarshal(raw, &p); err != nil {
@@ -76,11 +78,12 @@ func parsePosition(raw []byte) (*checkpointInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("position lsn %q: %w", p.LSN, err)
 	}
-	c := &checkpointInfo{raw: string(raw), LSN: lsn, Timeline: p.Timeline, Invisible: p.Invisible, Tables: map[string]bool{}, Refresh: map[string]bool{}, Files: map[string][]uint32{}}
+	c := &checkpointInfo{raw: string(raw), LSN: lsn, Timeline: p.Timeline, Invisible: p.Invisible, Tables: map[string]bool{}, Refresh: map[string]bool{}, Files: map[string][]uint32{}, Members: map[string]string{}}
 	for name, t := range p.Tables {
 		c.Tables[name] = true
 		c.Refresh[name] = t.Refresh
 		c.Files[name] = t.Files
+		c.Members[name] = t.Publication
 	}
 	return c, nil
 }
@@ -101,7 +104,8 @@ func parseAirbyteState(raw []byte) (*checkpointInfo, error) {
 					Namespace string `json:"namespace"`
 				} `json:"stream_descriptor"`
 				State struct {
-					Refresh bool `json:"refresh"`
+					Refresh     bool   `json:"refresh"`
+					Publication string `json:"publication"`
 				} `json:"stream_state"`
 			} `json:"stream_states"`
 		} `json:"global"`
@@ -114,11 +118,12 @@ func parseAirbyteState(raw []byte) (*checkpointInfo, error) {
 	}
 	g := msgs[len(msgs)-1].Global
 	c := &checkpointInfo{raw: string(raw), LSN: pglogrepl.LSN(g.Shared.LSN), Timeline: g.Shared.Timeline, Invisible: g.Shared.Invisible,
-		Tables: map[string]bool{}, Refresh: map[string]bool{}}
+		Tables: map[string]bool{}, Refresh: map[string]bool{}, Members: map[string]string{}}
 	for _, st := range g.Streams {
 		name := st.Descriptor.Namespace + "." + st.Descriptor.Name
 		c.Tables[name] = true
 		c.Refresh[name] = st.State.Refresh
+		c.Members[name] = st.State.Publication
 	}
 	return c, nil
 }

@@ -31,6 +31,20 @@ import (
 // run goes on. A fault registers the stops it may cause (an expectation, expect.go) before it
 // changes anything; any other stop, and any difference at the end, is a violation.
 
+// syncWatch is the watch interval the harness gives its syncs (--watch-interval): the faults
+// that only a look sees hold their change for watchHold. The connector looks every 10 s (the
+// engine's default).
+const syncWatch = 2 * time.Second
+
+// watchHold is how long a fault holds a change that only a look of the capture sees (the publish
+// option, a table UNLOGGED): longer than its watch interval.
+func (r *run) watchHold() time.Duration {
+	if r.cfg.Mode == Airbyte {
+		return 12 * time.Second
+	}
+	return 5 * time.Second
+}
+
 // ddlLockTimeout bounds the wait of a fault's DDL for its table lock: the workload's and the
 // capture's transactions are short, so a longer wait means a fault of the harness.
 const ddlLockTimeout = "5s"
@@ -54,10 +68,32 @@ func (r *run) schemaFault(ctx context.Context, kind string, d time.Duration) str
 		return r.rewriteFault(ctx)
 	case "publish":
 		return r.publishFault(ctx)
+	case "persist":
+		return r.persistFault(ctx)
 	case "restore":
 		return r.restoreFault(ctx, d)
 	}
 	return noEffect + "unknown fault " + kind
+}
+
+// rewriteEvery is the sync's time between two automatic re-backfills of one table (merge.Config's
+// RewriteRebackfillEvery, by default): a later rewrite waits for it.
+const rewriteEvery = 5 * time.Minute
+
+// autoPick is pickTable among those of candidates the sync has not re-backfilled by itself (a
+// rewrite or persist fault's) within rewriteEvery, whose re-backfill would wait; "" when none.
+// The connector re-backfills nothing by itself: every candidate is its.
+func (r *run) autoPick(rng *rand.Rand, candidates ...string) string {
+	if r.cfg.Mode != Airbyte {
+		r.mu.Lock()
+		candidates = slices.DeleteFunc(slices.Clone(candidates), func(t string) bool { return time.Since(r.autoAt[t]) < rewriteEvery })
+		r.mu.Unlock()
+	}
+	if len(candidates) == 0 {
+		_ = rng.IntN(2) // the draw pickTable makes, so the schedule stays the seed's
+		return ""
+	}
+	return r.pickTable(rng, candidates...)
 }
 
 // pickTable draws one of tables and takes the next one that has no expectation in progress
@@ -272,7 +308,7 @@ func (r *run) publicationFault(ctx context.Context, d time.Duration) string {
 	return what
 }
 
-// publishFault narrows the publication's publish option for 12 s (longer than the capture's
+// publishFault narrows the publication's publish option for watchHold (longer than the capture's
 // watch interval), then puts it back: ALTER PUBLICATION ... SET (publish = 'insert, update,
 // delete'). pgoutput leaves out each change of a kind the option leaves out as it is written, and
 // sends nothing for the ALTER: a running capture must stop within its watch interval
@@ -299,7 +335,7 @@ func (r *run) publishFault(ctx context.Context) string {
 		r.forget(e)
 		return noEffect + err.Error()
 	}
-	e.hold(ctx, 12*time.Second)
+	e.hold(ctx, r.watchHold())
 	if err := e.restore(ctx); err != nil {
 		r.violate("the harness could not put the publish option of %s back: %v", pub, err)
 	}
@@ -307,7 +343,126 @@ func (r *run) publishFault(ctx context.Context) string {
 	r.mu.Lock()
 	stops := e.stops
 	r.mu.Unlock()
-	return fmt.Sprintf("publication %s published no truncate for up to 12 s (after an OWNER TO); the capture stopped %d time(s)", pub, stops)
+	return fmt.Sprintf("publication %s published no truncate for up to %s (after an OWNER TO); the capture stopped %d time(s)", pub, r.watchHold(), stops)
+}
+
+// persistFault makes a table UNLOGGED for watchHold (longer than the capture's watch interval) while
+// the workload writes to it, then LOGGED again: a bulk-load habit whose writes are in no WAL
+// record. PostgreSQL refuses SET UNLOGGED for a table a publication lists by name, so the fault
+// first adds the run's schema to the publication (ADD TABLES IN SCHEMA: PostgreSQL 15, a
+// superuser) and drops the table from the list; afterwards it adds it back and drops the schema.
+// The table stays published all along, and the capture must not stop for it
+// (chunker.MembershipKept): the fault takes one step per look of the capture (a durable
+// checkpoint that records the membership the step left), and allows a publication stop only when
+// no look came in time. tidemark sync (--on-rewrite rebackfill) re-backfills the table once it is
+// LOGGED again; the connector stops while it runs (merge.ErrUnlogged). Either stops at start while
+// the table is UNLOGGED, and with merge.ErrStorageReplaced when no capture looked meanwhile: the
+// remedy makes it LOGGED and re-backfills it. As for a rewrite, the table's changes passed over by
+// the re-backfill are left out of the target history's staleness check.
+func (r *run) persistFault(ctx context.Context) string {
+	// notes mostly: items is the rewrite fault's, whose automatic re-backfill would make this
+	// one wait (one per table per 5 minutes).
+	t := r.autoPick(r.rng, "notes")
+	if r.rng.IntN(4) == 0 {
+		t = r.autoPick(r.rng, "items")
+	}
+	if t == "" {
+		return noEffect + "the table awaits a remedy, or was re-backfilled by the sync within 5 minutes"
+	}
+	name, full := r.schema.name(t), r.sch+"."+t
+	if v, err := r.queryString(ctx, `SELECT current_setting('server_version_num')`); err != nil || len(v) < 6 || v < "150000" {
+		return noEffect + "FOR TABLES IN SCHEMA needs PostgreSQL 15"
+	}
+	pub, sch := pgx.Identifier{r.slot}.Sanitize(), pgx.Identifier{r.sch}.Sanitize()
+	e := r.expect("persist", full, true, func(ctx context.Context) error {
+		return r.undoExec(ctx, `ALTER TABLE `+r.schema.name(t)+` SET LOGGED`)
+	}, causeUnlogged, causeStorage)
+	// looked waits for a durable checkpoint whose membership of the table has the catalog row
+	// (chunker.Membership's form) that query names; when none comes in time, a publication stop
+	// is allowed from then on.
+	late := 0
+	looked := func(query string) {
+		row, err := r.queryString(ctx, query)
+		for deadline := time.Now().Add(time.Minute); err == nil && time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 200*time.Millisecond) {
+			if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil && slices.Contains(strings.Split(cp.Members[full], ","), row) {
+				return
+			}
+		}
+		late++
+		r.mu.Lock()
+		if !slices.Contains(e.causes, causePublication) {
+			e.causes = append(e.causes, causePublication)
+		}
+		r.mu.Unlock()
+	}
+	if err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLES IN SCHEMA `+sch); err != nil {
+		r.forget(e)
+		return noEffect + err.Error()
+	}
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	looked(`SELECT 'schema:' || pn.oid FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid
+		WHERE p.pubname = ` + lit(r.slot) + ` AND pn.pnnspid = ` + lit(r.sch) + `::regnamespace`)
+	var lo pglogrepl.LSN
+	if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil {
+		lo = cp.LSN
+	}
+	span := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
+	r.mu.Lock()
+	r.pubDrops = append(r.pubDrops, span)
+	r.mu.Unlock()
+	err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLE `+name)
+	if err == nil {
+		err = r.ddlExec(ctx, `ALTER TABLE `+name+` SET UNLOGGED`)
+	}
+	if err == nil {
+		e.hold(ctx, r.watchHold())
+	}
+	if uerr := e.restore(ctx); uerr != nil {
+		r.violate("the harness could not make %s LOGGED again: %v", name, uerr)
+	}
+	// The list back, one step per look.
+	if aerr := r.undoExec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+name); aerr != nil && !pgerr.DuplicateObject(aerr) {
+		r.violate("the harness could not add %s back to the publication: %v", name, aerr)
+	}
+	looked(`SELECT 'rel:' || pr.oid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+		WHERE p.pubname = ` + lit(r.slot) + ` AND pr.prrelid = ` + lit(name) + `::regclass`)
+	if derr := r.undoExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLES IN SCHEMA `+sch); derr != nil {
+		r.violate("the harness could not drop schema %s from the publication: %v", r.sch, derr)
+	}
+	if err != nil {
+		r.mu.Lock()
+		span.hi = lo
+		r.mu.Unlock()
+		r.forget(e)
+		return noEffect + err.Error()
+	}
+	file, ferr := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = '`+strings.ReplaceAll(name, "'", "''")+`'::regclass`)
+	n, perr := strconv.ParseUint(file, 10, 32)
+	r.mu.Lock()
+	r.autoAt[t] = time.Now()
+	r.mu.Unlock()
+	if r.cfg.Mode != Airbyte && ferr == nil && perr == nil {
+		// The sync re-backfills it by itself, or after a stop's remedy: done once a checkpoint
+		// records the new file with the refresh started.
+		r.closeSpan(ctx, span, 2*time.Minute, func(cp *checkpointInfo) bool {
+			return slices.Contains(cp.Files[full], uint32(n)) && !cp.Refresh[full]
+		})
+		r.mu.Lock()
+		if span.hi != math.MaxUint64 && e.retired.IsZero() {
+			e.retired = time.Now()
+		}
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	what := fmt.Sprintf("%s UNLOGGED for up to %s under a schema publication; the capture stopped %d time(s)", name, r.watchHold(), e.stops)
+	if r.cfg.Mode != Airbyte {
+		what += fmt.Sprintf("; its changes passed over from %s to %s", span.lo, span.hi)
+	}
+	if late > 0 {
+		what += fmt.Sprintf("; %d step(s) of the publication's layout met no look in time", late)
+	}
+	return what
 }
 
 // truncateFault truncates a table; the main table is reloaded with its initial rows in the same
@@ -354,12 +509,12 @@ func (r *run) truncateFault(ctx context.Context) string {
 // source again.
 func (r *run) rewriteFault(ctx context.Context) string {
 	// items: small, so that its re-backfill keeps the ddl run short; accounts one time in four.
-	t := r.pickTable(r.rng, "items")
+	t := r.autoPick(r.rng, "items")
 	if r.rng.IntN(4) == 0 {
-		t = r.pickTable(r.rng, "accounts")
+		t = r.autoPick(r.rng, "accounts")
 	}
 	if t == "" {
-		return noEffect + "the table awaits a remedy"
+		return noEffect + "the table awaits a remedy, or was re-backfilled by the sync within 5 minutes"
 	}
 	if r.cfg.Mode != Airbyte {
 		return r.rewriteFollowed(ctx, t)
@@ -396,6 +551,9 @@ func (r *run) rewriteFollowed(ctx context.Context, t string) string {
 		r.mu.Unlock()
 		return noEffect + err.Error()
 	}
+	r.mu.Lock()
+	r.autoAt[t] = time.Now()
+	r.mu.Unlock()
 	file, err := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = '`+strings.ReplaceAll(name, "'", "''")+`'::regclass`)
 	n, perr := strconv.ParseUint(file, 10, 32)
 	if err == nil && perr == nil {

@@ -17,8 +17,10 @@
 // PostgreSQL, walsender terminations, connections dropped, reset and stalled by a proxy, a
 // committed transaction kept invisible after it was streamed, a slow consumer. The ddl family
 // (ddl.go), asked for by name: renames, columns added and dropped, replica identities, a table
-// out of the publication and back, TRUNCATE, a commit kept invisible across a restart of the
-// capture, a restore of the source to an earlier point. The fence family (fence.go): a second
+// out of the publication and back, TRUNCATE, a column's values rewritten, the publish option
+// narrowed, a table UNLOGGED and LOGGED again under a schema publication, a re-backfill asked of
+// the running sync, a commit kept invisible across a restart of the capture, a restore of the
+// source to an earlier point. The fence family (fence.go): a second
 // capture against the slot and output of the running one, which must be refused. The target
 // family: the PostgreSQL target restarted, its connections dropped. A fault that did nothing is
 // counted apart, without effect. Breaks (breaks.go) break the capture on purpose: each must be

@@ -44,6 +44,8 @@ const (
 	causeColumnGone  cause = "column-gone"   // the PostgreSQL target's stop at a column added while one dropped is still there
 	causeRewritten   cause = "rewritten"     // merge.ErrValuesRewritten: a table rewritten under a changed column
 	causePublishOff  cause = "publish-off"   // replicator.ErrPublication: a kind of change not published, at start
+	causeUnlogged    cause = "unlogged"      // merge.ErrUnlogged: a table UNLOGGED
+	causeStorage     cause = "storage"       // merge.ErrStorageReplaced: new storage files between two runs
 )
 
 var causeTexts = []struct {
@@ -71,6 +73,8 @@ var causeTexts = []struct {
 	{causeColumnGone, "a renamed column, or one dropped and another added?"},
 	{causeRewritten, merge.ErrValuesRewritten.Error()},
 	{causePublishOff, replicator.ErrPublication.Error()},
+	{causeUnlogged, merge.ErrUnlogged.Error()},
+	{causeStorage, merge.ErrStorageReplaced.Error()},
 }
 
 // positionCauses are the refusals of a checkpoint the server's history no longer has (a restore

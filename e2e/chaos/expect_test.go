@@ -182,7 +182,7 @@ func TestExpandFaults(t *testing.T) {
 	require.Equal(t, []string{"kill", "restart", "walsender", "drop", "reset", "stall", "commit-stall", "slow-consumer"}, def)
 	both, err := expandFaults([]string{"ddl", "kill"})
 	require.NoError(t, err)
-	require.Equal(t, []string{"rename", "column", "identity", "publication", "truncate", "rewrite", "publish", "rebackfill", "standby-restart", "restore", "kill"}, both)
+	require.Equal(t, []string{"rename", "column", "identity", "publication", "truncate", "rewrite", "publish", "persist", "rebackfill", "standby-restart", "restore", "kill"}, both)
 	_, err = expandFaults([]string{"ddl", "nope"})
 	require.ErrorContains(t, err, `unknown fault "nope"`)
 }

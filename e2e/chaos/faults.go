@@ -45,9 +45,12 @@ var faultKinds = []faultKind{
 	{"publication", 6, false, "ddl", nil},        // a table dropped from the publication for 1-4 s, then added back
 	{"truncate", 6, false, "ddl", nil},           // TRUNCATE of a table (the main table is reloaded in the same transaction)
 	{"rewrite", 5, false, "ddl", nil},            // ALTER COLUMN v TYPE text USING v || ...: every value changed, no row event
-	// The publication's publish option narrowed (truncate left out) for 12 s, then put back;
+	// The publication's publish option narrowed (truncate left out) for 5 s, then put back;
 	// OWNER TO before it must stop nothing.
 	{"publish", 4, false, "ddl", []Mode{JSONL, Postgres}},
+	// A table UNLOGGED for 5 s (12 s: Airbyte) under a schema publication, written to, then
+	// LOGGED again.
+	{"persist", 4, false, "ddl", nil},
 	// tidemark rebackfill asked of the running sync: a table's output starts over mid-run.
 	{"rebackfill", 5, false, "ddl", []Mode{JSONL, Postgres}},
 	{"standby-restart", 5, true, "ddl", nil}, // a commit kept invisible across a kill -9 and restart of the capture

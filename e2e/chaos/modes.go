@@ -76,7 +76,7 @@ func (c *syncCapture) args(final bool, remedy []string) (args []string, source, 
 	}
 	args = []string{"sync", "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
 		"--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
-		"--watermarks", r.transport, "--signal-table", r.sch + ".signal", "--watermark-timeout", "500ms",
+		"--watermarks", r.transport, "--signal-table", r.sch + ".signal", "--watermark-timeout", "500ms", "--watch-interval", syncWatch.String(),
 		"--max-chunk-bytes", strconv.Itoa(r.cfg.MaxChunkBytes), "--control", r.controlPath()}
 	if c.toPG {
 		args = append(args, "--audit")
