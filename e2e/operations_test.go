@@ -420,6 +420,41 @@ func TestPublicationLayoutChanged(t *testing.T) {
 	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrPublicationChanged)
 }
 
+// TestPartitionMembershipChangeStops: a partition captured under its own name is a member through
+// its root's publication row; DETACH PARTITION takes that away without changing any row, and an
+// ATTACH gives it back. Detached, written to, added to the publication under its own name and
+// attached again, it shares its root's row with the membership recorded before, but its write in
+// between is in no slot: any change of a partition's membership stops, as before the layout
+// changes were followed; so does a row filter added to its own row while a capture runs.
+func TestPartitionMembershipChangeStops(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+	db.Exec(`CREATE TABLE l PARTITION OF p FOR VALUES FROM (0) TO (1000)`)
+	db.Exec(`INSERT INTO p SELECT g, 'v' || g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE p`)
+	cfg := engineConfig(db, "public.l")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+
+	db.Exec(`BEGIN; ALTER TABLE p DETACH PARTITION l; INSERT INTO l VALUES (500, 'in no slot'); ALTER PUBLICATION ` + db.Publication + ` ADD TABLE l; ALTER TABLE p ATTACH PARTITION l FOR VALUES FROM (0) TO (1000); COMMIT`)
+	err := runEngine(t, cfg, sink, sink.last())
+	require.ErrorIs(t, err, merge.ErrPublicationChanged, "the insert while detached is in no slot")
+
+	// While a capture runs: a row filter on the partition's own row, which pgoutput applies (the
+	// root's row has none): the rows it filters out would be lost.
+	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.l")))
+	cont := cfg
+	cont.StopWhenCaughtUp = false
+	cont.WatchInterval = 100 * time.Millisecond
+	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	time.Sleep(300 * time.Millisecond)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` DROP TABLE l`)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE l WHERE (id > 5)`)
+	db.Exec(`UPDATE l SET v = 'filtered out' WHERE id = 2`)
+	require.ErrorIs(t, waitErr(t, done, stopIt, 30*time.Second), merge.ErrPublicationChanged)
+}
+
 // TestPublishViaRootTurnedOff: with publish_via_partition_root turned off, a partitioned table's
 // changes stream under its partitions' names; the capture of the root stops instead of skipping
 // them.
