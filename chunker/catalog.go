@@ -89,16 +89,22 @@ func Membership(ctx context.Context, conn *pgx.Conn, oid uint32, pub string) (st
 }
 
 // MembershipKept reports whether a table whose membership token (Membership) was before and is
-// now was published all along: both name one same catalog row that makes it a member (a
-// pg_publication_rel row, a pg_publication_namespace row, or FOR ALL TABLES), which was there at
-// both looks and so in between (a row removed never comes back under its OID);
-// publish_via_partition_root is the same; and before had no row filter (a path without one added
-// since publishes rows the output never had). Such a change of the publication's layout (the
-// table's schema added, the table dropped from the list while its schema stays, and back) loses
-// nothing. Two steps between two looks (the schema added and the list entry dropped) share no row,
-// and cannot be told from a table that left and came back.
-func MembershipKept(before, now string) bool {
-	if before == "" || now == "" || strings.Contains(before, ":filter:") {
+// now was published all along, as far as two looks can tell: both name one same catalog row
+// that makes it a member (its pg_publication_rel row, the pg_publication_namespace row of its
+// schema, or FOR ALL TABLES), which was there at both looks and so in between (a row removed
+// never comes back under its OID); publish_via_partition_root is the same; and neither has a row
+// filter (a path without one added since publishes rows the output never had; one added filters
+// rows out). Such a change of the publication's layout (the table's schema added, the table
+// dropped from the list while its schema stays, and back) loses nothing. Two steps between two
+// looks (the schema added and the list entry dropped) share no row, and cannot be told from a
+// table that left and came back.
+//
+// A partition (partition true) is never kept: it may be a member through an ancestor's row or
+// schema, which a DETACH PARTITION takes away without changing any row, and an ATTACH gives back.
+// Neither is a table's move out of its published schema and back within one look seen (as it was
+// not before any change of the layout: the token comes back the same).
+func MembershipKept(before, now string, partition bool) bool {
+	if partition || before == "" || now == "" || strings.Contains(before, ":filter:") || strings.Contains(now, ":filter:") {
 		return false
 	}
 	b, n := strings.Split(before, ","), strings.Split(now, ",")
@@ -106,6 +112,17 @@ func MembershipKept(before, now string) bool {
 		return false
 	}
 	return slices.ContainsFunc(b, func(e string) bool { return e != "via_root" && slices.Contains(n, e) })
+}
+
+// IsPartition reports whether the table with OID oid is a partition (attached to a partitioned
+// table).
+func IsPartition(ctx context.Context, conn *pgx.Conn, oid uint32) (bool, error) {
+	var part bool
+	err := conn.QueryRow(ctx, `SELECT relispartition FROM pg_class WHERE oid = $1`, oid).Scan(&part)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("read whether table OID %d is a partition: %w", oid, err)
+	}
+	return part, nil
 }
 
 // Partitions returns the OIDs of every partition under the table with OID oid (leaves and

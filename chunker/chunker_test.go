@@ -166,9 +166,12 @@ func TestMembershipKept(t *testing.T) {
 		{"rel:10", "", false},                                     // left
 		{"", "rel:10", false},                                     // no membership recorded
 		{"rel:10:filter:ab", "rel:10:filter:ab,schema:20", false}, // more rows published than the output has
+		{"rel:10", "rel:10,rel:11:filter:ab", false},              // a row filter added (through another row of its tree)
 		{"rel:10,via_root", "rel:10", false},                      // publish_via_partition_root off
 		{"via_root", "via_root,rel:10", false},                    // a token of a flag alone shares no row
 	} {
-		require.Equal(t, c.kept, MembershipKept(c.before, c.now), "%q -> %q", c.before, c.now)
+		require.Equal(t, c.kept, MembershipKept(c.before, c.now, false), "%q -> %q", c.before, c.now)
+		// A partition may be a member through an ancestor, which DETACH takes away: never kept.
+		require.False(t, MembershipKept(c.before, c.now, true), "a partition: %q -> %q", c.before, c.now)
 	}
 }

@@ -239,7 +239,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		case p.OID != 0 && p.OID != t.OID:
 			errs = append(errs, fmt.Errorf("%w: %s had OID %d when the position was taken and has OID %d now: it was dropped and created again, and what happened to it in between is not in the slot; re-backfill it",
 				ErrTableReplaced, name, p.OID, t.OID))
-		case p.Publication != "" && p.Publication != member && !chunker.MembershipKept(p.Publication, member):
+		case p.Publication != "" && p.Publication != member && !membershipKept(ctx, conn, t.OID, p.Publication, member):
 			errs = append(errs, fmt.Errorf("%w: %s belonged to publication %q as %q when the position was taken, and now as %q: it left the publication and came back, or publish_via_partition_root or a row filter changed, so changes made meanwhile are not in the slot; re-backfill it",
 				ErrPublicationChanged, name, e.cfg.Source.Publication, p.Publication, member))
 		case p.OID != 0 && !slices.Equal(p.Partitions, t.Partitions):
@@ -320,4 +320,11 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		}
 	}
 	return checks, nil
+}
+
+// membershipKept is chunker.MembershipKept for the table with OID oid; false when it cannot be
+// told (the stop then names the change).
+func membershipKept(ctx context.Context, conn *pgx.Conn, oid uint32, before, now string) bool {
+	part, err := chunker.IsPartition(ctx, conn, oid)
+	return err == nil && chunker.MembershipKept(before, now, part)
 }

@@ -564,7 +564,15 @@ func (w *worker) watch(ctx context.Context) error {
 		if t.member == "" {
 			t.member = t.progress.Publication
 		}
-		if member != t.member && chunker.MembershipKept(t.member, member) {
+		kept := false
+		if member != t.member {
+			part, err := chunker.IsPartition(ctx, w.conn, t.table.OID)
+			if err != nil {
+				return err
+			}
+			kept = chunker.MembershipKept(t.member, member, part)
+		}
+		if kept {
 			w.log.Info().Str("table", t.name).Str("was", t.member).Str("now", member).
 				Msg("the table's membership of the publication changed, and it stayed published all along")
 			t.member = member
