@@ -97,5 +97,7 @@
 // both looks share one of those rows without a row filter (chunker.MembershipKept): a row there
 // at both looks was there in between, so the table was published all along (its schema added
 // to the publication, then the table dropped from the list). The new membership is then
-// recorded (memberNow), and the next look compares with it.
+// recorded (memberNow), and the next look compares with it. A partition's membership may come
+// through an ancestor's row or schema, which DETACH PARTITION takes away without changing a row:
+// any change of it stops, as does any change where a row filter is involved.
 package merge
