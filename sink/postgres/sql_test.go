@@ -1,8 +1,7 @@
 package postgres
 
 import (
-	"github.com/tidemark/tidemark/chunker"
-
+	"bytes"
 	"flag"
 	"fmt"
 	"os"
@@ -12,6 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/replicator"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -88,4 +90,21 @@ func TestUnqualified(t *testing.T) {
 			t.Errorf("unqualified(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// TestAppendCopyRow: a row in COPY's text format, written out by hand: columns apart by a tab,
+// NULL (and a value the stream did not carry) as \N, and a backslash, newline, carriage return
+// and tab in a value escaped, so that none of them reads as a delimiter, an end of row or an
+// escape (a value "\N" stays text, not NULL; "\." stays text, not the end of data).
+func TestAppendCopyRow(t *testing.T) {
+	var buf bytes.Buffer
+	appendCopyRow(&buf, []replicator.Value{
+		{Kind: replicator.Text, Data: []byte(`a\b`)},
+		{Kind: replicator.Null},
+		{Kind: replicator.Text, Data: []byte(`\N`)},
+		{Kind: replicator.Text, Data: []byte("t\tn\nr\r")},
+		{Kind: replicator.Text, Data: []byte(`\.`)},
+		{Kind: replicator.Text, Data: []byte{}},
+	})
+	require.Equal(t, "a\\\\b\t\\N\t\\\\N\tt\\tn\\nr\\r\t\\\\.\t\n", buf.String())
 }
