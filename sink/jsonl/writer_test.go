@@ -205,13 +205,77 @@ func captureToFile(t *testing.T, db *e2e.TestDB, tables ...string) (string, []by
 	for _, name := range tables {
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: name})
 	}
-	eng, err := merge.New(cfg, w, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	probe := &durableProbe{Writer: w, t: t, out: out}
+	eng, err := merge.New(cfg, probe, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
 	require.NoError(t, err)
 	require.NoError(t, eng.Run(ctx, nil))
+	require.Positive(t, probe.checkpoints)
 	require.NoError(t, w.Close(ctx))
 	raw, err := os.ReadFile(out)
 	require.NoError(t, err)
 	ls, err := line.ReadAll(bytes.NewReader(raw))
 	require.NoError(t, err)
 	return out, raw, ls
+}
+
+// durableProbe checks, after each checkpoint of the writer, that the output file already holds
+// every byte the checkpoint counts, whole lines only, as another process (a consumer, or the
+// next run after a crash) would read it: a checkpoint is written after the output it covers.
+type durableProbe struct {
+	*jsonl.Writer
+	t           *testing.T
+	out         string
+	checkpoints int
+}
+
+func (p *durableProbe) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	if err := p.Writer.Checkpoint(ctx, pos); err != nil {
+		return err
+	}
+	p.checkpoints++
+	c, err := jsonl.ReadCheckpointFile(p.out + ".checkpoint")
+	require.NoError(p.t, err)
+	raw, err := os.ReadFile(p.out)
+	require.NoError(p.t, err)
+	require.Equal(p.t, c.Offset, int64(len(raw)), "checkpoint %d counts bytes the output file does not hold yet", p.checkpoints)
+	require.True(p.t, len(raw) == 0 || raw[len(raw)-1] == '\n', "the output ends in a partial line at checkpoint %d", p.checkpoints)
+	return nil
+}
+
+// TestCheckpointAfterItsOutput: a checkpoint is written only once the output it counts is: an
+// output that cannot take the bytes (a full disk: /dev/full) fails the checkpoint, and the
+// checkpoint file keeps what it had, so the next run does not skip the lines that never landed.
+func TestCheckpointAfterItsOutput(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO a SELECT g, md5(g::text) FROM generate_series(1, 50) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
+	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	ctx := context.Background()
+	cp := filepath.Join(t.TempDir(), "full.checkpoint")
+	w, _, err := jsonl.Open("/dev/full", cp, pgjson.NewRegistry(db.Connect()), func() error { return nil })
+	require.NoError(t, err)
+	before, err := os.ReadFile(cp)
+	if errors.Is(err, os.ErrNotExist) {
+		before = nil
+	} else {
+		require.NoError(t, err)
+	}
+	eng, err := merge.New(merge.Config{Source: replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+		Tables: []merge.TableConfig{{Schema: "public", Name: "a"}}, AckCheckpoints: true, StopWhenCaughtUp: true},
+		w, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	require.NoError(t, err)
+	err = eng.Run(ctx, nil)
+	require.ErrorContains(t, err, "write output")
+	after, rerr := os.ReadFile(cp)
+	if errors.Is(rerr, os.ErrNotExist) {
+		after = nil
+	} else {
+		require.NoError(t, rerr)
+	}
+	require.Equal(t, string(before), string(after), "the checkpoint file changed though its output was never written")
+	_ = w.Close(ctx)
 }
