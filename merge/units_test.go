@@ -1,0 +1,174 @@
+package merge
+
+import (
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/watermark"
+)
+
+// The tests of this file pin small pieces of the core whose bodies, emptied, passed every other
+// test of the package (a mutation pass): each states what the piece must do, with an expectation
+// written out by hand.
+
+// chunkRows are rows of toastTable with ids ids.
+func chunkRows(ids ...string) []chunker.Row {
+	var rows []chunker.Row
+	for _, id := range ids {
+		rows = append(rows, chunker.Row{[]byte(id), []byte("v" + id)})
+	}
+	return rows
+}
+
+// ops lists the events' operations.
+func ops(evs []Event) []Op {
+	var out []Op
+	for _, ev := range evs {
+		out = append(out, ev.Op)
+	}
+	return out
+}
+
+// TestTruncateInsideAWindow: a TRUNCATE of the table is emitted at its transaction (a truncate
+// event, in the stream's order) and abandons the window open across it: its chunk's rows were
+// read before or after the TRUNCATE, and either way may not be emitted at the high watermark.
+func TestTruncateInsideAWindow(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.window(1, toastTable, nil, chunkRows("1", "2"), func() {
+		r.lsn += 0x100
+		r.xid++
+		r.must(&replicator.Begin{FinalLSN: r.lsn, XID: r.xid})
+		r.must(&replicator.Truncate{LSN: r.lsn, XID: r.xid, Rels: []*replicator.Relation{toastRel}})
+		r.must(&replicator.Commit{LSN: r.lsn, EndLSN: r.lsn + 1, XID: r.xid})
+	}, nil)
+	require.Equal(t, []Op{Truncate}, ops(r.out), "the truncate, and no row of the chunk")
+	require.Equal(t, r.lsn-0x100, r.out[0].LSN, "at the TRUNCATE's commit (the high mark's transaction came after)")
+	require.Len(t, r.verdicts, 1)
+	require.False(t, r.verdicts[0].completed)
+	require.ErrorIs(t, r.verdicts[0].reason, errTruncated)
+
+	// The next window, with nothing in it, emits its rows.
+	r.out = nil
+	r.window(2, toastTable, nil, chunkRows("1", "2"), nil, nil)
+	require.Equal(t, []Op{Snapshot, Snapshot}, ops(r.out))
+}
+
+// TestStaleWindowAbandoned: a window whose high watermark was written (highWritten) before a WAL
+// position the stream has passed without showing the mark is abandoned (the mark's transaction
+// is lost to this stream: a reconnection past it, a filtered message), at once when the stream
+// is past it already, or at the first commit past it.
+func TestStaleWindowAbandoned(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.must(register{id: 1, table: toastTable.String()})
+	r.mark(1, watermark.Low)
+	c := &chunker.Chunk{Table: toastTable, Rows: chunkRows("1"), Done: true, Last: []string{"1"},
+		Snapshot: chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}}
+	r.must(handover{id: 1, chunk: c, maxKey: []string{"1000"}})
+	r.must(highWritten{id: 1, after: r.lsn + 0x80})
+	require.Empty(t, r.verdicts, "the stream is not past the mark's position yet")
+	r.mustTxn(ins(toastRel, text("7"), text("x")))
+	require.Len(t, r.verdicts, 1, "the stream passed the mark's position without it")
+	require.False(t, r.verdicts[0].completed)
+	require.ErrorIs(t, r.verdicts[0].reason, errStale)
+	require.Equal(t, []Op{Insert}, ops(r.out), "no row of the abandoned chunk")
+
+	// Already past: abandoned as the notice comes.
+	r.must(register{id: 2, table: toastTable.String()})
+	r.mark(2, watermark.Low)
+	c.Snapshot = chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}
+	r.must(handover{id: 2, chunk: c, maxKey: []string{"1000"}})
+	r.must(highWritten{id: 2, after: r.lsn})
+	require.Len(t, r.verdicts, 2)
+	require.ErrorIs(t, r.verdicts[1].reason, errStale)
+}
+
+// TestFillUnchanged: the unchanged TOASTed values of a new tuple take the old row's values where
+// it has them; the new tuple itself is not written to.
+func TestFillUnchanged(t *testing.T) {
+	n := replicator.Tuple{text("1"), unchanged, unchanged, null}
+	o := replicator.Tuple{text("1"), text("old"), unchanged}
+	out := fillUnchanged(n, o)
+	require.Equal(t, replicator.Tuple{text("1"), text("old"), unchanged, null}, out)
+	require.Equal(t, replicator.Tuple{text("1"), unchanged, unchanged, null}, n, "the new tuple is left as it was")
+	same := replicator.Tuple{text("2"), text("b")}
+	require.Equal(t, same, fillUnchanged(same, nil))
+}
+
+// TestIdentityName: how a stop names a relation's replica identity.
+func TestIdentityName(t *testing.T) {
+	cols := []replicator.Column{{Name: "a", Key: true}, {Name: "b", Key: true}, {Name: "c"}}
+	for _, c := range []struct {
+		id   replicator.ReplicaIdentity
+		cols []replicator.Column
+		want string
+	}{
+		{replicator.IdentityIndex, cols, "USING INDEX, on a, b"},
+		{replicator.IdentityFull, cols, "FULL"},
+		{replicator.IdentityNothing, nil, "NOTHING"},
+		{replicator.IdentityDefault, cols, "DEFAULT, the primary key a, b"},
+		{replicator.IdentityDefault, cols[2:], "DEFAULT, with no primary key"},
+	} {
+		require.Equal(t, c.want, identityName(&replicator.Relation{ReplicaIdentity: c.id, Columns: c.cols}))
+	}
+}
+
+// TestPendingWork: a table has rows waiting to be read while its backfill is not done, while it
+// is asked to start over, or while rows wait to be read again; otherwise none.
+func TestPendingWork(t *testing.T) {
+	for _, c := range []struct {
+		p    TableProgress
+		want bool
+	}{
+		{TableProgress{}, true},
+		{TableProgress{Done: true}, false},
+		{TableProgress{Done: true, Refresh: true}, true},
+		{TableProgress{Done: true, Reread: [][]string{{"5"}}}, true},
+	} {
+		p := c.p
+		p.Key = []string{"id"}
+		r := newCoreRun(t, map[string]*TableProgress{"public.t": &p}, toastTable)
+		require.Equal(t, c.want, r.c.pendingWork(), "%+v", c.p)
+	}
+}
+
+// TestGuardCommitAtOrAboveXmax: a transaction that committed before the low watermark with an
+// xid at or above the snapshot's xmax was not yet visible to it (PostgreSQL had not shown it to
+// new snapshots): the chunk is rejected. Below xmax and not running, it was visible.
+func TestGuardCommitAtOrAboveXmax(t *testing.T) {
+	g := guard{max: 1 << 20}
+	g.commit(900, 0x100)
+	bad, xid := g.violated(chunker.Snapshot{Xmin: 800, Xmax: 900}, 0x200)
+	require.True(t, bad)
+	require.Equal(t, uint32(900), xid)
+	bad, _ = g.violated(chunker.Snapshot{Xmin: 800, Xmax: 901}, 0x200)
+	require.False(t, bad, "visible: below xmax and not running")
+	bad, _ = g.violated(chunker.Snapshot{Xmin: 800, Xmax: 900}, 0x100)
+	require.False(t, bad, "committed at the low watermark, not before it")
+}
+
+// TestGuardPrune: prune forgets the commits below the newest snapshot's xmin and every pending
+// snapshot's, and keeps the rest; an overflow below the threshold is forgotten with them.
+func TestGuardPrune(t *testing.T) {
+	g := guard{max: 1 << 20}
+	for x := uint32(100); x < 3100; x++ {
+		g.commit(x, pglogrepl.LSN(x))
+	}
+	g.overflow, g.droppedMax = true, 50
+	g.snapshot(chunker.Snapshot{Xmin: 2000, Xmax: 2000})
+	g.prune([]uint32{1500})
+	require.Len(t, g.commits, 3100-1500, "kept from the oldest pending snapshot's xmin")
+	require.Equal(t, uint32(1500), g.commits[0].xid)
+	require.False(t, g.overflow, "the commits dropped by the cap are all below the threshold")
+	for x := uint32(3100); x < 6200; x++ {
+		g.commit(x, pglogrepl.LSN(x))
+	}
+	g.prune(nil)
+	require.Equal(t, uint32(2000), g.commits[0].xid, "no pending snapshot: the newest xmin")
+	require.Len(t, g.commits, 6200-2000)
+}
