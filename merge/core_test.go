@@ -31,13 +31,19 @@ import (
 // stream describes the table again before its next change, as pgoutput does. The capture
 // restarts at random from its last checkpoint: the core is rebuilt from the position, the stream
 // replays from it, the output after the checkpoint is rolled back (an exactly-once sink), and
-// hung transactions stay hung across the restart.
+// hung transactions stay hung across the restart. Each run numbers its chunks from 1, as the
+// engine does: an earlier run's marks with the same ids are still in the stream. A TRUNCATE of
+// the table now and then (a transaction of its own, once no transaction is hung: it waits for
+// their locks), keepalives while the stream is idle (the position moves past the last commit),
+// and re-backfills asked for at a restart or while the capture runs.
 //
 // A simulated chunk worker runs the chunk protocol against it (range chunks, key-list chunks
 // for the rows to read again, probes when idle); its inputs and the stream's reach the core in
 // one FIFO order that respects causality, as the engine's channel does. The oracle: replaying
 // the output gives the final table, TOASTed values included (I1), no key's version ever goes
-// back or comes back after a delete (I2, I3), every event is under the configured table name,
+// back or comes back after a delete (I2, I3), positions (LSN, seq) increase along the output,
+// across restarts too (I13), a chunk's rows go out with the columns it read (I17), a table asked
+// to be re-backfilled has no event before its Refresh (I20), every event is under the configured table name,
 // and the backfill finishes.
 
 var (
@@ -127,8 +133,10 @@ type simTxn struct {
 	message bool   // the mark is a logical message (watermark.Messages), not a signal table row
 	schema  simSchema
 	ddl     bool
-	commit  pglogrepl.LSN
-	visible bool // visible to new snapshots
+	// truncate: a TRUNCATE of the table
+	truncate bool
+	commit   pglogrepl.LSN
+	visible  bool // visible to new snapshots
 }
 
 // simOptions choose what the model exercises, and which breaks the core runs with.
@@ -140,6 +148,8 @@ type simOptions struct {
 	hot                 bool // most operations hit the keys a window or a re-read is about
 	refreshes           bool // some restarts ask for the table's output to start over, and so do requests while it runs
 	capped              bool // chunks stop early, as at the byte bound, and few rows may wait to be read again
+	truncates           bool // TRUNCATE of the table now and then (while no transaction is hung: it waits for their locks)
+	keepalives          bool // keepalives while the stream is idle move the position past the last commit
 }
 
 // simCheckpoint is what survives a restart: the position, and the output up to it.
@@ -148,6 +158,8 @@ type simCheckpoint struct {
 	replay  map[string]simRow
 	maxVer  map[string]int64
 	deleted map[string]bool
+	lastLSN pglogrepl.LSN
+	lastSeq int
 }
 
 type sim struct {
@@ -196,6 +208,14 @@ type sim struct {
 	replay  map[string]simRow
 	maxVer  map[string]int64
 	deleted map[string]bool
+	// the position of the last event (I13: positions increase along the output; lastLSN 0: none)
+	lastLSN pglogrepl.LSN
+	lastSeq int
+	// awaitRefresh: a re-backfill of the table was asked for and its Refresh has not come yet:
+	// no event of the table may come before it (I20)
+	awaitRefresh bool
+	// chunkCols is the number of columns the chunk in flight read (I17: it is emitted with them)
+	chunkCols int
 }
 
 // simFailure is a broken invariant, raised as a panic and returned by run.
@@ -249,6 +269,10 @@ func (s *sim) start(pos *Position) {
 		s.core.maxRereads = 8 // the backfill starts over now and then
 	}
 	s.sentRel = nil
+	// Chunk ids start at 1 again in each run, as the engine's do: marks of an earlier run with
+	// the same ids are still in the stream, and only their run tells them apart.
+	s.wid = 0
+	s.awaitRefresh = pos.Tables["public.t"].Refresh
 	s.feed(simSignal)
 	p := pos.Tables["public.t"]
 	s.wstate, s.chunk, s.keys = 0, nil, nil
@@ -282,6 +306,19 @@ func (s *sim) feed(in any) {
 func (s *sim) check(ev Event) {
 	if ev.Columns.Schema != "public" || ev.Columns.Table != "t" {
 		s.failf("an event under %s.%s, not the configured public.t", ev.Columns.Schema, ev.Columns.Table)
+	}
+	if s.lastLSN != 0 && (ev.LSN < s.lastLSN || ev.LSN == s.lastLSN && ev.Seq <= s.lastSeq) {
+		s.failf("I13: %v at %s/%d after an event at %s/%d", ev.Op, ev.LSN, ev.Seq, s.lastLSN, s.lastSeq)
+	}
+	s.lastLSN, s.lastSeq = ev.LSN, ev.Seq
+	if s.awaitRefresh && ev.Op != Refresh {
+		s.failf("I20: %v at %s before the Refresh of the re-backfill asked for", ev.Op, ev.LSN)
+	}
+	if ev.Op == Snapshot && ev.NumCols() != s.chunkCols {
+		s.failf("I17: a chunk row emitted with %d columns, the chunk read %d", ev.NumCols(), s.chunkCols)
+	}
+	if ev.Op == Refresh {
+		s.awaitRefresh = false
 	}
 	if ev.Op == Refresh || ev.Op == Truncate {
 		s.refreshed++
@@ -342,6 +379,9 @@ func (s *sim) lsn() pglogrepl.LSN { s.nextLSN += pglogrepl.LSN(1 + s.r.IntN(200)
 func (s *sim) commit(tx *simTxn, hang bool) {
 	tx.commit = s.lsn()
 	tx.schema = s.schema
+	if tx.truncate {
+		clear(s.table)
+	}
 	for _, op := range tx.ops {
 		apply(s.table, op)
 	}
@@ -366,6 +406,9 @@ func (s *sim) commit(tx *simTxn, hang bool) {
 func (s *sim) makeVisible(tx *simTxn) {
 	s.tracef("visible xid %d", tx.xid)
 	tx.visible = true
+	if tx.truncate {
+		clear(s.vis)
+	}
 	for _, op := range tx.ops {
 		apply(s.vis, op)
 		delete(s.locked, op.id)
@@ -495,6 +538,18 @@ func (s *sim) ddlTxn() {
 	s.commit(tx, false)
 }
 
+// truncTxn truncates the table, in a transaction of its own that is visible at once. A TRUNCATE
+// waits for the locks of the transactions that wrote the table: none is hung when it runs.
+func (s *sim) truncTxn() {
+	if len(s.hung) > 0 {
+		return
+	}
+	tx := &simTxn{xid: s.nextXID, truncate: true}
+	s.nextXID++
+	s.tracef("TRUNCATE xid %d", tx.xid)
+	s.commit(tx, false)
+}
+
 func apply(state map[int]simRow, op simOp) {
 	switch op.op {
 	case replicator.Insert:
@@ -561,6 +616,13 @@ func (s *sim) deliver() {
 	s.feed(&replicator.Begin{FinalLSN: tx.commit, XID: tx.xid})
 	s.tracef("deliver xid %d commit %s ops %+v mark %v", tx.xid, tx.commit, tx.ops, tx.mark)
 	d := tx.schema
+	if tx.truncate {
+		if s.sentRel != d.relation {
+			s.feed(d.relation)
+			s.sentRel = d.relation
+		}
+		s.feed(&replicator.Truncate{LSN: tx.commit, XID: tx.xid, Rels: []*replicator.Relation{d.relation}})
+	}
 	for _, op := range tx.ops {
 		if s.sentRel != d.relation {
 			s.feed(d.relation)
@@ -611,7 +673,8 @@ func (s *sim) deliver() {
 // hands it over.
 func (s *sim) checkpoint() {
 	s.core.pos.Invisible = s.core.guard.invisible()
-	s.last = &simCheckpoint{pos: s.core.pos.Clone(), replay: maps.Clone(s.replay), maxVer: maps.Clone(s.maxVer), deleted: maps.Clone(s.deleted)}
+	s.last = &simCheckpoint{pos: s.core.pos.Clone(), replay: maps.Clone(s.replay), maxVer: maps.Clone(s.maxVer), deleted: maps.Clone(s.deleted),
+		lastLSN: s.lastLSN, lastSeq: s.lastSeq}
 }
 
 // restart crashes the capture and starts it again from its last checkpoint: the output after it
@@ -624,6 +687,7 @@ func (s *sim) restart() {
 	cp := s.last
 	s.tracef("RESTART from %s invisible %v tables %+v", cp.pos.LSN, cp.pos.Invisible, *cp.pos.Tables["public.t"])
 	s.replay, s.maxVer, s.deleted = maps.Clone(cp.replay), maps.Clone(cp.maxVer), maps.Clone(cp.deleted)
+	s.lastLSN, s.lastSeq = cp.lastLSN, cp.lastSeq
 	pos := cp.pos.Clone()
 	if s.opt.refreshes && s.r.IntN(3) == 0 {
 		// A re-backfill asked for: the table's output starts over.
@@ -785,6 +849,7 @@ func (s *sim) workerStep() {
 		s.wstate = 2
 	case 2:
 		s.chunk = s.read()
+		s.chunkCols = len(s.chunk.Table.Columns)
 		s.tracef("worker reads chunk %d: %d rows, snapshot %+v, keys %v", s.wid, len(s.chunk.Rows), s.chunk.Snapshot, s.keys)
 		s.wstate = 3
 	case 3:
@@ -856,6 +921,8 @@ func (s *sim) run(steps int) (err error) {
 			s.appTxn()
 		case n < 32 && i < steps && s.opt.ddl:
 			s.ddlTxn()
+		case n == 32 && i < steps && s.opt.truncates && s.r.IntN(2) == 0:
+			s.truncTxn()
 		case n >= 32 && n < 32+restarts && i < steps && s.opt.restarts:
 			s.restart()
 		case n >= 32+restarts && n < 32+restarts+visible && len(s.hung) > 0:
@@ -864,12 +931,19 @@ func (s *sim) run(steps int) (err error) {
 			s.hung = slices.Delete(s.hung, j, j+1)
 		case n >= 50 && n < 75 && s.next < len(s.log):
 			s.deliver()
+		case n >= 50 && n < 55 && s.opt.keepalives && s.next == len(s.log):
+			// Idle: the server's position is past the last commit.
+			s.feed(&replicator.Keepalive{WALEnd: s.lsn()})
+			if s.core.consistent() && s.r.IntN(2) == 0 {
+				s.checkpoint()
+			}
 		case n == 75 && i < steps && s.opt.refreshes && s.r.IntN(4) == 0:
 			// A re-backfill asked for while the capture runs (Engine.Rebackfill), between two
 			// inputs, wherever the stream and the worker are.
 			ask := rebackfillAsk{ctx: context.Background(), tables: []string{"public.t"}, done: make(chan error, 1)}
 			s.tracef("REBACKFILL asked while running")
 			s.feed(ask)
+			s.awaitRefresh = true
 			select {
 			case err := <-ask.done: // refused (the request is answered once a checkpoint carries it)
 				s.must(err)
@@ -905,11 +979,12 @@ func (s *sim) run(steps int) (err error) {
 // sink profiles: the replay equals the final table, and no key goes back to an older version.
 func TestCoreAgainstModel(t *testing.T) {
 	for seed := range uint64(400) {
-		opt := simOptions{ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2, refreshes: seed%7 == 3, capped: seed%3 == 1}
+		opt := simOptions{ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2, refreshes: seed%7 == 3, capped: seed%3 == 1,
+			truncates: seed%4 == 3, keepalives: seed%2 == 1}
 		require.NoError(t, newSim(seed, opt).run(300), "seed %d, %+v", seed, opt)
 	}
 	for seed := uint64(1000); seed < 1040; seed++ {
-		opt := simOptions{ddl: true, restarts: true, rereadPartial: seed%2 == 0, refreshes: seed%3 == 0}
+		opt := simOptions{ddl: true, restarts: true, rereadPartial: seed%2 == 0, refreshes: seed%3 == 0, truncates: seed%5 == 0, keepalives: seed%2 == 1}
 		require.NoError(t, newSim(seed, opt).run(3000), "seed %d, %+v", seed, opt)
 	}
 }
