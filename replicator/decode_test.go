@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -48,9 +49,13 @@ func TestDecodeTransaction(t *testing.T) {
 	del := msg{'D'}.u32(7).u8('O').tuple(2).text("2").text("old")
 	trunc := msg{'T'}.u32(1).u8(3).u32(7)
 	message := msg{'M'}.u8(1).u64(99).str("tm").u32(3).raw([]byte("abc"))
-	evs := decodeAll(t, beginMsg(100, 5), relationMsg(7), insertMsg(7, "1", "a"), upd, del, trunc, message, commitMsg(100, 120))
+	// Times in microseconds since 2000-01-01: one day and 123 µs; the commit 2 s later.
+	begin := msg{'B'}.u64(100).u64(86_400_000_123).u32(5)
+	commit := msg{'C'}.u8(0).u64(100).u64(120).u64(86_402_000_123)
+	evs := decodeAll(t, begin, relationMsg(7), insertMsg(7, "1", "a"), upd, del, trunc, message, commit)
 
-	require.Equal(t, &Begin{FinalLSN: 100, XID: 5, Time: pgTime(0)}, evs[0])
+	at := time.Date(2000, 1, 2, 0, 0, 0, 123_000, time.UTC)
+	require.Equal(t, &Begin{FinalLSN: 100, XID: 5, Time: at}, evs[0])
 	rel := evs[1].(*Relation)
 	require.Equal(t, []Column{{Name: "id", TypeOID: 23, TypeMod: -1, Key: true}, {Name: "v", TypeOID: 25, TypeMod: -1}}, rel.Columns)
 	ins := evs[2].(*Change)
@@ -70,7 +75,7 @@ func TestDecodeTransaction(t *testing.T) {
 	require.Equal(t, []*Relation{rel}, tr.Rels)
 	m := evs[6].(*Message)
 	require.Equal(t, &Message{LSN: 99, XID: 5, Transactional: true, Prefix: "tm", Content: []byte("abc")}, m)
-	require.Equal(t, &Commit{LSN: 100, EndLSN: 120, XID: 5, Time: pgTime(0)}, evs[7])
+	require.Equal(t, &Commit{LSN: 100, EndLSN: 120, XID: 5, Time: at.Add(2 * time.Second)}, evs[7])
 }
 
 func TestDecodeErrors(t *testing.T) {
