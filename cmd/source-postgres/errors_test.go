@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -66,19 +64,4 @@ func TestFailureTypeClassification(t *testing.T) {
 	// A stop whose way on is a new backfill says how to get one in Airbyte.
 	require.Contains(t, userMessage(wrap(merge.ErrKeyChanged)), "Refresh the stream")
 	require.NotContains(t, userMessage(wrap(chunker.ErrNoKey)), "Refresh the stream")
-}
-
-// TestCPUProfile: TIDEMARK_CPUPROFILE's file is a profile once the run ends; an unwritable path
-// is reported, not fatal.
-func TestCPUProfile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "cpu.prof")
-	stop := startProfile(path)
-	for i := 0; i < 1e6; i++ {
-		_ = fmt.Sprint(i)
-	}
-	stop()
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NotEmpty(t, b, "the profile was written")
-	startProfile(filepath.Join(t.TempDir(), "missing", "cpu.prof"))()
 }

@@ -7,12 +7,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 
 	"github.com/rs/zerolog"
 
+	"github.com/tidemark/tidemark/internal/profile"
 	"github.com/tidemark/tidemark/internal/secret"
 )
 
@@ -39,31 +39,11 @@ func main() {
 		<-ctx.Done()
 		cancel(errInterrupted)
 	}()
-	stopProfile := startProfile(os.Getenv("TIDEMARK_CPUPROFILE"))
+	stopProfile := profile.Start(os.Getenv(profile.Env), os.Stderr)
 	code := run(cctx, os.Args[1:], os.Stdout, os.Stderr)
 	stopProfile()
 	stop()
 	os.Exit(code)
-}
-
-// startProfile writes a CPU profile of the run to path when it is set (TIDEMARK_CPUPROFILE: for
-// docs/benchmarks.md); the returned function ends it.
-func startProfile(path string) func() {
-	if path == "" {
-		return func() {}
-	}
-	f, err := os.Create(path)
-	if err == nil {
-		err = pprof.StartCPUProfile(f)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "TIDEMARK_CPUPROFILE: %v\n", err)
-		return func() {}
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		_ = f.Close()
-	}
 }
 
 // args are a command's file arguments.

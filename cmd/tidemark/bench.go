@@ -108,6 +108,8 @@ type bench struct {
 	log       zerolog.Logger
 	srv       *pgserver.Server
 	dsn       string
+	cpu       *cpuMeter
+	lastCPU   cpuTimes // of the last median: the median of each side's CPU seconds over its repetitions
 	slots     int
 	types     *pgjson.Registry
 
@@ -144,6 +146,10 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	defer typeConn.Close(context.WithoutCancel(ctx))
 	b.types = pgjson.NewRegistry(typeConn)
+	b.cpu = newCPUMeter(ctx, conn)
+	if b.cpu.postmaster == 0 {
+		b.printf("# the server's CPU time cannot be read here (/proc): server_cpu figures are 0\n")
+	}
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
@@ -269,13 +275,15 @@ func (b *bench) memory(ctx context.Context) error {
 // stream measures changes decoded by pg_recvlogical (pgoutput, written to /dev/null) against
 // Tidemark's stream, decoded and encoded as JSON lines.
 func (b *bench) stream(ctx context.Context) error {
-	recvS, tmStreamS, err := b.streaming(ctx)
+	recvS, tmStreamS, recvCPU, tmCPU, err := b.streaming(ctx)
 	if err != nil {
 		return err
 	}
-	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f\n", "stream.pg_recvlogical", b.changes, recvS.Seconds(), float64(b.changes)/recvS.Seconds())
-	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f ratio_to_pg_recvlogical=%.2f\n", "stream.tidemark", b.changes, tmStreamS.Seconds(),
-		float64(b.changes)/tmStreamS.Seconds(), recvS.Seconds()/tmStreamS.Seconds())
+	perM := 1e6 / float64(b.changes)
+	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f client_cpu_s_per_M=%.2f server_cpu_s_per_M=%.2f\n", "stream.pg_recvlogical", b.changes, recvS.Seconds(), float64(b.changes)/recvS.Seconds(),
+		recvCPU.client*perM, recvCPU.server*perM)
+	b.printf("%-24s changes=%d median_s=%.3f changes_per_s=%.0f client_cpu_s_per_M=%.2f server_cpu_s_per_M=%.2f ratio_to_pg_recvlogical=%.2f\n", "stream.tidemark", b.changes, tmStreamS.Seconds(),
+		float64(b.changes)/tmStreamS.Seconds(), tmCPU.client*perM, tmCPU.server*perM, recvS.Seconds()/tmStreamS.Seconds())
 	return nil
 }
 
@@ -283,10 +291,12 @@ func (b *bench) stream(ctx context.Context) error {
 // is in flight at a time by design: its window is what makes the merge exact).
 func (b *bench) sweep(ctx context.Context) error {
 	for _, size := range []int{1000, 5000, 10000, 50000} {
+		before := b.measure()
 		d, err := b.backfillTable(ctx, "bench_rows", size, nullSink{})
 		if err != nil {
 			return err
 		}
+		b.lastCPU = b.measure().sub(before)
 		b.line(fmt.Sprintf("sweep.chunk_%d", size), d, float64(b.rows), 0, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/d.Seconds()))
 	}
 	return nil
@@ -308,21 +318,42 @@ func (b *bench) latency(ctx context.Context) error {
 	return nil
 }
 
+// line prints a figure: its wall time, and the CPU seconds per million rows of each side, of the
+// median that measured it (lastCPU).
 func (b *bench) line(name string, d time.Duration, rows, mb float64, extra string) {
-	b.printf("%-24s rows=%.0f MB=%.1f median_s=%.3f rows_per_s=%.0f MB_per_s=%.1f %s\n", name, rows, mb, d.Seconds(), rows/d.Seconds(), mb/d.Seconds(), extra)
+	perM := 1e6 / rows
+	b.printf("%-24s rows=%.0f MB=%.1f median_s=%.3f rows_per_s=%.0f MB_per_s=%.1f client_cpu_s_per_M=%.2f server_cpu_s_per_M=%.2f %s\n", name, rows, mb, d.Seconds(), rows/d.Seconds(), mb/d.Seconds(),
+		b.lastCPU.client*perM, b.lastCPU.server*perM, extra)
 }
 
+// median runs f reps times and returns the median of its durations; lastCPU gets the median of
+// each side's CPU seconds over the repetitions.
 func (b *bench) median(f func() (time.Duration, error)) (time.Duration, error) {
 	var ds []time.Duration
+	var client, server []float64
 	for range b.reps {
+		before := b.measure()
 		d, err := f()
 		if err != nil {
 			return 0, err
 		}
+		used := b.measure().sub(before)
 		ds = append(ds, d)
+		client, server = append(client, used.client), append(server, used.server)
 	}
 	slices.Sort(ds)
+	slices.Sort(client)
+	slices.Sort(server)
+	b.lastCPU = cpuTimes{client: client[len(client)/2], server: server[len(server)/2]}
 	return ds[len(ds)/2], nil
+}
+
+// measure reads the CPU times (none without a meter: the memory bench).
+func (b *bench) measure() cpuTimes {
+	if b.cpu == nil {
+		return cpuTimes{}
+	}
+	return b.cpu.read()
 }
 
 // psqlCopy times psql running a COPY to /dev/null, counting the bytes.
@@ -670,16 +701,16 @@ func (b *bench) airbyteRead(ctx context.Context, mb *float64, rss *int64) (time.
 // streaming writes b.changes inserts in transactions of 1000 rows with two slots waiting, then
 // times pg_recvlogical and Tidemark reading them (each the median of the repetitions, on slots
 // of their own).
-func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err error) {
+func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, recvCPU, tmCPU cpuTimes, err error) {
 	if err := execAll(ctx, b.dsn, `CREATE TABLE public.bench_stream (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz); CREATE PUBLICATION bench_stream FOR TABLE public.bench_stream`); err != nil {
-		return 0, 0, err
+		return 0, 0, recvCPU, tmCPU, err
 	}
 	var recvSlots, tmSlots []string
 	for i := range b.reps {
 		for _, kind := range []string{"recv", "tm"} {
 			slot := fmt.Sprintf("bench_stream_%s_%d", kind, i)
 			if err := execAll(ctx, b.dsn, sqlfix.CreateSlot(slot)); err != nil {
-				return 0, 0, err
+				return 0, 0, recvCPU, tmCPU, err
 			}
 			if kind == "recv" {
 				recvSlots = append(recvSlots, slot)
@@ -690,21 +721,21 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 	}
 	conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, recvCPU, tmCPU, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	for from := 1; from <= b.changes; from += 1000 {
 		if _, err := conn.Exec(ctx, `INSERT INTO public.bench_stream SELECT g, md5(g::text), g * 1.5, now() FROM generate_series($1::int, $2::int) g`, from, min(from+999, b.changes)); err != nil {
-			return 0, 0, err
+			return 0, 0, recvCPU, tmCPU, err
 		}
 	}
 	var end string
 	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
-		return 0, 0, err
+		return 0, 0, recvCPU, tmCPU, err
 	}
 	bin, err := pgserver.FindBinDir()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, recvCPU, tmCPU, err
 	}
 	i := 0
 	recv, err = b.median(func() (time.Duration, error) {
@@ -721,8 +752,9 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 		return time.Since(start), nil
 	})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, recvCPU, tmCPU, err
 	}
+	recvCPU = b.lastCPU
 	j := 0
 	tm, err = b.median(func() (time.Duration, error) {
 		slot := tmSlots[j]
@@ -744,8 +776,9 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, err erro
 		}
 		return time.Since(start), nil
 	})
+	tmCPU = b.lastCPU
 	for _, slot := range append(recvSlots, tmSlots...) {
 		_ = execAll(ctx, b.dsn, sqlfix.DropSlot(slot))
 	}
-	return recv, tm, err
+	return recv, tm, recvCPU, tmCPU, err
 }

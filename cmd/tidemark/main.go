@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/term"
 
+	"github.com/tidemark/tidemark/internal/profile"
 	"github.com/tidemark/tidemark/internal/secret"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -102,8 +103,11 @@ var errUsage = errors.New("usage")
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:], newEnv(os.Stdout, os.Stderr)))
+	stopProfile := profile.Start(os.Getenv(profile.Env), os.Stderr)
+	code := run(ctx, os.Args[1:], newEnv(os.Stdout, os.Stderr))
+	stopProfile()
+	stop()
+	os.Exit(code)
 }
 
 // newEnv is the environment of a command run from a shell: output to stdout, logs (and, on a

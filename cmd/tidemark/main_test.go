@@ -224,6 +224,17 @@ func TestBenchQuick(t *testing.T) {
 		"airbyte.read", "memory.peak_heap", "stream.pg_recvlogical", "stream.tidemark", "sweep.chunk_10000", "latency.during_backfill"} {
 		require.Contains(t, out.String(), figure)
 	}
+	// Each side's CPU time beside the wall time: the engine's (in this process) and the server's
+	// (its backends, from /proc) both did work for the backfill and the sync.
+	for _, figure := range []string{"backfill.tidemark", "sync.tidemark_postgres", "scan.copy_text", "stream.tidemark"} {
+		m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(figure) + ` .* client_cpu_s_per_M=([0-9.]+) server_cpu_s_per_M=([0-9.]+)`).FindStringSubmatch(out.String())
+		require.NotNil(t, m, "%s has its CPU figures", figure)
+		for _, v := range m[1:] {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			require.Positive(t, f, "%s: %s", figure, m[0])
+		}
+	}
 	t.Log(out.String())
 }
 
