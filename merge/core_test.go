@@ -27,7 +27,8 @@ import (
 // too. A simulated PostgreSQL commits transactions in an order the stream delivers them in,
 // makes them visible to snapshots at commit or, for "hung" transactions, later (a synchronous
 // standby that has not answered). Schema changes are transactions of their own: a column added
-// or dropped, the table renamed, its replica identity flipped between DEFAULT and FULL; the
+// or dropped, the table renamed, its replica identity flipped between DEFAULT and FULL, a
+// column's type changed without a rewrite (text and varchar); the
 // stream describes the table again before its next change, as pgoutput does. The capture
 // restarts at random from its last checkpoint: the core is rebuilt from the position, the stream
 // replays from it, the output after the checkpoint is rolled back (an exactly-once sink), and
@@ -55,12 +56,15 @@ var (
 const simOID = 16384
 
 // simTableWith is t as the chunker discovers it, with or without the column c.
-func simTableWith(c bool) *chunker.Table {
+func simTableWith(c bool) *chunker.Table { return simTableOf(simSchema{c: c}) }
+
+// simTableOf is t as the chunker discovers it under definition d.
+func simTableOf(d simSchema) *chunker.Table {
 	t := &chunker.Table{Schema: "public", Name: "t", OID: simOID, KeySource: "primary key", ReplicaIdentity: 'd',
 		Columns: []chunker.Column{{Name: "id", TypeOID: 1700, BaseOID: 1700, TypeMod: -1}, {Name: "ver", TypeOID: 20, BaseOID: 20, TypeMod: -1},
-			{Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}, {Name: "big2", TypeOID: 25, BaseOID: 25, TypeMod: -1}},
+			{Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}, {Name: "big2", TypeOID: d.big2Type(), BaseOID: d.big2Type(), TypeMod: -1}},
 		Key: []int{0}}
-	if c {
+	if d.c {
 		t.Columns = append(t.Columns, chunker.Column{Name: "c", TypeOID: 23, BaseOID: 23, TypeMod: -1})
 	}
 	return t
@@ -73,13 +77,22 @@ type simSchema struct {
 	c        bool   // has the column c
 	name     string // table name (renames)
 	full     bool   // REPLICA IDENTITY FULL
+	varchar  bool   // big2 is varchar (ALTER COLUMN ... TYPE varchar, binary-coercible: no rewrite), not text
 	relation *replicator.Relation
+}
+
+// big2Type is the type of column big2.
+func (s simSchema) big2Type() uint32 {
+	if s.varchar {
+		return 1043
+	}
+	return 25
 }
 
 func (s simSchema) with(edit func(*simSchema)) simSchema {
 	edit(&s)
 	cols := []replicator.Column{{Name: "id", TypeOID: 1700, TypeMod: -1, Key: true}, {Name: "ver", TypeOID: 20, TypeMod: -1, Key: s.full},
-		{Name: "big", TypeOID: 25, TypeMod: -1, Key: s.full}, {Name: "big2", TypeOID: 25, TypeMod: -1, Key: s.full}}
+		{Name: "big", TypeOID: 25, TypeMod: -1, Key: s.full}, {Name: "big2", TypeOID: s.big2Type(), TypeMod: -1, Key: s.full}}
 	if s.c {
 		cols = append(cols, replicator.Column{Name: "c", TypeOID: 23, TypeMod: -1, Key: s.full})
 	}
@@ -214,8 +227,8 @@ type sim struct {
 	// awaitRefresh: a re-backfill of the table was asked for and its Refresh has not come yet:
 	// no event of the table may come before it (I20)
 	awaitRefresh bool
-	// chunkCols is the number of columns the chunk in flight read (I17: it is emitted with them)
-	chunkCols int
+	// chunkTypes are the column types the chunk in flight read (I17: it is emitted with them)
+	chunkTypes []uint32
 }
 
 // simFailure is a broken invariant, raised as a panic and returned by run.
@@ -263,7 +276,7 @@ func newSim(seed uint64, opt simOptions) *sim {
 func (s *sim) start(pos *Position) {
 	s.runNo++
 	s.marks = watermark.Config{Slot: "s", Run: "run" + strconv.Itoa(s.runNo)}
-	s.core = newCore(s.marks, pos, map[string]*chunker.Table{"public.t": simTableWith(s.schema.c)})
+	s.core = newCore(s.marks, pos, map[string]*chunker.Table{"public.t": simTableOf(s.schema)})
 	s.core.noGuard, s.core.noEviction, s.core.rereadPartial = s.opt.noGuard, s.opt.noEviction, s.opt.rereadPartial
 	if s.opt.capped {
 		s.core.maxRereads = 8 // the backfill starts over now and then
@@ -314,8 +327,8 @@ func (s *sim) check(ev Event) {
 	if s.awaitRefresh && ev.Op != Refresh {
 		s.failf("I20: %v at %s before the Refresh of the re-backfill asked for", ev.Op, ev.LSN)
 	}
-	if ev.Op == Snapshot && ev.NumCols() != s.chunkCols {
-		s.failf("I17: a chunk row emitted with %d columns, the chunk read %d", ev.NumCols(), s.chunkCols)
+	if ev.Op == Snapshot && (ev.NumCols() != len(s.chunkTypes) || !slices.Equal(ev.Columns.Types, s.chunkTypes)) {
+		s.failf("I17: a chunk row emitted with the columns of types %v, the chunk read %v", ev.Columns.Types, s.chunkTypes)
 	}
 	if ev.Op == Refresh {
 		s.awaitRefresh = false
@@ -523,7 +536,11 @@ func (s *sim) appTxn() {
 
 // ddlTxn changes the table's definition, in a transaction of its own that is visible at once.
 func (s *sim) ddlTxn() {
-	switch s.r.IntN(3) {
+	switch s.r.IntN(4) {
+	case 3:
+		// A column's type changed (varchar and text: binary-coercible, no rewrite): a chunk read
+		// under one definition must not go out under the other (I17).
+		s.schema = s.schema.with(func(d *simSchema) { d.varchar = !d.varchar })
 	case 0:
 		s.schema = s.schema.with(func(d *simSchema) { d.c = !d.c })
 	case 1:
@@ -738,7 +755,7 @@ func (s *sim) row(id int) chunker.Row {
 }
 
 func (s *sim) read() *chunker.Chunk {
-	c := &chunker.Chunk{Table: simTableWith(s.schema.c), After: s.cursor, Snapshot: s.snapshot()}
+	c := &chunker.Chunk{Table: simTableOf(s.schema), After: s.cursor, Snapshot: s.snapshot()}
 	if s.refresh {
 		return c
 	}
@@ -849,7 +866,10 @@ func (s *sim) workerStep() {
 		s.wstate = 2
 	case 2:
 		s.chunk = s.read()
-		s.chunkCols = len(s.chunk.Table.Columns)
+		s.chunkTypes = s.chunkTypes[:0]
+		for _, c := range s.chunk.Table.Columns {
+			s.chunkTypes = append(s.chunkTypes, c.TypeOID)
+		}
 		s.tracef("worker reads chunk %d: %d rows, snapshot %+v, keys %v", s.wid, len(s.chunk.Rows), s.chunk.Snapshot, s.keys)
 		s.wstate = 3
 	case 3:
