@@ -47,6 +47,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	verbose := fs.Bool("v", false, "log the engine's progress")
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
 	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
+	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency; default all")
 	memory := fs.Bool("memory", false, "instead of the default figures: the peak memory of tidemark sync for one very large source transaction and for wide rows")
 	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
@@ -91,7 +92,11 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
-	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, changes: *changes, connector: conn, log: e.log.Level(zerolog.WarnLevel)}
+	groups, err := benchGroups(*only)
+	if err != nil {
+		return usageProblems(fs, []string{err.Error()})
+	}
+	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel)}
 	if *verbose {
 		b.log = e.log
 	}
@@ -105,6 +110,7 @@ type bench struct {
 	rows      int
 	reps      int
 	chunk     int
+	groups    map[string]bool // the groups of figures to run (benchGroups)
 	log       zerolog.Logger
 	srv       *pgserver.Server
 	dsn       string
@@ -153,11 +159,55 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
-	for _, step := range []func(context.Context) error{b.scans, b.syncs, b.memory, b.stream, b.sweep, b.latency} {
-		if err := step(ctx); err != nil {
+	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency}
+	if !b.groups["scan"] {
+		// The ratios of the other figures are to COPY's time, and memory's to the backfill's peak.
+		steps["scan"] = b.copyReference
+		b.groups["scan"] = true
+	}
+	for _, name := range benchGroupNames {
+		if !b.groups[name] {
+			continue
+		}
+		if err := steps[name](ctx); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// benchGroupNames are the groups of figures, in the order they run.
+var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency"}
+
+// benchGroups parses --only: the groups to run (all when empty).
+func benchGroups(only string) (map[string]bool, error) {
+	groups := map[string]bool{}
+	if only == "" {
+		for _, g := range benchGroupNames {
+			groups[g] = true
+		}
+		return groups, nil
+	}
+	for _, g := range strings.Split(only, ",") {
+		g = strings.TrimSpace(g)
+		if !slices.Contains(benchGroupNames, g) {
+			return nil, fmt.Errorf("--only: unknown group %q (one of %s)", g, strings.Join(benchGroupNames, ", "))
+		}
+		groups[g] = true
+	}
+	groups["scan"] = groups["scan"] || groups["memory"] // memory's ratio is to the whole backfill's peak
+	return groups, nil
+}
+
+// copyReference measures only the reference the other figures' ratios are to (--only without
+// scan).
+func (b *bench) copyReference(ctx context.Context) error {
+	var err error
+	b.copyS, err = b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY public.bench_rows TO STDOUT`, &b.copyMB) })
+	if err != nil {
+		return err
+	}
+	b.line("scan.copy_text", b.copyS, float64(b.rows), b.copyMB, "")
 	return nil
 }
 
@@ -189,12 +239,9 @@ func (b *bench) prepare(ctx context.Context, conn *pgx.Conn) error {
 // scans measures the reference (COPY through psql, output discarded: docs/benchmarks.md) and
 // Tidemark's backfill of the same table, encoded and not.
 func (b *bench) scans(ctx context.Context) error {
-	var err error
-	b.copyS, err = b.median(func() (time.Duration, error) { return b.psqlCopy(ctx, `COPY public.bench_rows TO STDOUT`, &b.copyMB) })
-	if err != nil {
+	if err := b.copyReference(ctx); err != nil {
 		return err
 	}
-	b.line("scan.copy_text", b.copyS, float64(b.rows), b.copyMB, "")
 
 	// Tidemark's backfill of the same table, output encoded as JSON lines and discarded.
 	var outMB float64
