@@ -108,3 +108,36 @@ func TestAppendCopyRow(t *testing.T) {
 	})
 	require.Equal(t, "a\\\\b\t\\N\t\\\\N\tt\\tn\\nr\\r\t\\\\.\t\n", buf.String())
 }
+
+// TestCopyTextFillsReads: copyText gives the rows' COPY text whole and in order whatever the
+// size of the reads, and fills each read with as many rows as fit (pgx sends one message, in
+// one write, per read), holding one row's text at most.
+func TestCopyTextFillsReads(t *testing.T) {
+	var rows [][]replicator.Value
+	var want bytes.Buffer
+	for i := range 100 {
+		row := []replicator.Value{{Kind: replicator.Text, Data: fmt.Appendf(nil, "%d", i)}, {Kind: replicator.Text, Data: []byte("a\tb\\c")}, {Kind: replicator.Null}}
+		rows = append(rows, row)
+		appendCopyRow(&want, row)
+	}
+	for _, size := range []int{1, 7, 64 << 10} {
+		var buf bytes.Buffer
+		c := &copyText{rows: rows, buf: &buf}
+		var got bytes.Buffer
+		p := make([]byte, size)
+		reads := 0
+		for {
+			n, err := c.Read(p)
+			got.Write(p[:n])
+			if err != nil {
+				break
+			}
+			reads++
+			require.LessOrEqual(t, buf.Cap(), 64, "one row's text at most")
+		}
+		require.Equal(t, want.String(), got.String(), "reads of %d bytes", size)
+		if size == 64<<10 {
+			require.Equal(t, 1, reads, "one read takes every row that fits")
+		}
+	}
+}
