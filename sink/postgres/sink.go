@@ -907,24 +907,41 @@ func (s *Sink) copyRows(ctx context.Context, t *targetTable, dst string, names [
 }
 
 // copyText reads rows as COPY text, encoding the next row into buf when buf is empty. CopyFrom
-// reads it from a goroutine of its own, and returns only once that goroutine has stopped.
+// reads it from a goroutine of its own, and returns only once that goroutine has stopped. Each
+// Read fills p with as many rows as fit (pgx sends what one Read returns as one CopyData message,
+// in one write: a row per Read was a message and a system call per row); buf holds at most one
+// row's text at a time, so a piece's text is never built whole.
 type copyText struct {
 	rows [][]replicator.Value
 	buf  *bytes.Buffer
 }
 
 func (c *copyText) Read(p []byte) (int, error) {
-	for c.buf.Len() == 0 {
-		if len(c.rows) == 0 {
-			return 0, io.EOF
+	n := 0
+	for n < len(p) {
+		if c.buf.Len() == 0 {
+			if len(c.rows) == 0 {
+				break
+			}
+			c.buf.Reset()
+			appendCopyRow(c.buf, c.rows[0])
+			c.rows = c.rows[1:]
 		}
-		appendCopyRow(c.buf, c.rows[0])
-		c.rows = c.rows[1:]
+		m, _ := c.buf.Read(p[n:])
+		n += m
 	}
-	return c.buf.Read(p)
+	if n == 0 {
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
-// appendCopyRow appends one row in COPY's text format.
+// copyEscapes gives, for each byte COPY's text format escapes in a value, the letter after the
+// backslash (0: the byte goes as it is).
+var copyEscapes = [256]byte{'\\': '\\', '\n': 'n', '\r': 'r', '\t': 't'}
+
+// appendCopyRow appends one row in COPY's text format: the runs of bytes between the ones to
+// escape are copied whole.
 func appendCopyRow(buf *bytes.Buffer, row []replicator.Value) {
 	for i, v := range row {
 		if i > 0 {
@@ -934,19 +951,19 @@ func appendCopyRow(buf *bytes.Buffer, row []replicator.Value) {
 			buf.WriteString(`\N`)
 			continue
 		}
-		for _, c := range v.Data {
-			switch c {
-			case '\\':
-				buf.WriteString(`\\`)
-			case '\n':
-				buf.WriteString(`\n`)
-			case '\r':
-				buf.WriteString(`\r`)
-			case '\t':
-				buf.WriteString(`\t`)
-			default:
-				buf.WriteByte(c)
+		d := v.Data
+		for len(d) > 0 {
+			j := 0
+			for j < len(d) && copyEscapes[d[j]] == 0 {
+				j++
 			}
+			buf.Write(d[:j])
+			if j == len(d) {
+				break
+			}
+			buf.WriteByte('\\')
+			buf.WriteByte(copyEscapes[d[j]])
+			d = d[j+1:]
 		}
 	}
 	buf.WriteByte('\n')
