@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
@@ -19,7 +21,11 @@ type Encoder struct {
 	cols     map[*merge.Columns]*encodedColumns
 	lastTime time.Time
 	timeJSON []byte
-	nulled   []int // columns whose JSON form is lossy
+	// The last event's position text: a chunk's rows, and a transaction's changes, share one
+	// LSN, which is formatted once.
+	lastLSN pglogrepl.LSN
+	lsnText []byte
+	nulled  []int // columns whose JSON form is lossy
 }
 
 // NewEncoder returns an Encoder whose values take their forms from types.
@@ -128,7 +134,10 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 		b = append(b, '}')
 	}
 	b = append(b, `,"lsn":"`...)
-	b = append(b, ev.LSN.String()...)
+	if ev.LSN != e.lastLSN || e.lsnText == nil {
+		e.lastLSN, e.lsnText = ev.LSN, append(e.lsnText[:0], ev.LSN.String()...)
+	}
+	b = append(b, e.lsnText...)
 	b = append(b, `","seq":`...)
 	b = strconv.AppendInt(b, int64(ev.Seq), 10)
 	if ev.XID != 0 {

@@ -91,6 +91,14 @@ func TestWriterLinesDecode(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{"insert": 1, "update": 1, "delete": 1, "truncate": 1, "snapshot": 5}, ops)
+	// Each change's own position: four transactions, four commit LSNs (formatted once per value).
+	lsns := map[string]bool{}
+	for _, l := range ls {
+		if l.Op != "snapshot" {
+			lsns[l.LSN.String()] = true
+		}
+	}
+	require.Len(t, lsns, 4, "the changes' positions")
 	require.True(t, unchanged && original && xid && timed)
 
 	c, err := jsonl.ReadCheckpointFile(out + ".checkpoint")
