@@ -51,6 +51,10 @@ type rowEncoder struct {
 	st      *readStream
 	plans   []*plan // the table's definitions seen, latest last
 	changes []byte  // meta.changes of the record being encoded
+	// The last event's commit time as the metadata columns write it: a chunk's rows, and a
+	// transaction's changes, share one, which is formatted once.
+	lastTime time.Time
+	timeText []byte
 }
 
 func newRowEncoder(types *pgjson.Registry, st *readStream) *rowEncoder {
@@ -132,7 +136,10 @@ func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event,
 		}
 	}
 	b, first := e.appendData(ctx, append(b, p.prefix...), p, ev.Col, isKey)
-	ts := ev.Time.UTC()
+	if !ev.Time.Equal(e.lastTime) || e.timeText == nil {
+		e.lastTime = ev.Time
+		e.timeText = ev.Time.UTC().AppendFormat(e.timeText[:0], "2006-01-02T15:04:05.000000Z")
+	}
 	sep := func() {
 		if !first {
 			b = append(b, ',')
@@ -145,12 +152,12 @@ func (e *rowEncoder) appendEvent(ctx context.Context, b []byte, ev *merge.Event,
 	}
 	if p.meta[1] {
 		sep()
-		b = append(ts.AppendFormat(append(b, `"_ab_cdc_updated_at":"`...), "2006-01-02T15:04:05.000000Z"), '"')
+		b = append(append(append(b, `"_ab_cdc_updated_at":"`...), e.timeText...), '"')
 	}
 	if p.meta[2] {
 		sep()
 		if ev.Op == merge.Delete {
-			b = append(ts.AppendFormat(append(b, `"_ab_cdc_deleted_at":"`...), "2006-01-02T15:04:05.000000Z"), '"')
+			b = append(append(append(b, `"_ab_cdc_deleted_at":"`...), e.timeText...), '"')
 		} else {
 			b = append(b, `"_ab_cdc_deleted_at":null`...)
 		}
