@@ -191,15 +191,21 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/postgres/copy-no-backslash-escape", Pkg: "sink/postgres", File: "sink/postgres/sink.go",
-		From: "\t\t\tcase '\\\\':\n\t\t\t\tbuf.WriteString(`\\\\`)\n",
-		To:   "",
+		From: "var copyEscapes = [256]byte{'\\\\': '\\\\', ",
+		To:   "var copyEscapes = [256]byte{",
 		Desc: "COPY text no longer escapes a backslash: a value with \\N or \\t reads as NULL or a tab",
 	},
 	{
 		ID: "sink/postgres/copy-no-cr-escape", Pkg: "sink/postgres", File: "sink/postgres/sink.go",
-		From: "\t\t\tcase '\\r':\n\t\t\t\tbuf.WriteString(`\\r`)\n",
-		To:   "",
+		From: "'\\n': 'n', '\\r': 'r', ",
+		To:   "'\\n': 'n', ",
 		Desc: "COPY text no longer escapes a carriage return",
+	},
+	{
+		ID: "sink/postgres/copy-read-drops-tail", Pkg: "sink/postgres", File: "sink/postgres/sink.go",
+		From: "\t\tm, _ := c.buf.Read(p[n:])\n\t\tn += m\n",
+		To:   "\t\tm, _ := c.buf.Read(p[n:])\n\t\tn += m\n\t\tc.buf.Reset()\n",
+		Desc: "a row's COPY text that does not fit the rest of a read is dropped instead of carried to the next read",
 	},
 	{
 		ID: "sink/postgres/copy-null-as-empty", Pkg: "sink/postgres", File: "sink/postgres/sink.go",
@@ -257,6 +263,12 @@ var catalog = []Mutant{
 	},
 
 	// ---- sink/jsonl ----
+	{
+		ID: "sink/jsonl/lsn-text-stale", Pkg: "sink/jsonl", File: "sink/jsonl/format.go",
+		From: "if ev.LSN != e.lastLSN || e.lsnText == nil {",
+		To:   "if e.lsnText == nil {",
+		Desc: "the position's text is kept from the first event: every line carries the first LSN",
+	},
 	{
 		ID: "sink/jsonl/checkpoint-before-sync", Pkg: "sink/jsonl", File: "sink/jsonl/writer.go",
 		From: "\tif err := s.w.Flush(); err != nil {\n\t\treturn fmt.Errorf(\"write output: %w\", err)\n\t}\n\tif s.out != nil {\n\t\tif err := s.out.Sync(); err != nil {\n\t\t\treturn fmt.Errorf(\"sync output: %w\", err)\n\t\t}\n\t}\n\treturn s.writeCheckpoint(pos)\n",
