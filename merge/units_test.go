@@ -172,3 +172,32 @@ func TestGuardPrune(t *testing.T) {
 	require.Equal(t, uint32(2000), g.commits[0].xid, "no pending snapshot: the newest xmin")
 	require.Len(t, g.commits, 6200-2000)
 }
+
+// TestKeepaliveInsideATransaction: a keepalive's position is the server's, which may be past the
+// commit of the transaction being received: inside it, the position (the next checkpoint's)
+// stays before the transaction, and moves to its end at its commit.
+func TestKeepaliveInsideATransaction(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.mustTxn(ins(toastRel, text("1"), text("a")))
+	before := r.c.pos.LSN
+	r.lsn += 0x100
+	r.xid++
+	r.must(&replicator.Begin{FinalLSN: r.lsn, XID: r.xid})
+	r.must(&replicator.Keepalive{WALEnd: r.lsn + 0x1000})
+	require.Equal(t, before, r.c.pos.LSN, "inside a transaction")
+	r.must(ins(toastRel, text("2"), text("b")))
+	r.must(&replicator.Commit{LSN: r.lsn, EndLSN: r.lsn + 1, XID: r.xid})
+	require.Equal(t, r.lsn+1, r.c.pos.LSN)
+	r.must(&replicator.Keepalive{WALEnd: r.lsn + 0x1000})
+	require.Equal(t, r.lsn+0x1000, r.c.pos.LSN, "idle: the server's position")
+}
+
+// TestRemoveKeys: one occurrence of each done key is removed (a key listed twice to read again,
+// read once, stays once).
+func TestRemoveKeys(t *testing.T) {
+	keys := [][]string{{"1"}, {"2"}, {"1"}, {"3", "x"}}
+	require.Equal(t, [][]string{{"2"}, {"1"}}, removeKeys(keys, [][]string{{"1"}, {"3", "x"}}))
+	require.Nil(t, removeKeys([][]string{{"1"}}, [][]string{{"1"}, {"1"}}))
+	require.Equal(t, keys, removeKeys(keys, nil))
+}
