@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -213,7 +214,7 @@ func captureToFile(t *testing.T, db *e2e.TestDB, tables ...string) (string, []by
 	for _, name := range tables {
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: name})
 	}
-	probe := &durableProbe{Writer: w, t: t, out: out}
+	probe := &durableProbe{Writer: w, out: out}
 	eng, err := merge.New(cfg, probe, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
 	require.NoError(t, err)
 	require.NoError(t, eng.Run(ctx, nil))
@@ -231,22 +232,31 @@ func captureToFile(t *testing.T, db *e2e.TestDB, tables ...string) (string, []by
 // next run after a crash) would read it: a checkpoint is written after the output it covers.
 type durableProbe struct {
 	*jsonl.Writer
-	t           *testing.T
 	out         string
 	checkpoints int
 }
 
+// Checkpoint runs on the engine's goroutine: a finding is its error (the run fails with it),
+// not a test failure there.
 func (p *durableProbe) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	if err := p.Writer.Checkpoint(ctx, pos); err != nil {
 		return err
 	}
 	p.checkpoints++
 	c, err := jsonl.ReadCheckpointFile(p.out + ".checkpoint")
-	require.NoError(p.t, err)
+	if err != nil {
+		return err
+	}
 	raw, err := os.ReadFile(p.out)
-	require.NoError(p.t, err)
-	require.Equal(p.t, c.Offset, int64(len(raw)), "checkpoint %d counts bytes the output file does not hold yet", p.checkpoints)
-	require.True(p.t, len(raw) == 0 || raw[len(raw)-1] == '\n', "the output ends in a partial line at checkpoint %d", p.checkpoints)
+	if err != nil {
+		return err
+	}
+	if c.Offset != int64(len(raw)) {
+		return fmt.Errorf("checkpoint %d counts %d bytes, the output file holds %d", p.checkpoints, c.Offset, len(raw))
+	}
+	if len(raw) > 0 && raw[len(raw)-1] != '\n' {
+		return fmt.Errorf("the output ends in a partial line at checkpoint %d", p.checkpoints)
+	}
 	return nil
 }
 
