@@ -91,6 +91,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"unknown relation", []msg{beginMsg(1, 1), insertMsg(8, "1", "a")}, "before its Relation message"},
 		{"begin in transaction", []msg{beginMsg(1, 1), beginMsg(2, 2)}, "inside transaction"},
 		{"commit outside", []msg{commitMsg(1, 2)}, "outside a transaction"},
+		{"change after the commit", []msg{beginMsg(1, 1), relationMsg(7), commitMsg(1, 2), insertMsg(7, "1", "a")}, "outside a transaction"},
 		{"column count", []msg{beginMsg(1, 1), relationMsg(7), msg{'I'}.u32(7).u8('N').tuple(1).text("1")}, "tuple has 1 columns, relation has 2"},
 		{"oversized value", []msg{beginMsg(1, 1), relationMsg(7), msg{'I'}.u32(7).u8('N').tuple(2).u8('t').u32(1 << 30)}, "claims 1073741824 bytes"},
 		{"bad kind", []msg{beginMsg(1, 1), relationMsg(7), msg{'I'}.u32(7).u8('N').tuple(2).u8('x')}, "has kind 'x'"},

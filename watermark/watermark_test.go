@@ -70,3 +70,34 @@ func TestDecodeMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeRow: a signal-table row decodes to the mark written, for its slot and run only.
+func TestDecodeRow(t *testing.T) {
+	c := Config{Slot: "s1", Run: "r1"}
+	cols := []string{"slot", "run", "chunk", "kind", "written_at"}
+	row := func(slot, run, chunk, kind string) [][]byte {
+		return [][]byte{[]byte(slot), []byte(run), []byte(chunk), []byte(kind), []byte("2026-01-01 00:00:00+00")}
+	}
+	if m, ok := c.Decode(cols, row("s1", "r1", "42", "H")); !ok || m != (Mark{ID: 42, Kind: High}) {
+		t.Errorf("own mark: %+v, %v", m, ok)
+	}
+	for name, r := range map[string][][]byte{
+		"other slot": row("s2", "r1", "42", "H"), "other run": row("s1", "r2", "42", "H"),
+		"no slot": row("", "r1", "42", "H"), "bad chunk": row("s1", "r1", "x", "H"), "bad kind": row("s1", "r1", "42", "Z"),
+	} {
+		if _, ok := c.Decode(cols, r); ok {
+			t.Errorf("%s: decoded as this run's mark", name)
+		}
+	}
+}
+
+// TestRunIDsDiffer: each run gets a run id of its own (random), so an earlier run's marks, which
+// number their chunks from 1 too, never match a new run's.
+func TestRunIDsDiffer(t *testing.T) {
+	var a, b Config
+	a.EnsureDefaults()
+	b.EnsureDefaults()
+	if a.Run == "" || a.Run == b.Run {
+		t.Errorf("run ids %q and %q", a.Run, b.Run)
+	}
+}

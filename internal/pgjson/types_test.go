@@ -186,3 +186,23 @@ func TestArrayElement(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// TestQuoting: an array element and a composite field as PostgreSQL's array_out and record_out
+// write them, written out by hand: quoted when empty, NULL-like (arrays) or holding a special
+// character; inside, an array escapes quotes and backslashes with a backslash, a composite
+// doubles them.
+func TestQuoting(t *testing.T) {
+	for in, want := range map[string]string{``: `""`, `NULL`: `"NULL"`, `null`: `"null"`, `a b`: `"a b"`, `a\b`: `"a\\b"`, `q"`: `"q\""`, `x`: `x`, `{}`: `"{}"`} {
+		require.Equal(t, want, string(quoteArrayElement(nil, []byte(in), ',')), "array element %q", in)
+	}
+	for in, want := range map[string]string{``: `""`, `a b`: `"a b"`, `a\b`: `"a\\b"`, `q"`: `"q"""`, `(x)`: `"(x)"`, `x`: `x`} {
+		require.Equal(t, want, string(quoteRecordField(nil, []byte(in))), "composite field %q", in)
+	}
+}
+
+// TestIsInteger: what goes out as a JSON number unquoted must be one.
+func TestIsInteger(t *testing.T) {
+	for in, want := range map[string]bool{"0": true, "-12": true, "": false, "-": false, "1.5": false, "1e3": false, "+1": false, "--1": false} {
+		require.Equal(t, want, isInteger([]byte(in)), "%q", in)
+	}
+}

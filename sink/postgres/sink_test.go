@@ -309,7 +309,8 @@ func TestRefreshedTableFittedAfterACrash(t *testing.T) {
 // TestSinkBatchFoldsAndEscapes: what the sink folds and encodes on its own, through a real
 // target. One source transaction inserts a key with a TOASTed value and then updates it without
 // touching that value (the stream sends it as unchanged): the target must get the value the
-// insert carried, not NULL. Values with COPY text's special characters (a backslash, `\N`, a tab,
+// insert carried, not NULL; a key inserted, deleted and inserted again is there. Another
+// truncates the table after a row pending in the same batch, and adds a column between two rows. Values with COPY text's special characters (a backslash, `\N`, a tab,
 // a newline, a carriage return) land as they are, inserted and updated alike.
 func TestSinkBatchFoldsAndEscapes(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
@@ -317,11 +318,25 @@ func TestSinkBatchFoldsAndEscapes(t *testing.T) {
 	db.Exec(`ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
 	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
+	// One transaction that truncates after rows pending in the same batch, and changes the
+	// table's definition between two rows: the rows before each go first.
 	db.Exec(`BEGIN;
-		INSERT INTO t VALUES (1, 'first', repeat('x', 10000)), (2, E'back\\slash \\N', repeat('y', 10000));
+		INSERT INTO t VALUES (20, 'before the truncate', NULL);
+		TRUNCATE t;
+		INSERT INTO t VALUES (21, 'after the truncate', NULL);
+		ALTER TABLE t ADD COLUMN extra int;
+		INSERT INTO t VALUES (22, 'with extra', NULL, 7);
+		ALTER TABLE t DROP COLUMN extra;
+		INSERT INTO t (id, v, big) VALUES (23, 'without extra', NULL);
+		COMMIT`)
+	db.Exec(`BEGIN;
+		INSERT INTO t (id, v, big) VALUES (1, 'first', repeat('x', 10000)), (2, E'back\\slash \\N', repeat('y', 10000));
+		INSERT INTO t (id, v, big) VALUES (5, 'gone', NULL);
+		DELETE FROM t WHERE id = 5;
+		INSERT INTO t (id, v, big) VALUES (5, 'back after its delete', NULL);
 		UPDATE t SET v = 'second' WHERE id = 1;
 		UPDATE t SET v = v || E'\ttab\nnewline\rreturn\\' WHERE id = 2;
-		INSERT INTO t VALUES (3, E'\\N', NULL), (4, E'\\\\', E'\\.');
+		INSERT INTO t (id, v, big) VALUES (3, E'\\N', NULL), (4, E'\\\\', E'\\.');
 		COMMIT`)
 
 	ctx := context.Background()
@@ -345,6 +360,6 @@ func TestSinkBatchFoldsAndEscapes(t *testing.T) {
 	require.NoError(t, err)
 	got, err := e2e.SourceRows(ctx, tgtDSN, "public", "t", []string{"id"})
 	require.NoError(t, err)
-	require.Len(t, want, 4)
+	require.Len(t, want, 8)
 	require.Empty(t, e2e.Diff(got, want))
 }
