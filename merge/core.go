@@ -104,7 +104,9 @@ var (
 
 // maxEarly bounds the keys a window remembers before its chunk arrives (a transaction of millions
 // of rows between the low watermark and the chunk's hand-over): past it the window is abandoned
-// and its chunk read again. Once the chunk arrived, only changes of its own keys are kept.
+// and its chunk read again. Once the chunk arrived, only changes of its own keys are recorded;
+// the keys remembered before are dropped at the first change after that (track), or when the
+// window closes.
 const maxEarly = 1 << 19
 
 // maxRereads bounds the rows a table waits to read again (an update of millions of rows that all
@@ -123,8 +125,9 @@ type window struct {
 	chunk   *chunker.Chunk  // nil until handed over
 	maxKey  []string        // the backfill's upper bound, with the chunk
 	touched map[string]bool // keys changed inside the window, before or after the chunk arrived; true when the last change lacked unchanged TOASTed values
-	// Once the chunk arrived: its rows' keys, and the keys whose changes still matter (the rows'
-	// and a key-list chunk's). Before, every changed key is kept, up to maxEarly.
+	// Once the chunk arrived: its rows' keys, and (built at the first change after it: track)
+	// the keys whose changes still matter, the rows' and a key-list chunk's. Before, every
+	// changed key is kept, up to maxEarly.
 	rowKeys [][]byte
 	tracked map[string]bool
 	keys    [][]string    // a key-list chunk's keys (text values); nil for a range chunk
@@ -689,6 +692,38 @@ func fillUnchanged(n, o replicator.Tuple) replicator.Tuple {
 	return out
 }
 
+// track builds, once the chunk arrived, the set of keys whose changes still matter (its rows' and
+// a key-list chunk's), and forgets the keys changed before that are not among them (they only
+// bounded the window's memory: the high watermark looks up its rows' keys alone). It runs at the
+// first change of the table after the hand-over: a window that meets none (a quiet table, most
+// windows of a large backfill) never builds it.
+func (w *window) track() {
+	t := w.chunk.Table
+	w.tracked = make(map[string]bool, len(w.rowKeys)+len(w.keys))
+	for _, k := range w.rowKeys {
+		w.tracked[string(k)] = true
+	}
+	keyVals := make([][]byte, len(t.Key))
+	for _, k := range w.keys {
+		for j, v := range k {
+			keyVals[j] = []byte(v)
+		}
+		if key, err := t.AppendKey(nil, keyVals); err == nil {
+			w.tracked[string(key)] = true
+		}
+	}
+	for k := range w.touched {
+		if !w.tracked[k] {
+			delete(w.touched, k)
+		}
+	}
+	for k := range w.fills {
+		if !w.tracked[k] {
+			delete(w.fills, k)
+		}
+	}
+}
+
 // evict drops key from the chunks of ts's open windows: the rows whose key a change touched
 // inside the window are not emitted at the high watermark, whether the change came before or
 // after the chunk's rows arrived.
@@ -698,7 +733,10 @@ func (c *core) evict(ts *tableState, key []byte, partial bool, same replicator.T
 	}
 	for _, w := range ts.open {
 		switch {
-		case w.tracked != nil:
+		case w.chunk != nil:
+			if w.tracked == nil {
+				w.track()
+			}
 			if w.tracked[string(key)] {
 				w.touched[string(key)] = partial
 				w.noteChange(string(key), same, ts.cols)
@@ -752,9 +790,9 @@ func (c *core) handover(h handover) error {
 	}
 	w.ts.table = h.chunk.Table
 	w.chunk, w.maxKey, w.keys, w.refresh = h.chunk, h.maxKey, h.keys, h.refresh
-	// From now on only changes of the chunk's keys (and a key-list chunk's) matter.
+	// From now on only changes of the chunk's keys (and a key-list chunk's) matter: the set of
+	// them is built at the first such change (track).
 	t := h.chunk.Table
-	w.tracked = make(map[string]bool, len(h.chunk.Rows)+len(h.keys))
 	keyVals := make([][]byte, len(t.Key))
 	var buf []byte // the rows' keys, in one allocation
 	for _, row := range h.chunk.Rows {
@@ -769,25 +807,6 @@ func (c *core) handover(h handover) error {
 		}
 		key := buf[start:len(buf):len(buf)]
 		w.rowKeys = append(w.rowKeys, key)
-		w.tracked[string(key)] = true
-	}
-	for _, k := range h.keys {
-		for j, v := range k {
-			keyVals[j] = []byte(v)
-		}
-		if key, err := t.AppendKey(nil, keyVals); err == nil {
-			w.tracked[string(key)] = true
-		}
-	}
-	for k := range w.touched {
-		if !w.tracked[k] {
-			delete(w.touched, k)
-		}
-	}
-	for k := range w.fills {
-		if !w.tracked[k] {
-			delete(w.fills, k)
-		}
 	}
 	if !h.refresh {
 		c.guard.snapshot(h.chunk.Snapshot)
