@@ -91,9 +91,15 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "merge/evict-after-handover-dropped", Pkg: "merge", File: "merge/core.go",
-		From: "\t\tcase w.tracked != nil:\n\t\t\tif w.tracked[string(key)] {\n\t\t\t\tw.touched[string(key)] = partial\n\t\t\t\tw.noteChange(string(key), same, ts.cols)\n\t\t\t}\n",
-		To:   "\t\tcase w.tracked != nil:\n",
+		From: "\t\t\tif w.tracked[string(key)] {\n\t\t\t\tw.touched[string(key)] = partial\n\t\t\t\tw.noteChange(string(key), same, ts.cols)\n\t\t\t}\n",
+		To:   "",
 		Desc: "a key changed after its chunk arrived is no longer evicted from the window: the chunk's older row is emitted after the change",
+	},
+	{
+		ID: "merge/track-misses-key-list", Pkg: "merge", File: "merge/core.go",
+		From: "\tfor _, k := range w.keys {\n\t\tfor j, v := range k {\n\t\t\tkeyVals[j] = []byte(v)\n\t\t}\n\t\tif key, err := t.AppendKey(nil, keyVals); err == nil {\n\t\t\tw.tracked[string(key)] = true\n\t\t}\n\t}\n",
+		To:   "\tfor _, k := range w.keys {\n\t\tfor j, v := range k {\n\t\t\tkeyVals[j] = []byte(v)\n\t\t}\n\t\tif key, err := t.AppendKey(nil, keyVals); err == nil {\n\t\t\t_ = key\n\t\t}\n\t}\n",
+		Desc: "the lazily built set of tracked keys leaves a key-list chunk's keys out: a key re-created after the chunk's SELECT is not seen",
 	},
 	{
 		ID: "merge/old-key-not-evicted", Pkg: "merge", File: "merge/core.go",
