@@ -388,10 +388,7 @@ func TestPublicationLayoutChanged(t *testing.T) {
 	}
 	require.Contains(t, member(), "rel:")
 
-	cont := cfg
-	cont.StopWhenCaughtUp = false
-	cont.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER PUBLICATION ` + pub + ` ADD TABLES IN SCHEMA public`)
 	require.Eventually(t, func() bool { return strings.Contains(member(), "schema:") }, 30*time.Second, 50*time.Millisecond, "a checkpoint records the schema")
 	db.Exec(`ALTER PUBLICATION ` + pub + ` DROP TABLE t`)
@@ -444,11 +441,7 @@ func TestPartitionMembershipChangeStops(t *testing.T) {
 	// While a capture runs: a row filter on the partition's own row, which pgoutput applies (the
 	// root's row has none): the rows it filters out would be lost.
 	require.NoError(t, runEngine(t, cfg, sink, refreshed(sink.last(), "public.l")))
-	cont := cfg
-	cont.StopWhenCaughtUp = false
-	cont.WatchInterval = 100 * time.Millisecond
-	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
+	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` DROP TABLE l`)
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE l WHERE (id > 5)`)
 	db.Exec(`UPDATE l SET v = 'filtered out' WHERE id = 2`)

@@ -96,6 +96,15 @@ func (r *run) autoPick(rng *rand.Rand, candidates ...string) string {
 	return r.pickTable(rng, candidates...)
 }
 
+// drawAuto draws mostly, or one time in four sometimes, among the tables autoPick allows.
+func (r *run) drawAuto(mostly, sometimes string) string {
+	t := r.autoPick(r.rng, mostly)
+	if r.rng.IntN(4) == 0 {
+		t = r.autoPick(r.rng, sometimes)
+	}
+	return t
+}
+
 // pickTable draws one of tables and takes the next one that has no expectation in progress
 // (a second fault on a table whose stop is not remedied yet would mix their remedies); "" when
 // every one has. The draw is made whatever the outcome, so the schedule stays the seed's.
@@ -362,10 +371,7 @@ func (r *run) publishFault(ctx context.Context) string {
 func (r *run) persistFault(ctx context.Context) string {
 	// notes mostly: items is the rewrite fault's, whose automatic re-backfill would make this
 	// one wait (one per table per 5 minutes).
-	t := r.autoPick(r.rng, "notes")
-	if r.rng.IntN(4) == 0 {
-		t = r.autoPick(r.rng, "items")
-	}
+	t := r.drawAuto("notes", "items")
 	if t == "" {
 		return noEffect + "the table awaits a remedy, or was re-backfilled by the sync within 5 minutes"
 	}
@@ -509,10 +515,7 @@ func (r *run) truncateFault(ctx context.Context) string {
 // source again.
 func (r *run) rewriteFault(ctx context.Context) string {
 	// items: small, so that its re-backfill keeps the ddl run short; accounts one time in four.
-	t := r.autoPick(r.rng, "items")
-	if r.rng.IntN(4) == 0 {
-		t = r.autoPick(r.rng, "accounts")
-	}
+	t := r.drawAuto("items", "accounts")
 	if t == "" {
 		return noEffect + "the table awaits a remedy, or was re-backfilled by the sync within 5 minutes"
 	}

@@ -11,8 +11,6 @@ import (
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/pgconf"
-	"github.com/tidemark/tidemark/merge"
-	"github.com/tidemark/tidemark/replicator"
 )
 
 // TestSinkCheckpointFence: the checkpoint row moves only from the position the sink read or
@@ -68,14 +66,7 @@ func TestSinkCheckpointDurable(t *testing.T) {
 	sink, _, err := Open(ctx, tgt, src, Options{ID: "durable", Log: zerolog.Nop()})
 	require.NoError(t, err)
 	defer sink.Close(ctx)
-	eng, err := merge.New(merge.Config{
-		Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
-		Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
-		AckCheckpoints:   true,
-		StopWhenCaughtUp: true,
-	}, sink, zerolog.Nop())
-	require.NoError(t, err)
-	require.NoError(t, eng.Run(ctx, nil))
+	streamChanges(t, db, sink, zerolog.Nop())
 	var settings []string
 	rows, err := other.Query(ctx, `SELECT DISTINCT setting FROM public.seen`)
 	require.NoError(t, err)

@@ -7,11 +7,13 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/replicator"
 )
 
 var server *e2e.Server
@@ -48,4 +50,18 @@ func sinkConns(t *testing.T, tgtDSN, srcDSN string) (tgt, src *pgx.Conn, done fu
 
 func position(lsn pglogrepl.LSN) *merge.Position {
 	return &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
+}
+
+// streamChanges runs a capture of public.t's changes (no backfill) from the test's slot into
+// sink until it has caught up, as tidemark sync does.
+func streamChanges(t *testing.T, db *e2e.TestDB, sink merge.Sink, log zerolog.Logger) {
+	t.Helper()
+	eng, err := merge.New(merge.Config{
+		Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
+		Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
+		AckCheckpoints:   true,
+		StopWhenCaughtUp: true,
+	}, sink, log)
+	require.NoError(t, err)
+	require.NoError(t, eng.Run(context.Background(), nil))
 }

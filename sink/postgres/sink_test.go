@@ -115,14 +115,7 @@ func TestSinkAppliesLargeTransactionsInPieces(t *testing.T) {
 				return visible
 			}}
 
-			eng, err := merge.New(merge.Config{
-				Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
-				Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
-				AckCheckpoints:   true,
-				StopWhenCaughtUp: true,
-			}, probe, log)
-			require.NoError(t, err)
-			require.NoError(t, eng.Run(ctx, nil))
+			streamChanges(t, db, probe, log)
 
 			require.Positive(t, probe.total)
 			require.LessOrEqual(t, probe.maxRows, tc.maxRows, "rows held by the sink")
@@ -347,14 +340,7 @@ func TestSinkBatchFoldsAndEscapes(t *testing.T) {
 	sink, _, err := Open(ctx, tgt, src, Options{ID: "test", Log: log})
 	require.NoError(t, err)
 	defer sink.Close(ctx)
-	eng, err := merge.New(merge.Config{
-		Source:           replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication},
-		Tables:           []merge.TableConfig{{Schema: "public", Name: "t", NoBackfill: true}},
-		AckCheckpoints:   true,
-		StopWhenCaughtUp: true,
-	}, sink, log)
-	require.NoError(t, err)
-	require.NoError(t, eng.Run(ctx, nil))
+	streamChanges(t, db, sink, log)
 
 	want, err := e2e.SourceRows(ctx, db.DSN, "public", "t", []string{"id"})
 	require.NoError(t, err)
