@@ -338,16 +338,24 @@ func TestRenamedTableIsFollowed(t *testing.T) {
 	verifyAs(t, db, sink, "archive.t2", "archive.t2", "id")
 }
 
-// TestPublicationDropStopsCapture: a captured table dropped from the publication stops streaming
-// without a word from the stream; the capture notices and stops. Put back, it is not resumed as
-// if nothing happened (its changes in between are in no slot): a re-backfill is needed.
-func TestPublicationDropStopsCapture(t *testing.T) {
+// capturedOnce makes a versioned table t of 20 rows in its publication and captures it once
+// (its backfill done, the slot kept): the configuration of the next runs, and their sink.
+func capturedOnce(t *testing.T) (*e2e.TestDB, merge.Config, *memSink) {
+	t.Helper()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20, 1)
 	cfg := engineConfig(db, "public.t")
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	cfg.Source.CreateSlot = false
+	return db, cfg, sink
+}
+
+// TestPublicationDropStopsCapture: a captured table dropped from the publication stops streaming
+// without a word from the stream; the capture notices and stops. Put back, it is not resumed as
+// if nothing happened (its changes in between are in no slot): a re-backfill is needed.
+func TestPublicationDropStopsCapture(t *testing.T) {
+	db, cfg, sink := capturedOnce(t)
 
 	cont := cfg
 	cont.StopWhenCaughtUp = false
@@ -373,12 +381,7 @@ func TestPublicationDropStopsCapture(t *testing.T) {
 // member. Two such steps between two looks cannot be told from a table that left the publication
 // and came back, and stop as that does.
 func TestPublicationLayoutChanged(t *testing.T) {
-	db := e2e.NewTestDB(t, server)
-	versionedTable(t, db, 20, 1)
-	cfg := engineConfig(db, "public.t")
-	sink := newMemSink()
-	require.NoError(t, runEngine(t, cfg, sink, nil))
-	cfg.Source.CreateSlot = false
+	db, cfg, sink := capturedOnce(t)
 	pub := db.Publication
 	member := func() string {
 		if p := sink.last(); p != nil && p.Tables["public.t"] != nil {

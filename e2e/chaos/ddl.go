@@ -408,14 +408,8 @@ func (r *run) persistFault(ctx context.Context) string {
 	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	looked(`SELECT 'schema:' || pn.oid FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid
 		WHERE p.pubname = ` + lit(r.slot) + ` AND pn.pnnspid = ` + lit(r.sch) + `::regnamespace`)
-	var lo pglogrepl.LSN
-	if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil {
-		lo = cp.LSN
-	}
-	span := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
-	r.mu.Lock()
-	r.pubDrops = append(r.pubDrops, span)
-	r.mu.Unlock()
+	span := r.openSpan(ctx, t)
+	lo := span.lo
 	err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLE `+name)
 	if err == nil {
 		err = r.ddlExec(ctx, `ALTER TABLE `+name+` SET UNLOGGED`)
@@ -540,14 +534,8 @@ func (r *run) rewriteFault(ctx context.Context) string {
 // within two minutes).
 func (r *run) rewriteFollowed(ctx context.Context, t string) string {
 	name := r.schema.name(t)
-	var lo pglogrepl.LSN
-	if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil {
-		lo = cp.LSN
-	}
-	span := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
-	r.mu.Lock()
-	r.pubDrops = append(r.pubDrops, span)
-	r.mu.Unlock()
+	span := r.openSpan(ctx, t)
+	lo := span.lo
 	if err := r.ddlExec(ctx, `ALTER TABLE `+name+` ALTER COLUMN v TYPE text USING v || '~'`); err != nil {
 		r.mu.Lock()
 		span.hi = lo
@@ -619,6 +607,20 @@ func (r *run) rebackfillFault(ctx context.Context) string {
 	what := fmt.Sprintf("re-backfill of %s asked of the running sync (its changes passed over from %s to %s)", name, span.lo, span.hi)
 	r.mu.Unlock()
 	return what
+}
+
+// openSpan starts the span of table t's changes a re-backfill will pass over, at the durable
+// checkpoint (0 when there is none yet), open until closeSpan ends it.
+func (r *run) openSpan(ctx context.Context, t string) *pubDrop {
+	var lo pglogrepl.LSN
+	if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil {
+		lo = cp.LSN
+	}
+	span := &pubDrop{table: t, lo: lo, hi: math.MaxUint64}
+	r.mu.Lock()
+	r.pubDrops = append(r.pubDrops, span)
+	r.mu.Unlock()
+	return span
 }
 
 // closeSpan ends span (changes passed over by a re-backfill) at the server's WAL position once a
