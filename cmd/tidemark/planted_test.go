@@ -689,9 +689,24 @@ func runCommand(t *testing.T, bin string, env, args []string, control bool) {
 	}
 	var err error
 	start := time.Now()
-	if args[0] == "stream" {
+	switch {
+	case args[0] == "stream":
 		err = cmd.Wait()
-	} else {
+	case args[0] == "rebackfill":
+		// The control socket answers from the sync's start; until its capture runs, the sync
+		// says to ask again shortly, and an operator does.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+			err = cmd.Run()
+			if err == nil || !strings.Contains(errBuf.String(), "not running at this moment") || time.Now().After(deadline) {
+				break
+			}
+			outBuf.Reset()
+			errBuf.Reset()
+			cmd = exec.CommandContext(ctx, bin, args...)
+			cmd.Env = env
+			cmd.Stdout, cmd.Stderr = &outBuf, &errBuf
+		}
+	default:
 		err = cmd.Run()
 	}
 	t.Logf("%s: tidemark %s: %v (%s)", map[bool]string{true: "control", false: "pinned"}[control], args[0], err, time.Since(start).Round(100*time.Millisecond))

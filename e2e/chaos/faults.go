@@ -521,11 +521,15 @@ func (t *tail) Write(b []byte) (int, error) {
 	t.reconnects += bytes.Count(window, reconnectMark)
 	t.carry = append([]byte(nil), window[max(0, len(window)-len(reconnectMark)+1):]...)
 	t.buf = append(t.buf, b...)
-	if len(t.buf) > 16<<10 {
-		t.buf = append([]byte(nil), t.buf[len(t.buf)-16<<10:]...)
+	if len(t.buf) > tailBytes {
+		t.buf = append([]byte(nil), t.buf[len(t.buf)-tailBytes:]...)
 	}
 	return len(b), nil
 }
+
+// tailBytes is how much of a process's output a tail keeps: enough for the stacks of a capture
+// (SIGQUIT) that a fault found stuck.
+const tailBytes = 64 << 10
 
 func (t *tail) String() string {
 	t.mu.Lock()

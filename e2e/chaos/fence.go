@@ -64,9 +64,22 @@ func (c *syncCapture) second(ctx context.Context) string {
 	select {
 	case <-p.done:
 	case <-t.C:
-		p.kill()
-		<-p.done
-		r.violate("second capture: a second tidemark sync on the slot and output of a running one was not refused (it ran %s, killed)", secondWait)
+		// Where it waits, for the journal: a Go program prints every goroutine's stack on
+		// SIGQUIT.
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+			p.kill()
+			<-p.done
+		}
+		out := p.stderr.String()
+		r.note("second capture, not refused in %s; its stderr ends:\n%s", secondWait, tailLines(out, 400))
+		main := ""
+		if i := strings.Index(out, "goroutine 1 ["); i >= 0 {
+			main = "; its main goroutine: " + oneLine(firstLines(out[i:], 30))
+		}
+		r.violate("second capture: a second tidemark sync on the slot and output of a running one was not refused (it ran %s, killed; its stacks are in the journal)%s", secondWait, main)
 		return "a second capture ran (not refused)"
 	case <-ctx.Done():
 		p.kill()
@@ -284,4 +297,16 @@ func firstLine(s string) string {
 func betweenAttempts(stderr string) bool {
 	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	return len(lines) > 0 && strings.Contains(lines[len(lines)-1], string(reconnectMark))
+}
+
+// tailLines returns the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// firstLines returns the first n lines of s.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
