@@ -611,7 +611,7 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 		seedRunning: pos.Invisible == nil}
 	for name, t := range tables {
 		p := pos.Tables[name]
-		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage, shape: p.Shape})
+		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage, shape: p.Shape, member: p.Publication})
 	}
 	w.order(e.cfg.Tables)
 	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wake, stream: stream}

@@ -226,6 +226,12 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		if resync || tc.Rebackfill {
 			p = &TableProgress{Refresh: true}
 		}
+		var kept bool
+		if p != nil && p.Publication != "" {
+			if kept, err = membershipKept(ctx, conn, t.OID, p.Publication, member); err != nil {
+				return nil, err
+			}
+		}
 		switch {
 		case p != nil && !p.Refresh && len(p.Key) > 0 && !slices.Equal(p.Key, key):
 			// The output so far is keyed by the old columns, and changes logged under the new
@@ -239,7 +245,7 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		case p.OID != 0 && p.OID != t.OID:
 			errs = append(errs, fmt.Errorf("%w: %s had OID %d when the position was taken and has OID %d now: it was dropped and created again, and what happened to it in between is not in the slot; re-backfill it",
 				ErrTableReplaced, name, p.OID, t.OID))
-		case p.Publication != "" && p.Publication != member && !membershipKept(ctx, conn, t.OID, p.Publication, member):
+		case p.Publication != "" && !kept:
 			errs = append(errs, fmt.Errorf("%w: %s belonged to publication %q as %q when the position was taken, and now as %q: it left the publication and came back, or publish_via_partition_root or a row filter changed, so changes made meanwhile are not in the slot; re-backfill it",
 				ErrPublicationChanged, name, e.cfg.Source.Publication, p.Publication, member))
 		case p.OID != 0 && !slices.Equal(p.Partitions, t.Partitions):
@@ -322,9 +328,16 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 	return checks, nil
 }
 
-// membershipKept is chunker.MembershipKept for the table with OID oid; false when it cannot be
-// told (the stop then names the change).
-func membershipKept(ctx context.Context, conn *pgx.Conn, oid uint32, before, now string) bool {
+// membershipKept reports whether the table with OID oid, a member of the publication as before
+// at the last look and as now, was published all along: the same membership, or a change
+// chunker.MembershipKept keeps (it reads whether the table is a partition only then).
+func membershipKept(ctx context.Context, conn *pgx.Conn, oid uint32, before, now string) (bool, error) {
+	if before == now {
+		return true, nil
+	}
 	part, err := chunker.IsPartition(ctx, conn, oid)
-	return err == nil && chunker.MembershipKept(before, now, part)
+	if err != nil {
+		return false, err
+	}
+	return chunker.MembershipKept(before, now, part), nil
 }

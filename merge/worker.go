@@ -561,18 +561,9 @@ func (w *worker) watch(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if t.member == "" {
-			t.member = t.progress.Publication
-		}
-		kept := false
-		if member != t.member {
-			part, err := chunker.IsPartition(ctx, w.conn, t.table.OID)
-			if err != nil {
-				return err
-			}
-			kept = chunker.MembershipKept(t.member, member, part)
-		}
-		if kept {
+		if kept, err := membershipKept(ctx, w.conn, t.table.OID, t.member, member); err != nil {
+			return err
+		} else if kept && member != t.member {
 			w.log.Info().Str("table", t.name).Str("was", t.member).Str("now", member).
 				Msg("the table's membership of the publication changed, and it stayed published all along")
 			t.member = member
