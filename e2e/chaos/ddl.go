@@ -376,7 +376,7 @@ func (r *run) persistFault(ctx context.Context) string {
 		return noEffect + "the table awaits a remedy, or was re-backfilled by the sync within 5 minutes"
 	}
 	name, full := r.schema.name(t), r.sch+"."+t
-	if v, err := r.queryString(ctx, `SELECT current_setting('server_version_num')`); err != nil || len(v) < 6 || v < "150000" {
+	if v, err := r.queryString(ctx, `SELECT (current_setting('server_version_num')::int >= 150000)::text`); err != nil || v != "true" {
 		return noEffect + "FOR TABLES IN SCHEMA needs PostgreSQL 15"
 	}
 	pub, sch := pgx.Identifier{r.slot}.Sanitize(), pgx.Identifier{r.sch}.Sanitize()
@@ -387,8 +387,8 @@ func (r *run) persistFault(ctx context.Context) string {
 	// (chunker.Membership's form) that query names; when none comes in time, a publication stop
 	// is allowed from then on.
 	late := 0
-	looked := func(query string) {
-		row, err := r.queryString(ctx, query)
+	looked := func(query string, args ...any) {
+		row, err := r.queryString(ctx, query, args...)
 		for deadline := time.Now().Add(time.Minute); err == nil && time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 200*time.Millisecond) {
 			if cp, err := r.capt.checkpoint(ctx); err == nil && cp != nil && slices.Contains(strings.Split(cp.Members[full], ","), row) {
 				return
@@ -405,9 +405,8 @@ func (r *run) persistFault(ctx context.Context) string {
 		r.forget(e)
 		return noEffect + err.Error()
 	}
-	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	looked(`SELECT 'schema:' || pn.oid FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid
-		WHERE p.pubname = ` + lit(r.slot) + ` AND pn.pnnspid = ` + lit(r.sch) + `::regnamespace`)
+		WHERE p.pubname = $1 AND pn.pnnspid = $2::regnamespace`, r.slot, sch)
 	span := r.openSpan(ctx, t)
 	lo := span.lo
 	err := r.ddlExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLE `+name)
@@ -425,7 +424,7 @@ func (r *run) persistFault(ctx context.Context) string {
 		r.violate("the harness could not add %s back to the publication: %v", name, aerr)
 	}
 	looked(`SELECT 'rel:' || pr.oid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
-		WHERE p.pubname = ` + lit(r.slot) + ` AND pr.prrelid = ` + lit(name) + `::regclass`)
+		WHERE p.pubname = $1 AND pr.prrelid = $2::regclass`, r.slot, name)
 	if derr := r.undoExec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLES IN SCHEMA `+sch); derr != nil {
 		r.violate("the harness could not drop schema %s from the publication: %v", r.sch, derr)
 	}
@@ -436,17 +435,10 @@ func (r *run) persistFault(ctx context.Context) string {
 		r.forget(e)
 		return noEffect + err.Error()
 	}
-	file, ferr := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = '`+strings.ReplaceAll(name, "'", "''")+`'::regclass`)
-	n, perr := strconv.ParseUint(file, 10, 32)
-	r.mu.Lock()
-	r.autoAt[t] = time.Now()
-	r.mu.Unlock()
-	if r.cfg.Mode != Airbyte && ferr == nil && perr == nil {
-		// The sync re-backfills it by itself, or after a stop's remedy: done once a checkpoint
-		// records the new file with the refresh started.
-		r.closeSpan(ctx, span, 2*time.Minute, func(cp *checkpointInfo) bool {
-			return slices.Contains(cp.Files[full], uint32(n)) && !cp.Refresh[full]
-		})
+	if r.cfg.Mode != Airbyte {
+		// The sync re-backfills it by itself, or after a stop's remedy; from then on, the same
+		// stop would be a violation.
+		r.autoRebackfilled(ctx, span, t)
 		r.mu.Lock()
 		if span.hi != math.MaxUint64 && e.retired.IsZero() {
 			e.retired = time.Now()
@@ -542,16 +534,7 @@ func (r *run) rewriteFollowed(ctx context.Context, t string) string {
 		r.mu.Unlock()
 		return noEffect + err.Error()
 	}
-	r.mu.Lock()
-	r.autoAt[t] = time.Now()
-	r.mu.Unlock()
-	file, err := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = '`+strings.ReplaceAll(name, "'", "''")+`'::regclass`)
-	n, perr := strconv.ParseUint(file, 10, 32)
-	if err == nil && perr == nil {
-		r.closeSpan(ctx, span, 2*time.Minute, func(cp *checkpointInfo) bool {
-			return slices.Contains(cp.Files[r.sch+"."+t], uint32(n)) && !cp.Refresh[r.sch+"."+t]
-		})
-	}
+	r.autoRebackfilled(ctx, span, t)
 	r.mu.Lock()
 	what := fmt.Sprintf("rewrote every value of %s.v (ALTER COLUMN v TYPE text USING v || '~'), for the sync to re-backfill (its changes passed over from %s to %s)", name, span.lo, span.hi)
 	r.mu.Unlock()
@@ -607,6 +590,24 @@ func (r *run) rebackfillFault(ctx context.Context) string {
 	what := fmt.Sprintf("re-backfill of %s asked of the running sync (its changes passed over from %s to %s)", name, span.lo, span.hi)
 	r.mu.Unlock()
 	return what
+}
+
+// autoRebackfilled notes that a fault had the sync re-backfill table t by itself (autoPick), and
+// ends span once a durable checkpoint records the table's storage file as it is now with its
+// refresh started (within two minutes; it stays open otherwise).
+func (r *run) autoRebackfilled(ctx context.Context, span *pubDrop, t string) {
+	r.mu.Lock()
+	r.autoAt[t] = time.Now()
+	r.mu.Unlock()
+	file, err := r.queryString(ctx, `SELECT relfilenode::text FROM pg_class WHERE oid = $1::regclass`, r.schema.name(t))
+	n, perr := strconv.ParseUint(file, 10, 32)
+	if err != nil || perr != nil {
+		return
+	}
+	full := r.sch + "." + t
+	r.closeSpan(ctx, span, 2*time.Minute, func(cp *checkpointInfo) bool {
+		return slices.Contains(cp.Files[full], uint32(n)) && !cp.Refresh[full]
+	})
 }
 
 // openSpan starts the span of table t's changes a re-backfill will pass over, at the durable
@@ -789,14 +790,14 @@ func (r *run) currentLSN(ctx context.Context) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(s)
 }
 
-func (r *run) queryString(ctx context.Context, sql string) (string, error) {
+func (r *run) queryString(ctx context.Context, sql string, args ...any) (string, error) {
 	conn, err := pgconf.Open(ctx, r.dsn, "tidemark-chaos")
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var s string
-	err = conn.QueryRow(ctx, sql).Scan(&s)
+	err = conn.QueryRow(ctx, sql, args...).Scan(&s)
 	return s, err
 }
 
