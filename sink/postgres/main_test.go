@@ -52,6 +52,22 @@ func position(lsn pglogrepl.LSN) *merge.Position {
 	return &merge.Position{Version: merge.PositionVersion, LSN: lsn, Tables: map[string]*merge.TableProgress{}}
 }
 
+// openTestSink opens a sink (id "test", logging to the test) on a target database beside the
+// test's, as tidemark sync does; it and its connections are closed at the test's end. It returns
+// the target's connection string and a connection of the test's own to it.
+func openTestSink(t *testing.T, db *e2e.TestDB) (*Sink, string, *pgx.Conn, zerolog.Logger) {
+	t.Helper()
+	ctx := context.Background()
+	tgtDSN, other := targetDatabase(t, db)
+	tgt, src, closeConns := sinkConns(t, tgtDSN, db.DSN)
+	t.Cleanup(closeConns)
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	sink, _, err := Open(ctx, tgt, src, Options{ID: "test", Log: log})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sink.Close(ctx) })
+	return sink, tgtDSN, other, log
+}
+
 // streamChanges runs a capture of public.t's changes (no backfill) from the test's slot into
 // sink until it has caught up, as tidemark sync does.
 func streamChanges(t *testing.T, db *e2e.TestDB, sink merge.Sink, log zerolog.Logger) {

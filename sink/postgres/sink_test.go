@@ -101,13 +101,7 @@ func TestSinkAppliesLargeTransactionsInPieces(t *testing.T) {
 			db.Exec(tc.statement)
 
 			ctx := context.Background()
-			tgtDSN, other := targetDatabase(t, db)
-			tgt, src, closeConns := sinkConns(t, tgtDSN, db.DSN)
-			defer closeConns()
-			log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-			sink, _, err := Open(ctx, tgt, src, Options{ID: "test", Log: log})
-			require.NoError(t, err)
-			defer sink.Close(ctx)
+			sink, tgtDSN, other, log := openTestSink(t, db)
 			sink.maxPendingRows, sink.maxPendingBytes = tc.maxRows, tc.maxBytes
 			probe := &pendingProbe{Sink: sink, other: func() bool {
 				var visible bool
@@ -333,13 +327,7 @@ func TestSinkBatchFoldsAndEscapes(t *testing.T) {
 		COMMIT`)
 
 	ctx := context.Background()
-	tgtDSN, _ := targetDatabase(t, db)
-	tgt, src, closeConns := sinkConns(t, tgtDSN, db.DSN)
-	defer closeConns()
-	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-	sink, _, err := Open(ctx, tgt, src, Options{ID: "test", Log: log})
-	require.NoError(t, err)
-	defer sink.Close(ctx)
+	sink, tgtDSN, _, log := openTestSink(t, db)
 	streamChanges(t, db, sink, log)
 
 	want, err := e2e.SourceRows(ctx, db.DSN, "public", "t", []string{"id"})
