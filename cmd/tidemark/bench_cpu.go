@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -62,11 +63,29 @@ func (m *cpuMeter) read() cpuTimes {
 	if m.postmaster == 0 {
 		return t
 	}
+	// A backend that has exited and is not reaped yet (a zombie) shows its times nowhere: wait
+	// a little for the postmaster to reap it (it does at once).
+	for try := 0; ; try++ {
+		ticks, zombies, err := m.serverTicks()
+		if err != nil {
+			return t
+		}
+		if !zombies || try == 100 {
+			t.server = float64(ticks) / clockTicks
+			return t
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// serverTicks sums the CPU ticks of the postmaster, its reaped children and its live ones, and
+// says whether a child is a zombie (exited, not reaped: its ticks are in neither sum).
+func (m *cpuMeter) serverTicks() (ticks int64, zombies bool, err error) {
 	pm, err := procStat(m.postmaster)
 	if err != nil {
-		return t
+		return 0, false, err
 	}
-	ticks := pm.utime + pm.stime + pm.cutime + pm.cstime
+	ticks = pm.utime + pm.stime + pm.cutime + pm.cstime
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(filepath.Base(d))
@@ -75,16 +94,17 @@ func (m *cpuMeter) read() cpuTimes {
 		}
 		if st, err := procStat(pid); err == nil && st.ppid == m.postmaster {
 			ticks += st.utime + st.stime
+			zombies = zombies || st.state == 'Z'
 		}
 	}
-	t.server = float64(ticks) / clockTicks
-	return t
+	return ticks, zombies, nil
 }
 
 func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 
 // stat is what the meter reads of /proc/PID/stat, times in clock ticks.
 type stat struct {
+	state                        byte
 	ppid                         int
 	utime, stime, cutime, cstime int64
 }
@@ -109,7 +129,7 @@ func parseStat(s string) (stat, error) {
 	if len(f) < 15 {
 		return stat{}, fmt.Errorf("short stat %q", s)
 	}
-	var st stat
+	st := stat{state: f[0][0]}
 	var err error
 	if st.ppid, err = strconv.Atoi(f[1]); err != nil {
 		return stat{}, err
