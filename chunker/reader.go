@@ -1,6 +1,7 @@
 package chunker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/sqlfix"
@@ -94,27 +96,22 @@ func NewReader(conn *pgx.Conn, cfg Config) (*Reader, error) {
 // inserted later, which the stream carries, cannot stretch it (I15). Reading the bound with the
 // chunk puts it under the chunk's snapshot, which the visibility guard checks (I11): a bound read
 // apart could miss a row whose commit the stream showed before the window and the snapshot did
-// not yet see.
+// not yet see. It takes two round trips (the bound, then the chunk), besides COMMIT.
 func (r *Reader) First(ctx context.Context, t *Table, limit int) (*Chunk, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("chunk limit %d: must be positive", limit)
 	}
 	c := &Chunk{Table: t}
-	err := r.inTx(ctx, t, func(ctx context.Context) error {
-		snap, err := r.snapshot(ctx, t)
-		if err != nil {
-			return err
-		}
-		c.Snapshot = snap
-		rr := r.conn.PgConn().ExecParams(ctx, MaxKeySQL(t), nil, nil, nil, nil)
+	bound := statement{sql: MaxKeySQL(t), each: func(rr *pgconn.ResultReader) error {
 		for rr.NextRow() {
 			for _, v := range rr.Values() {
 				c.Upper = append(c.Upper, string(v))
 			}
 		}
-		if _, err := rr.Close(); err != nil {
-			return err
-		}
+		_, err := rr.Close()
+		return err
+	}}
+	err := r.inTx(ctx, t, c, []statement{bound}, func(ctx context.Context) error {
 		if c.Upper == nil {
 			return nil // empty
 		}
@@ -122,7 +119,11 @@ func (r *Reader) First(ctx context.Context, t *Table, limit int) (*Chunk, error)
 		if err != nil {
 			return err
 		}
-		return r.readRows(ctx, ChunkSQL(t, false, true, limit), args, nil, c, limit)
+		rd := r.rows(c, limit)
+		if err := r.batch(ctx, rd.open(ChunkSQL(t, false, true, limit), args, nil)...); err != nil {
+			return err
+		}
+		return rd.rest(ctx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the first chunk of %s: %w", t, err)
@@ -134,7 +135,9 @@ func (r *Reader) First(ctx context.Context, t *Table, limit int) (*Chunk, error)
 // Next reads the chunk of t after the exclusive bound after (nil: from the start) up to the
 // inclusive bound upper (nil: no bound), with at most limit rows. The transaction also captures
 // its snapshot and checks that the table still has the columns t describes; if not, it returns
-// ErrSchemaChanged and the caller discovers the table again.
+// ErrSchemaChanged and the caller discovers the table again. Its statements up to the first
+// fetch of rows go in one round trip (inTx); a chunk whose rows need more fetches (the table's
+// first chunk, or rows wider than the last chunk's) takes one more each, and COMMIT one.
 func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limit int) (*Chunk, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("chunk limit %d: must be positive", limit)
@@ -144,14 +147,8 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 		return nil, err
 	}
 	c := &Chunk{Table: t, After: after}
-	err = r.inTx(ctx, t, func(ctx context.Context) error {
-		snap, err := r.snapshot(ctx, t)
-		if err != nil {
-			return err
-		}
-		c.Snapshot = snap
-		return r.readRows(ctx, ChunkSQL(t, after != nil, upper != nil, limit), args, nil, c, limit)
-	})
+	rd := r.rows(c, limit)
+	err = r.inTx(ctx, t, c, rd.open(ChunkSQL(t, after != nil, upper != nil, limit), args, nil), rd.rest)
 	if err != nil {
 		return nil, fmt.Errorf("read chunk of %s after %v: %w", t, after, err)
 	}
@@ -184,16 +181,14 @@ func (r *Reader) Explain(ctx context.Context, t *Table, after, upper []string, l
 		return "", err
 	}
 	var plan []string
-	err = r.inTx(ctx, t, func(ctx context.Context) error {
-		res := r.conn.PgConn().ExecParams(ctx, "EXPLAIN "+ChunkSQL(t, after != nil, upper != nil, limit), args, nil, nil, nil).Read()
-		if res.Err != nil {
-			return res.Err
+	explain := statement{sql: "EXPLAIN " + ChunkSQL(t, after != nil, upper != nil, limit), args: args, each: func(rr *pgconn.ResultReader) error {
+		for rr.NextRow() {
+			plan = append(plan, string(rr.Values()[0]))
 		}
-		for _, row := range res.Rows {
-			plan = append(plan, string(row[0]))
-		}
-		return nil
-	})
+		_, err := rr.Close()
+		return err
+	}}
+	err = r.inTx(ctx, t, &Chunk{Table: t}, []statement{explain}, nil)
 	return strings.Join(plan, "\n"), err
 }
 
@@ -209,22 +204,53 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 		}
 	}
 	c := &Chunk{Table: t, Done: true}
-	err := r.inTx(ctx, t, func(ctx context.Context) error {
-		snap, err := r.snapshot(ctx, t)
-		if err != nil {
-			return err
-		}
-		c.Snapshot = snap
-		return r.readRows(ctx, KeysSQL(t, len(keys)), args, KeysParams(t, len(keys)), c, len(keys))
-	})
+	rd := r.rows(c, len(keys))
+	err := r.inTx(ctx, t, c, rd.open(KeysSQL(t, len(keys)), args, KeysParams(t, len(keys))), rd.rest)
 	if err != nil {
 		return nil, fmt.Errorf("read %d keys of %s: %w", len(keys), t, err)
 	}
 	return c, nil
 }
 
-// inTx runs fn in a short REPEATABLE READ READ ONLY transaction with the statement and lock
-// timeouts, once it holds t's ACCESS SHARE lock.
+// statement is one statement of a round trip (batch): its SQL, bound text parameters (and their
+// types, nil: each inferred), and what reads its result (nil: it is discarded).
+type statement struct {
+	sql  string
+	args [][]byte
+	oids []uint32
+	each func(*pgconn.ResultReader) error
+}
+
+// batch sends the statements in one round trip, in order, and hands each result to its reader.
+// The server runs them in order and skips those after a failed one.
+func (r *Reader) batch(ctx context.Context, stmts ...statement) error {
+	b := &pgconn.Batch{}
+	for _, s := range stmts {
+		b.ExecParams(s.sql, s.args, s.oids, nil, nil)
+	}
+	mrr := r.conn.PgConn().ExecBatch(ctx, b)
+	for i := 0; mrr.NextResult(); i++ {
+		rr := mrr.ResultReader()
+		if i >= len(stmts) || stmts[i].each == nil {
+			// Read to its end: the next result's messages come after this one's rows.
+			if _, err := rr.Close(); err != nil {
+				_ = mrr.Close()
+				return err
+			}
+			continue
+		}
+		if err := stmts[i].each(rr); err != nil {
+			_ = mrr.Close()
+			return err
+		}
+	}
+	return mrr.Close()
+}
+
+// inTx runs a chunk's short REPEATABLE READ READ ONLY transaction with the statement and lock
+// timeouts, once it holds t's ACCESS SHARE lock: in one round trip, BEGIN, the settings, the
+// LOCK, the snapshot with the column check (into c.Snapshot), then stmts (the chunk's cursor and
+// its first fetch); then fn, if not nil, for what needs their results; then COMMIT.
 //
 // The lock comes first, before anything takes the transaction's snapshot (LOCK takes none): a
 // table-rewriting ALTER (ALTER COLUMN ... TYPE, a volatile default, SET ACCESS METHOD) that
@@ -232,20 +258,37 @@ func (r *Reader) Keys(ctx context.Context, t *Table, keys [][]string) (*Chunk, e
 // ALTER's transaction id, and a snapshot taken before it commits sees none of them (rewrites are
 // not MVCC-safe): the chunk would read an empty table and end the backfill. Taken after the lock,
 // the snapshot sees the rewrite, and the column check that follows sends the chunk back to
-// discovery.
+// discovery. Sent in one round trip, the statements still run one after the other, in order, and
+// none runs after one that failed.
 //
 // enable_sort is off in it: a chunk must come from the key's index in key order. Without
 // statistics (a table just loaded, not analyzed yet) the planner guesses that a key range holds
 // 0.5% of the table, fewer rows than a chunk, and prefers to read the whole rest of the range and
 // sort it, for every chunk. The setting only makes a sort the last resort: a key whose index
 // order differs from the ORDER BY (an index with another collation) is still sorted.
-func (r *Reader) inTx(ctx context.Context, t *Table, fn func(context.Context) error) (err error) {
-	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SET LOCAL enable_sort = off",
-		r.cfg.StatementTimeout.Milliseconds(), r.cfg.LockTimeout.Milliseconds())
-	if _, err := r.conn.PgConn().Exec(ctx, begin).ReadAll(); err != nil {
-		return err
+func (r *Reader) inTx(ctx context.Context, t *Table, c *Chunk, stmts []statement, fn func(context.Context) error) (err error) {
+	var snapRow [][]byte
+	head := []statement{
+		{sql: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"},
+		// SET, not SELECT set_config(): a SELECT would take the transaction's snapshot before
+		// the LOCK (TestRewriteWhileFirstChunkWaits).
+		{sql: fmt.Sprintf("SET LOCAL statement_timeout = %d", r.cfg.StatementTimeout.Milliseconds())},
+		{sql: fmt.Sprintf("SET LOCAL lock_timeout = %d", r.cfg.LockTimeout.Milliseconds())},
+		{sql: "SET LOCAL enable_sort = off"},
+		{sql: "LOCK TABLE " + t.Ident() + " IN ACCESS SHARE MODE"},
+		{sql: snapshotSQL(t), each: func(rr *pgconn.ResultReader) error {
+			for rr.NextRow() {
+				snapRow = nil
+				for _, v := range rr.Values() {
+					snapRow = append(snapRow, bytes.Clone(v))
+				}
+			}
+			_, err := rr.Close()
+			return err
+		}},
 	}
 	defer func() {
+		// The transaction is open once BEGIN ran, whatever failed after it: end it either way.
 		end := "COMMIT"
 		if err != nil {
 			end = "ROLLBACK"
@@ -254,30 +297,43 @@ func (r *Reader) inTx(ctx context.Context, t *Table, fn func(context.Context) er
 			err = cerr
 		}
 	}()
-	if _, err := r.conn.PgConn().Exec(ctx, "LOCK TABLE "+t.Ident()+" IN ACCESS SHARE MODE").ReadAll(); err != nil {
-		if pgerr.UndefinedTable(err) { // renamed or dropped
-			return fmt.Errorf("%w: %s: %w", ErrSchemaChanged, t, err)
+	err = r.batch(ctx, append(head, stmts...)...)
+	if err != nil && pgerr.UndefinedTable(err) && snapRow == nil { // the LOCK: renamed or dropped
+		return fmt.Errorf("%w: %s: %w", ErrSchemaChanged, t, err)
+	}
+	if snapRow != nil {
+		// The snapshot's check first: a statement after it that failed because the table changed
+		// is better told by what changed.
+		snap, serr := checkSnapshot(t, snapRow)
+		if serr != nil {
+			return serr
 		}
+		c.Snapshot = snap
+	}
+	if err != nil {
 		return err
 	}
-	return fn(ctx)
+	if fn != nil {
+		return fn(ctx)
+	}
+	return nil
 }
 
-// snapshot captures the transaction's snapshot (it is taken by this first query) and checks the
-// table's columns in the same round trip.
-func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
-	q := fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid, ',' ORDER BY attnum)
+// snapshotSQL captures the transaction's snapshot (it is taken by this first query) and reads
+// the table's columns and name, which checkSnapshot compares.
+func snapshotSQL(t *Table) string {
+	return fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid, ',' ORDER BY attnum)
 		FROM pg_attribute WHERE attrelid = %d AND attnum > 0 AND NOT attisdropped AND attgenerated = ''),
 		(SELECT n.nspname = %s AND c.relname = %s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %d)`,
 		t.OID, sqlfix.Literal(t.Schema), sqlfix.Literal(t.Name), t.OID)
-	results, err := r.conn.PgConn().Exec(ctx, q).ReadAll()
-	if err != nil {
-		return Snapshot{}, err
-	}
-	if len(results) != 1 || len(results[0].Rows) != 1 {
+}
+
+// checkSnapshot reads snapshotSQL's row: the snapshot, once the table is still t, under its
+// name, with its columns.
+func checkSnapshot(t *Table, row [][]byte) (Snapshot, error) {
+	if len(row) != 3 {
 		return Snapshot{}, errors.New("snapshot query returned no row")
 	}
-	row := results[0].Rows[0]
 	if row[1] == nil {
 		return Snapshot{}, fmt.Errorf("%w: %s no longer exists", ErrSchemaChanged, t)
 	}
@@ -300,67 +356,97 @@ func (r *Reader) snapshot(ctx context.Context, t *Table) (Snapshot, error) {
 	return ParseSnapshot(string(row[0]))
 }
 
-// readRows runs a chunk query of at most limit rows and keeps its rows, up to Config.MaxBytes of
-// values: the query is a cursor fetched in pieces sized from the table's last mean row size, so
-// that a chunk of wide rows stops at the byte bound instead of holding limit of them (Capped).
-// The connection's buffer is reused, so values are copied, into slabs shared by many rows rather
-// than an allocation per row.
-func (r *Reader) readRows(ctx context.Context, sql string, args [][]byte, paramOIDs []uint32, c *Chunk, limit int) error {
-	const slabSize = 256 << 10
-	if res := r.conn.PgConn().ExecParams(ctx, "DECLARE tidemark_chunk NO SCROLL CURSOR FOR "+sql, args, paramOIDs, nil, nil).Read(); res.Err != nil {
-		return res.Err
+// rowReader reads a chunk query's rows into c, at most limit of them and up to Config.MaxBytes
+// of values: the query is a cursor fetched in pieces sized from the table's last mean row size,
+// so that a chunk of wide rows stops at the byte bound instead of holding limit of them
+// (Capped). The connection's buffer is reused, so values are copied, into slabs shared by many
+// rows rather than an allocation per row.
+type rowReader struct {
+	r     *Reader
+	c     *Chunk
+	limit int
+	slab  []byte
+	cells [][]byte
+	asked int  // rows the last fetch asked for
+	more  bool // the last fetch returned all it asked for: the cursor may hold more
+}
+
+func (r *Reader) rows(c *Chunk, limit int) *rowReader { return &rowReader{r: r, c: c, limit: limit} }
+
+// open returns the statements that declare the cursor of query sql and fetch its first piece.
+func (rd *rowReader) open(sql string, args [][]byte, oids []uint32) []statement {
+	return []statement{
+		{sql: "DECLARE tidemark_chunk NO SCROLL CURSOR FOR " + sql, args: args, oids: oids},
+		rd.fetch(),
 	}
-	var slab []byte
-	var cells [][]byte
-	oid := c.Table.OID
-	for len(c.Rows) < limit {
-		if c.Bytes >= r.cfg.MaxBytes && len(c.Rows) > 0 {
+}
+
+// fetch returns the statement of the next piece of the cursor, sized from the table's last mean
+// row size (one row when it is not known yet, a first look at the table's rows).
+func (rd *rowReader) fetch() statement {
+	c, cfg := rd.c, rd.r.cfg
+	n := rd.limit - len(c.Rows)
+	if mean := rd.r.rowBytes[c.Table.OID]; mean > 0 {
+		n = min(n, max(1, (cfg.MaxBytes-c.Bytes)/mean))
+	} else {
+		n = 1
+	}
+	rd.asked = n
+	return statement{sql: fmt.Sprintf("FETCH FORWARD %d FROM tidemark_chunk", n), each: rd.take}
+}
+
+// take keeps the rows of one fetch.
+func (rd *rowReader) take(rr *pgconn.ResultReader) error {
+	c := rd.c
+	got := 0
+	for rr.NextRow() {
+		got++
+		vals := rr.Values()
+		size := 0
+		for _, v := range vals {
+			size += len(v)
+		}
+		if cap(rd.slab)-len(rd.slab) < size {
+			rd.slab = make([]byte, 0, max(256<<10, size))
+		}
+		if len(rd.cells) < len(vals) {
+			rd.cells = make([][]byte, 256*len(vals))
+		}
+		row := Row(rd.cells[:len(vals):len(vals)])
+		rd.cells = rd.cells[len(vals):]
+		for i, v := range vals {
+			if v == nil {
+				row[i] = nil
+				continue
+			}
+			start := len(rd.slab)
+			rd.slab = append(rd.slab, v...)
+			row[i] = rd.slab[start:len(rd.slab):len(rd.slab)]
+		}
+		c.Rows = append(c.Rows, row)
+		c.Bytes += size
+	}
+	if _, err := rr.Close(); err != nil {
+		return err
+	}
+	if len(c.Rows) > 0 {
+		rd.r.rowBytes[c.Table.OID] = max(1, c.Bytes/len(c.Rows))
+	}
+	rd.more = got == rd.asked
+	return nil
+}
+
+// rest fetches the cursor's rows after the first piece, up to the limit or the byte bound, and
+// sets c.Last.
+func (rd *rowReader) rest(ctx context.Context) error {
+	c := rd.c
+	for rd.more && len(c.Rows) < rd.limit {
+		if c.Bytes >= rd.r.cfg.MaxBytes && len(c.Rows) > 0 {
 			c.Capped = true
 			break
 		}
-		n := limit - len(c.Rows)
-		if mean := r.rowBytes[oid]; mean > 0 {
-			n = min(n, max(1, (r.cfg.MaxBytes-c.Bytes)/mean))
-		} else {
-			n = 1 // a first look at the table's rows, before their size is known
-		}
-		got := 0
-		rr := r.conn.PgConn().ExecParams(ctx, fmt.Sprintf("FETCH FORWARD %d FROM tidemark_chunk", n), nil, nil, nil, nil)
-		for rr.NextRow() {
-			got++
-			vals := rr.Values()
-			size := 0
-			for _, v := range vals {
-				size += len(v)
-			}
-			if cap(slab)-len(slab) < size {
-				slab = make([]byte, 0, max(slabSize, size))
-			}
-			if len(cells) < len(vals) {
-				cells = make([][]byte, 256*len(vals))
-			}
-			row := Row(cells[:len(vals):len(vals)])
-			cells = cells[len(vals):]
-			for i, v := range vals {
-				if v == nil {
-					row[i] = nil
-					continue
-				}
-				start := len(slab)
-				slab = append(slab, v...)
-				row[i] = slab[start:len(slab):len(slab)]
-			}
-			c.Rows = append(c.Rows, row)
-			c.Bytes += size
-		}
-		if _, err := rr.Close(); err != nil {
+		if err := rd.r.batch(ctx, rd.fetch()); err != nil {
 			return err
-		}
-		if len(c.Rows) > 0 {
-			r.rowBytes[oid] = max(1, c.Bytes/len(c.Rows))
-		}
-		if got < n {
-			break // the query has no more rows
 		}
 	}
 	if n := len(c.Rows); n > 0 {
