@@ -39,6 +39,7 @@ func main() {
 		<-ctx.Done()
 		cancel(errInterrupted)
 	}()
+	profile.TuneGC(os.Getenv)
 	stopProfile := profile.Start(os.Getenv(profile.Env), os.Stderr)
 	code := run(cctx, os.Args[1:], os.Stdout, os.Stderr)
 	stopProfile()

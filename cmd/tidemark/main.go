@@ -103,6 +103,7 @@ var errUsage = errors.New("usage")
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	profile.TuneGC(os.Getenv)
 	stopProfile := profile.Start(os.Getenv(profile.Env), os.Stderr)
 	code := run(ctx, os.Args[1:], newEnv(os.Stdout, os.Stderr))
 	stopProfile()

@@ -1,4 +1,5 @@
-// Package profile writes a CPU profile of a command's run when TIDEMARK_CPUPROFILE names a file:
+// Package profile tunes the garbage collector of both binaries (TuneGC) and writes a CPU profile
+// of a command's run when TIDEMARK_CPUPROFILE names a file:
 // both binaries (tidemark and source-postgres) take it, for the profiles of
 // docs/benchmarks.md. A path that cannot be written is said on stderr and the run goes on.
 package profile

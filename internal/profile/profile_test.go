@@ -3,8 +3,10 @@ package profile
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -27,4 +29,16 @@ func TestStart(t *testing.T) {
 	Start(filepath.Join(t.TempDir(), "missing", "cpu.prof"), &stderr)()
 	require.Contains(t, stderr.String(), Env+": ")
 	Start("", &stderr)()
+}
+
+// TestTuneGC: the settings apply unless the environment sets its own.
+func TestTuneGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	TuneGC(func(string) string { return "" })
+	require.Equal(t, GCPercent, debug.SetGCPercent(100))
+	require.Equal(t, int64(MemoryLimit), debug.SetMemoryLimit(math.MaxInt64))
+	TuneGC(func(k string) string { return map[string]string{"GOGC": "50", "GOMEMLIMIT": "1GiB"}[k] })
+	require.Equal(t, 100, debug.SetGCPercent(100), "GOGC set: left to the runtime")
+	require.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1), "GOMEMLIMIT set: left to the runtime")
 }
