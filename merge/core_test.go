@@ -141,7 +141,7 @@ type simOp struct {
 type simTxn struct {
 	xid     uint32
 	ops     []simOp
-	mark    *watermark.Mark
+	marks   []watermark.Mark // a mark transaction's marks, in order (a high one and the next low one, I22)
 	run     string // the run whose mark this is
 	message bool   // the mark is a logical message (watermark.Messages), not a signal table row
 	schema  simSchema
@@ -212,6 +212,18 @@ type sim struct {
 	done    bool
 	started bool
 	fails   int
+	// The chunk in flight's upper bound, as handed over.
+	chunkMax []string
+	// Pipelining (I22): chunk prev's high watermark went out with this chunk's low one, and this
+	// chunk is read from prev's last key (pipeAfter, up to pipeMax) before prev's verdict comes;
+	// prevOK: it came, completed, and left the table's cursor there. discardNext: a window
+	// registered for a combined mark whose write failed, to withdraw next; discarding: the chunk
+	// in flight is withdrawn, which is no failure of its own.
+	prev               int64
+	prevCame, prevOK   bool
+	pipeAfter, pipeMax []string
+	discardNext        int64
+	discarding         bool
 
 	tail      bool     // the random steps are over: no more transactions
 	trace     []string // what happened, for a failure's message
@@ -227,8 +239,10 @@ type sim struct {
 	// awaitRefresh: a re-backfill of the table was asked for and its Refresh has not come yet:
 	// no event of the table may come before it (I20)
 	awaitRefresh bool
-	// chunkTypes are the column types the chunk in flight read (I17: it is emitted with them)
-	chunkTypes []uint32
+	// chunkTypes are the column types each chunk of this run read, by id (I17: it is emitted
+	// with them); emitting, the chunk whose high watermark is being delivered
+	chunkTypes map[int64][]uint32
+	emitting   int64
 }
 
 // simFailure is a broken invariant, raised as a panic and returned by run.
@@ -285,10 +299,12 @@ func (s *sim) start(pos *Position) {
 	// Chunk ids start at 1 again in each run, as the engine's do: marks of an earlier run with
 	// the same ids are still in the stream, and only their run tells them apart.
 	s.wid = 0
+	s.chunkTypes = map[int64][]uint32{}
 	s.awaitRefresh = pos.Tables["public.t"].Refresh
 	s.feed(simSignal)
 	p := pos.Tables["public.t"]
 	s.wstate, s.chunk, s.keys = 0, nil, nil
+	s.prev, s.prevCame, s.prevOK, s.discardNext, s.discarding = 0, false, false, 0, false
 	s.cursor, s.done, s.maxKey = p.Cursor, p.Done, p.MaxKey
 	s.started = p.MaxKey != nil || p.Done
 	s.next = len(s.log)
@@ -327,8 +343,8 @@ func (s *sim) check(ev Event) {
 	if s.awaitRefresh && ev.Op != Refresh {
 		s.failf("I20: %v at %s before the Refresh of the re-backfill asked for", ev.Op, ev.LSN)
 	}
-	if ev.Op == Snapshot && (ev.NumCols() != len(s.chunkTypes) || !slices.Equal(ev.Columns.Types, s.chunkTypes)) {
-		s.failf("I17: a chunk row emitted with the columns of types %v, the chunk read %v", ev.Columns.Types, s.chunkTypes)
+	if read := s.chunkTypes[s.emitting]; ev.Op == Snapshot && (ev.NumCols() != len(read) || !slices.Equal(ev.Columns.Types, read)) {
+		s.failf("I17: a chunk row of chunk %d emitted with the columns of types %v, the chunk read %v", s.emitting, ev.Columns.Types, read)
 	}
 	if ev.Op == Refresh {
 		s.awaitRefresh = false
@@ -625,13 +641,15 @@ func (s *sim) deliver() {
 	if tx.ddl {
 		return // DDL sends nothing; the next change of the table describes it again
 	}
-	if m := tx.mark; m != nil && tx.message {
-		// A non-transactional message with the same content comes at once, outside any
-		// transaction and ahead of the mark's commit: it is not a mark.
-		s.feed(&replicator.Message{Prefix: watermark.Prefix, Content: []byte(s.marksOf(tx.run).MessageContent(*m))})
+	for _, m := range tx.marks {
+		if tx.message {
+			// A non-transactional message with the same content comes at once, outside any
+			// transaction and ahead of the mark's commit: it is not a mark.
+			s.feed(&replicator.Message{Prefix: watermark.Prefix, Content: []byte(s.marksOf(tx.run).MessageContent(m))})
+		}
 	}
 	s.feed(&replicator.Begin{FinalLSN: tx.commit, XID: tx.xid})
-	s.tracef("deliver xid %d commit %s ops %+v mark %v", tx.xid, tx.commit, tx.ops, tx.mark)
+	s.tracef("deliver xid %d commit %s ops %+v marks %v", tx.xid, tx.commit, tx.ops, tx.marks)
 	d := tx.schema
 	if tx.truncate {
 		if s.sentRel != d.relation {
@@ -673,12 +691,21 @@ func (s *sim) deliver() {
 		}
 		s.feed(ch)
 	}
-	if m := tx.mark; m != nil && tx.message {
-		s.feed(&replicator.Message{Transactional: true, XID: tx.xid, Prefix: "other", Content: []byte(s.marksOf(tx.run).MessageContent(*m))})
-		s.feed(&replicator.Message{Transactional: true, XID: tx.xid, Prefix: watermark.Prefix, Content: []byte(s.marksOf(tx.run).MessageContent(*m))})
-	} else if m != nil {
-		s.feed(&replicator.Change{Op: replicator.Update, XID: tx.xid, Rel: simSignal, New: replicator.Tuple{
-			text("s"), text(tx.run), text(strconv.FormatInt(m.ID, 10)), text(string(rune(m.Kind))), text("2026-01-01 00:00:00+00")}})
+	for _, m := range tx.marks {
+		if tx.message {
+			s.feed(&replicator.Message{Transactional: true, XID: tx.xid, Prefix: "other", Content: []byte(s.marksOf(tx.run).MessageContent(m))})
+			s.feed(&replicator.Message{Transactional: true, XID: tx.xid, Prefix: watermark.Prefix, Content: []byte(s.marksOf(tx.run).MessageContent(m))})
+		} else {
+			// The signal table's row of the slot, updated once per mark.
+			s.feed(&replicator.Change{Op: replicator.Update, XID: tx.xid, Rel: simSignal, New: replicator.Tuple{
+				text("s"), text(tx.run), text(strconv.FormatInt(m.ID, 10)), text(string(rune(m.Kind))), text("2026-01-01 00:00:00+00")}})
+		}
+	}
+	s.emitting = 0
+	for _, m := range tx.marks {
+		if m.Kind == watermark.High && tx.run == s.marks.Run {
+			s.emitting = m.ID // its rows go out at the commit
+		}
 	}
 	s.feed(&replicator.Commit{LSN: tx.commit, EndLSN: tx.commit + 1, XID: tx.xid})
 	if s.core.consistent() && s.r.IntN(3) == 0 {
@@ -718,10 +745,10 @@ func (s *sim) marksOf(run string) watermark.Config {
 	return watermark.Config{Slot: s.marks.Slot, Run: run}
 }
 
-func (s *sim) markTxn(m watermark.Mark) {
+func (s *sim) markTxn(ms ...watermark.Mark) {
 	// Runs alternate between the transports (without drawing from the random source, so a
 	// seed's history does not depend on it).
-	tx := &simTxn{xid: s.nextXID, mark: &m, run: s.marks.Run, message: s.runNo%2 == 0}
+	tx := &simTxn{xid: s.nextXID, marks: ms, run: s.marks.Run, message: s.runNo%2 == 0}
 	s.nextXID++
 	s.commit(tx, false)
 }
@@ -755,7 +782,12 @@ func (s *sim) row(id int) chunker.Row {
 }
 
 func (s *sim) read() *chunker.Chunk {
-	c := &chunker.Chunk{Table: simTableOf(s.schema), After: s.cursor, Snapshot: s.snapshot()}
+	after, maxKey := s.cursor, s.maxKey
+	if s.prev != 0 {
+		after, maxKey = s.pipeAfter, s.pipeMax // read before the previous chunk's verdict
+	}
+	s.chunkMax = maxKey
+	c := &chunker.Chunk{Table: simTableOf(s.schema), After: after, Snapshot: s.snapshot()}
 	if s.refresh {
 		return c
 	}
@@ -781,10 +813,10 @@ func (s *sim) read() *chunker.Chunk {
 	}
 	slices.Sort(keys)
 	lo := -1
-	if s.cursor != nil {
-		lo = keyID(s.cursor[0])
+	if after != nil {
+		lo = keyID(after[0])
 	}
-	hi := keyID(s.maxKey[0])
+	hi := keyID(maxKey[0])
 	for _, k := range keys {
 		if k <= lo || k > hi {
 			continue
@@ -823,6 +855,12 @@ func (s *sim) workerStep() {
 	}
 	switch s.wstate {
 	case 0: // start a chunk
+		if id := s.discardNext; id != 0 {
+			// The window registered with a combined mark that failed: withdrawn.
+			s.discardNext, s.wid, s.wstate, s.discarding = 0, id, 5, true
+			s.feed(abandon{id: id, reason: errors.New("its low watermark's write failed")})
+			return
+		}
 		p := s.core.tables["public.t"].progress
 		s.keys, s.refresh = nil, false
 		switch {
@@ -866,16 +904,56 @@ func (s *sim) workerStep() {
 		s.wstate = 2
 	case 2:
 		s.chunk = s.read()
-		s.chunkTypes = s.chunkTypes[:0]
+		var types []uint32
 		for _, c := range s.chunk.Table.Columns {
-			s.chunkTypes = append(s.chunkTypes, c.TypeOID)
+			types = append(types, c.TypeOID)
 		}
+		s.chunkTypes[s.wid] = types
 		s.tracef("worker reads chunk %d: %d rows, snapshot %+v, keys %v", s.wid, len(s.chunk.Rows), s.chunk.Snapshot, s.keys)
 		s.wstate = 3
 	case 3:
-		s.feed(handover{id: s.wid, chunk: s.chunk, maxKey: s.maxKey, keys: s.keys, refresh: s.refresh})
+		s.feed(handover{id: s.wid, chunk: s.chunk, maxKey: s.chunkMax, keys: s.keys, refresh: s.refresh})
 		s.wstate = 4
 	case 4: // high watermark, sometimes twice (an ambiguous commit retried)
+		if s.prev != 0 {
+			// Read before the previous chunk's verdict: the worker waits for it, and withdraws
+			// this chunk when it does not continue the table's cursor; now and then it does not,
+			// and the core's own check must refuse the chunk.
+			if !s.prevCame {
+				return
+			}
+			s.prev = 0
+			if !s.prevOK && s.r.IntN(3) != 0 {
+				s.wstate, s.discarding = 5, true
+				s.feed(abandon{id: s.wid, reason: errors.New("the previous chunk did not complete")})
+				return
+			}
+		}
+		if s.keys == nil && !s.refresh && !s.chunk.Done && s.chunk.Last != nil && len(s.pending()) == 0 && s.r.IntN(2) == 0 {
+			// Pipelined (I22): this chunk's high watermark and the next one's low in one
+			// transaction, and the next chunk read at once, from this one's last key.
+			next := s.wid + 1
+			s.feed(register{id: next, table: "public.t"})
+			marks := []watermark.Mark{{ID: s.wid, Kind: watermark.High}, {ID: next, Kind: watermark.Low}}
+			if s.r.IntN(20) == 0 {
+				// The write fails; it may have committed all the same. This chunk is withdrawn,
+				// then the next window.
+				if s.r.IntN(2) == 0 {
+					s.markTxn(marks...)
+				}
+				s.discardNext, s.wstate = next, 5
+				s.feed(abandon{id: s.wid, reason: errors.New("simulated failure")})
+				return
+			}
+			s.markTxn(marks...)
+			if s.r.IntN(10) == 0 {
+				s.markTxn(marks...)
+			}
+			s.prev, s.prevCame, s.prevOK = s.wid, false, false
+			s.pipeAfter, s.pipeMax = s.chunk.Last, s.chunkMax
+			s.wid, s.wstate = next, 2
+			return
+		}
 		s.markTxn(watermark.Mark{ID: s.wid, Kind: watermark.High})
 		if s.r.IntN(10) == 0 {
 			s.markTxn(watermark.Mark{ID: s.wid, Kind: watermark.High})
@@ -887,16 +965,35 @@ func (s *sim) workerStep() {
 
 func (s *sim) verdict(v verdict) {
 	s.tracef("verdict %d completed %v reason %v", v.id, v.completed, v.reason)
+	if s.prev != 0 && v.id == s.prev && !s.prevCame {
+		// The previous chunk's, while the next one is in flight (I22).
+		s.prevCame = true
+		s.progress(v)
+		s.prevOK = v.completed && slices.Equal(v.progress.Cursor, s.pipeAfter) && !v.progress.Refresh
+		return
+	}
 	if v.id != s.wid || s.wstate != 5 {
 		s.failf("verdict for chunk %d in state %d while chunk %d is in flight", v.id, s.wstate, s.wid)
 	}
-	// The worker takes the table's progress from every verdict, as the engine's does: a
-	// backfill started over, or a refresh, shows there.
+	if s.discarding && !v.completed {
+		// Withdrawn by the worker: its progress as any verdict's, no failure of its own.
+		v.reason = nil
+	}
+	s.discarding = false
+	s.progress(v)
+	s.wstate = 0
+}
+
+// progress takes the table's progress from a verdict, as the engine's worker does (a backfill
+// started over, or a refresh, shows there), and counts the chunks that failed in a row (a
+// withdrawn one, reason nil, is none).
+func (s *sim) progress(v verdict) {
 	s.cursor, s.done, s.maxKey = v.progress.Cursor, v.progress.Done, v.progress.MaxKey
 	s.started = s.maxKey != nil || s.done
-	if v.completed {
+	switch {
+	case v.completed:
 		s.fails = 0
-	} else {
+	case v.reason != nil:
 		s.fails++
 		// While transactions go on, a table can keep starting its backfill over (rows to read
 		// again pile up faster than they are read: a known limit, logged); once they stop, the
@@ -905,7 +1002,6 @@ func (s *sim) verdict(v verdict) {
 			s.failf("the backfill makes no progress: %v", v.reason)
 		}
 	}
-	s.wstate = 0
 }
 
 // run runs the simulation for steps random steps, then until the backfill is done, the rows to
