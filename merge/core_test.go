@@ -142,8 +142,8 @@ type simTxn struct {
 	xid     uint32
 	ops     []simOp
 	marks   []watermark.Mark // a mark transaction's marks, in order (a high one and the next low one, I22)
-	run     string // the run whose mark this is
-	message bool   // the mark is a logical message (watermark.Messages), not a signal table row
+	run     string           // the run whose mark this is
+	message bool             // the mark is a logical message (watermark.Messages), not a signal table row
 	schema  simSchema
 	ddl     bool
 	// truncate: a TRUNCATE of the table
