@@ -37,8 +37,11 @@ type workTable struct {
 	waiting  bool
 }
 
-// worker runs the chunk protocol, one chunk at a time: register, low watermark, SELECT, hand
-// over, high watermark, verdict. It is the only user of the query connection.
+// worker runs the chunk protocol: register, low watermark, SELECT, hand over, high watermark,
+// verdict. One window is open at a time; between two range chunks of a table, the high
+// watermark of one and the low of the next go in one transaction, and the next chunk is read
+// while the stream brings the first one's verdict (I22). It is the only user of the query
+// connection.
 type worker struct {
 	cfg      *Config
 	conn     *pgx.Conn
@@ -63,6 +66,24 @@ type worker struct {
 
 	// Where the backfill's time goes, for the log line at the end of a table.
 	markTime, selectTime, waitTime time.Duration
+
+	// stop ends the issuing of chunks (run's stop): a worker told to stop opens no window ahead.
+	stop context.Context
+	// opened is the window whose low watermark went out with the last chunk's high one (I22),
+	// nil when there is none.
+	opened *opened
+}
+
+// opened is a window whose low watermark was written in one transaction with the high watermark
+// of the chunk before it, prev (I22): its chunk is the next range chunk of the same table, read
+// from prev's last key before prev's verdict comes.
+type opened struct {
+	id     int64
+	t      *workTable
+	after  []string // prev's last key: this chunk's exclusive lower bound
+	maxKey []string // the backfill's upper bound prev was read with
+	prev   int64
+	chunk  *chunker.Chunk // prev's chunk, for its verdict
 }
 
 // order sorts the tables as configured, and notes their key overrides.
@@ -81,7 +102,7 @@ func (w *worker) order(cfg []TableConfig) {
 // StopWhenCaughtUp it then writes the fence the merge loop stops at. Idle, it waits for rows to
 // read again. It stops issuing chunks when stop ends.
 func (w *worker) run(stop, ctx context.Context) error {
-	w.limit = w.cfg.ChunkSize
+	w.limit, w.stop = w.cfg.ChunkSize, stop
 	if err := w.seed(ctx); err != nil {
 		return err
 	}
@@ -125,11 +146,21 @@ func (w *worker) run(stop, ctx context.Context) error {
 						}
 					}
 				}
+				reread := len(t.progress.Reread) > 0 && (t.progress.Done || !lastReread)
+				if w.opened != nil && (t.progress.Refresh || reread) {
+					// The window opened ahead serves only the table's next range chunk. Its
+					// predecessor's verdict first, so that the choice is made on the table's
+					// progress as of then (a row it read whole needs no re-read).
+					if err := w.settle(ctx); err != nil {
+						return err
+					}
+					continue
+				}
 				var err error
 				switch {
 				case t.progress.Refresh:
 					err = w.refresh(ctx, t)
-				case len(t.progress.Reread) > 0 && (t.progress.Done || !lastReread):
+				case reread:
 					// Taken in turn with the backfill's chunks: rows that keep asking to be
 					// read again (each update of a hot row, for the connector) never hold it up.
 					err, lastReread = w.reread(ctx, t), true
@@ -141,6 +172,10 @@ func (w *worker) run(stop, ctx context.Context) error {
 				}
 				worked = true
 			}
+		}
+		// No window stays open ahead while the worker idles.
+		if err := w.settle(ctx); err != nil {
+			return err
 		}
 		if w.cfg.StopWhenCaughtUp && (worked || !fenced) {
 			if err := w.fence(ctx); err != nil {
@@ -193,10 +228,13 @@ func (w *worker) seed(ctx context.Context) error {
 
 // fence writes the mark a bounded run stops at once the stream has passed it.
 func (w *worker) fence(ctx context.Context) error {
+	if err := w.settle(ctx); err != nil {
+		return err
+	}
 	w.nextID++
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		if err = w.writeMark(ctx, watermark.Mark{ID: w.nextID, Kind: watermark.Fence}); err == nil {
+		if _, err = w.writeMarks(ctx, watermark.Mark{ID: w.nextID, Kind: watermark.Fence}); err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -261,9 +299,16 @@ func (w *worker) hook(ctx context.Context, h func(context.Context, int64), id in
 	}
 }
 
-// chunk runs the next range chunk of t to its verdict. The first chunk of a backfill also reads
-// its upper bound, in the chunk's own snapshot (chunker.Reader.First).
+// chunk runs the next range chunk of t to its verdict, or, pipelined (I22), to its high
+// watermark written with the next chunk's low one. The first chunk of a backfill also reads its
+// upper bound, in the chunk's own snapshot (chunker.Reader.First). A chunk whose window is open
+// already is read from the last chunk's end, before that chunk's verdict.
 func (w *worker) chunk(ctx context.Context, t *workTable) error {
+	if o := w.opened; o != nil && o.t == t {
+		return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
+			return w.reader.Next(ctx, t.table, o.after, o.maxKey, w.limit)
+		})
+	}
 	if t.progress.MaxKey == nil {
 		return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
 			return w.reader.First(ctx, t.table, w.limit)
@@ -322,37 +367,68 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 // errInjectedMark is the failure of a watermark a test build's fault switch failed.
 var errInjectedMark = errors.New("watermark failed on purpose (a test build's Faults.FailMark)")
 
-// writeMark writes mark m (or fails as a test build's Faults.FailMark says).
-func (w *worker) writeMark(ctx context.Context, m watermark.Mark) error {
-	if w.cfg.Faults.failMark(m) {
-		return errInjectedMark
+// writeMarks writes marks in one transaction (or fails as a test build's Faults.FailMark says of
+// any of them) and returns the WAL flush position after it.
+func (w *worker) writeMarks(ctx context.Context, marks ...watermark.Mark) (pglogrepl.LSN, error) {
+	for _, m := range marks {
+		if w.cfg.Faults.failMark(m) {
+			return 0, errInjectedMark
+		}
 	}
-	return w.writer.Write(ctx, w.conn, m)
+	after, err := w.writer.Write(ctx, w.conn, marks...)
+	return pglogrepl.LSN(after), err
 }
 
 // window runs the chunk protocol for one chunk of t: register, low watermark, read, hand over,
 // high watermark, verdict. keys is a key-list chunk's keys, nil for a range chunk; refresh marks
 // a refresh's first window.
+//
+// Pipelined (I22): a range chunk of t whose window is open already (w.opened) skips the first
+// two steps, and after its hand-over takes the verdict of the chunk before it, withdrawing
+// itself when that one did not leave the table's cursor where this one starts. A range chunk
+// that is not the table's last (and no other work waits) writes its high watermark with the
+// next chunk's low one, and returns without its verdict: the next call takes it.
 func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refresh bool, read func(context.Context) (*chunker.Chunk, error)) error {
-	w.nextID++
-	id := w.nextID
-	if err := w.send(ctx, register{id: id, table: t.name}); err != nil {
-		return err
+	var id int64
+	prev := w.opened
+	if prev != nil && (prev.t != t || keys != nil || refresh) {
+		if err := w.settle(ctx); err != nil {
+			return err
+		}
+		prev = nil
 	}
-	w.hook(ctx, w.cfg.Hooks.BeforeLow, id)
+	w.opened = nil
+	if prev != nil {
+		id = prev.id
+	} else {
+		w.nextID++
+		id = w.nextID
+		if err := w.send(ctx, register{id: id, table: t.name}); err != nil {
+			return err
+		}
+		w.hook(ctx, w.cfg.Hooks.BeforeLow, id)
+		start := time.Now()
+		if _, err := w.writeMarks(ctx, watermark.Mark{ID: id, Kind: watermark.Low}); err != nil {
+			return w.withdraw(ctx, t, id, err)
+		}
+		w.markTime += time.Since(start)
+		w.hook(ctx, w.cfg.Hooks.AfterLow, id)
+	}
 	start := time.Now()
-	if err := w.writeMark(ctx, watermark.Mark{ID: id, Kind: watermark.Low}); err != nil {
-		return w.withdraw(ctx, t, id, err)
-	}
-	w.markTime += time.Since(start)
-	w.hook(ctx, w.cfg.Hooks.AfterLow, id)
-	start = time.Now()
 	c, err := read(ctx)
 	if err != nil {
+		if prev != nil {
+			if _, perr := w.previous(ctx, prev); perr != nil {
+				return perr
+			}
+		}
 		return w.withdraw(ctx, t, id, err)
 	}
 	w.selectTime += time.Since(start)
 	maxKey := t.progress.MaxKey
+	if prev != nil {
+		maxKey = prev.maxKey
+	}
 	if maxKey == nil {
 		maxKey = c.Upper
 	}
@@ -360,31 +436,62 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)
+	if prev != nil {
+		continues, err := w.previous(ctx, prev)
+		if err != nil {
+			return err
+		}
+		if !continues {
+			return w.discard(ctx, id, errPredecessor)
+		}
+	}
+	// The next chunk's window opens with this one's high watermark when the next step is the
+	// next range chunk of this table.
+	var next int64
+	if w.pipelines(t, c, keys, refresh) {
+		w.nextID++
+		next = w.nextID
+		if err := w.send(ctx, register{id: next, table: t.name}); err != nil {
+			return err
+		}
+		w.hook(ctx, w.cfg.Hooks.BeforeLow, next)
+	}
+	marks := []watermark.Mark{{ID: id, Kind: watermark.High}}
+	if next != 0 {
+		marks = append(marks, watermark.Mark{ID: next, Kind: watermark.Low})
+	}
 	// An error writing the high watermark does not say whether it committed: write it again
 	// with the same id; the merge loop acts on the first one it sees.
 	start = time.Now()
+	var after pglogrepl.LSN
 	for attempt := 0; ; attempt++ {
-		if err = w.writeMark(ctx, watermark.Mark{ID: id, Kind: watermark.High}); err == nil {
+		if after, err = w.writeMarks(ctx, marks...); err == nil {
 			break
 		}
 		if ctx.Err() != nil || attempt == 2 {
-			return w.withdraw(ctx, t, id, err)
+			werr := w.withdraw(ctx, t, id, err)
+			if next != 0 {
+				if derr := w.discard(ctx, next, err); derr != nil && werr == nil {
+					werr = derr
+				}
+			}
+			return werr
 		}
 		w.log.Warn().Err(err).Int64("chunk", id).Msg("high watermark not written; retrying")
 		sleep(ctx, 100*time.Millisecond)
 	}
 	// If the stream passes this position without showing the high watermark, the watermark is
 	// not coming (the signal table left the publication, say): the window is stale.
-	var after string
-	if err := w.conn.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&after); err == nil {
-		if lsn, err := pglogrepl.ParseLSN(after); err == nil {
-			if err := w.send(ctx, highWritten{id: id, after: lsn}); err != nil {
-				return err
-			}
-		}
+	if err := w.send(ctx, highWritten{id: id, after: after}); err != nil {
+		return err
 	}
 	w.markTime += time.Since(start)
 	w.hook(ctx, w.cfg.Hooks.AfterHigh, id)
+	if next != 0 {
+		w.hook(ctx, w.cfg.Hooks.AfterLow, next)
+		w.opened = &opened{id: next, t: t, after: c.Last, maxKey: maxKey, prev: id, chunk: c}
+		return nil
+	}
 	start = time.Now()
 	v, err := w.wait(ctx, id)
 	if err != nil {
@@ -392,6 +499,65 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	}
 	w.waitTime += time.Since(start)
 	return w.verdict(ctx, t, c, v)
+}
+
+// errPredecessor withdraws a chunk read, pipelined, from the end of a chunk that did not
+// complete (or left the table's cursor elsewhere): it is no failure of its own.
+var errPredecessor = errors.New("the chunk before it did not complete")
+
+// pipelines reports whether chunk c of t opens the next chunk's window with its high watermark
+// (I22): a range chunk that is not the table's last, within the byte bound, while nothing else
+// waits (a refresh, rows to read again, a stop).
+func (w *worker) pipelines(t *workTable, c *chunker.Chunk, keys [][]string, refresh bool) bool {
+	if keys != nil || refresh || c.Done || c.Last == nil || c.Bytes > w.cfg.MaxChunkBytes || w.stop == nil || w.stop.Err() != nil {
+		return false
+	}
+	for _, u := range w.tables {
+		if u.progress.Refresh || len(u.progress.Reread) > 0 && u == t {
+			return false
+		}
+	}
+	return true
+}
+
+// previous takes the verdict of prev's chunk, pipelined before the chunk of prev's window, and
+// reports whether that chunk continues the table's cursor.
+func (w *worker) previous(ctx context.Context, prev *opened) (bool, error) {
+	start := time.Now()
+	v, err := w.wait(ctx, prev.prev)
+	if err != nil {
+		return false, err
+	}
+	w.waitTime += time.Since(start)
+	if err := w.verdict(ctx, prev.t, prev.chunk, v); err != nil {
+		return false, err
+	}
+	p := prev.t.progress
+	return v.completed && !p.Refresh && slices.Equal(p.Cursor, prev.after), nil
+}
+
+// settle ends a pipelined window that the next step does not use (another table, a key-list
+// chunk, a refresh, the fence, a stop): the verdict of the chunk before it, then the window
+// withdrawn.
+func (w *worker) settle(ctx context.Context) error {
+	prev := w.opened
+	if prev == nil {
+		return nil
+	}
+	w.opened = nil
+	if _, err := w.previous(ctx, prev); err != nil {
+		return err
+	}
+	return w.discard(ctx, prev.id, errors.New("the window was not used"))
+}
+
+// discard withdraws window id, which is no chunk's failure, and takes its verdict.
+func (w *worker) discard(ctx context.Context, id int64, reason error) error {
+	if err := w.send(ctx, abandon{id: id, reason: reason}); err != nil {
+		return err
+	}
+	_, err := w.wait(ctx, id)
+	return err
 }
 
 // verdict applies the merge loop's verdict on a chunk.

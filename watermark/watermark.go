@@ -354,14 +354,20 @@ func New(cfg Config) (*Writer, error) {
 // Config returns the writer's configuration with its defaults, including its run id.
 func (w *Writer) Config() Config { return w.cfg }
 
-// Write commits mark m in a transaction of its own, on conn, in one round trip. The transaction
-// runs with synchronous_commit = on: the walsender only sends WAL that is flushed, so on a
-// server running with synchronous_commit off a mark would take up to wal_writer_delay (and
-// more) to come back through the stream. With a synchronous standby, on also makes the mark
-// wait for it like the application's commits, so the mark rarely becomes visible before
-// commits that preceded it (the merge's visibility guard catches the rest). An error does not
-// say whether the mark committed; the stream decides, and a repeated mark is ignored.
-func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
+// Write commits marks (one, or a high mark and the next chunk's low one) in one transaction of
+// its own, in their order, on conn, in one round trip, and returns the server's WAL flush
+// position read right after the commit in the same round trip: once the stream has passed it
+// without showing the marks, they are not coming. The transaction runs with synchronous_commit =
+// on: the walsender only sends WAL that is flushed, so on a server running with
+// synchronous_commit off a mark would take up to wal_writer_delay (and more) to come back
+// through the stream. With a synchronous standby, on also makes the marks wait for it like the
+// application's commits, so a mark rarely becomes visible before commits that preceded it (the
+// merge's visibility guard catches the rest). An error does not say whether the marks
+// committed; the stream decides, and a repeated mark is ignored.
+func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, marks ...Mark) (flushed uint64, err error) {
+	if len(marks) == 0 {
+		return 0, errors.New("write marks: none given")
+	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
 	b := &pgx.Batch{}
@@ -373,11 +379,17 @@ func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
 		name := w.cfg.Table.Sanitize()
 		b.Queue(pgtrust.LockSQL(name))
 		b.Queue(pgtrust.Guard("signal table", name))
-		b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
+		for _, m := range marks {
+			b.Queue(w.sql, w.cfg.Slot, w.cfg.Run, m.ID, string(rune(m.Kind)))
+		}
 	} else {
-		b.Queue(w.sql, Prefix, w.cfg.MessageContent(m))
+		for _, m := range marks {
+			b.Queue(w.sql, Prefix, w.cfg.MessageContent(m))
+		}
 	}
 	b.Queue("COMMIT")
+	var lsn int64
+	b.Queue(`SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::int8`).QueryRow(func(row pgx.Row) error { return row.Scan(&lsn) })
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		// Leave no transaction open on the connection for the next statement.
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -385,12 +397,21 @@ func (w *Writer) Write(ctx context.Context, conn *pgx.Conn, m Mark) error {
 			// The guard failed, or something else did: a table no longer trusted is the cause to
 			// report (a permanent one).
 			if terr := checkTrusted(context.WithoutCancel(ctx), conn, w.cfg.Table.Sanitize()); terr != nil {
-				return fmt.Errorf("write %v mark %d: %w", m.Kind, m.ID, terr)
+				return 0, fmt.Errorf("write %s: %w", describe(marks), terr)
 			}
 		}
-		return fmt.Errorf("write %v mark %d: %w", m.Kind, m.ID, err)
+		return 0, fmt.Errorf("write %s: %w", describe(marks), err)
 	}
-	return nil
+	return uint64(lsn), nil
+}
+
+// describe names marks for an error: "H mark 4", "H mark 4 and L mark 5".
+func describe(marks []Mark) string {
+	var parts []string
+	for _, m := range marks {
+		parts = append(parts, fmt.Sprintf("%v mark %d", m.Kind, m.ID))
+	}
+	return strings.Join(parts, " and ")
 }
 
 // MessageContent is the content of mark m written as a logical message (with Prefix).
