@@ -198,20 +198,26 @@ func TestCopyInsideWindow(t *testing.T) {
 }
 
 // TestLowWatermarkFails: the chunk is withdrawn before its SELECT and retried with a new id;
-// nothing is emitted twice.
+// nothing is emitted twice. A low watermark written alone (the table's first chunk), and one
+// written with the previous chunk's high watermark (I22: the pair fails, so the previous chunk
+// is withdrawn too, and redone).
 func TestLowWatermarkFails(t *testing.T) {
-	db := e2e.NewTestDB(t, server)
-	versionedTable(t, db, 30, 1)
-	var selected []int64
-	cfg := engineConfig(db, "public.t")
-	cfg.Watermarks = watermark.Table
-	failMarks(t, &cfg, func(m watermark.Mark) bool { return m.Kind == watermark.Low && m.ID == 2 })
-	cfg.Hooks.AfterSelect = func(_ context.Context, id int64) { selected = append(selected, id) }
-	sink := newMemSink()
-	require.NoError(t, runEngine(t, cfg, sink, nil))
-	verify(t, db, sink, "public.t", "id")
-	require.Equal(t, 30, sink.count("snapshot"))
-	require.NotContains(t, selected, int64(2), "no SELECT for the chunk whose low watermark failed")
+	for _, id := range []int64{1, 2} {
+		t.Run(fmt.Sprintf("L%d", id), func(t *testing.T) {
+			db := e2e.NewTestDB(t, server)
+			versionedTable(t, db, 30, 1)
+			var selected []int64
+			cfg := engineConfig(db, "public.t")
+			cfg.Watermarks = watermark.Table
+			failMarks(t, &cfg, func(m watermark.Mark) bool { return m.Kind == watermark.Low && m.ID == id })
+			cfg.Hooks.AfterSelect = func(_ context.Context, id int64) { selected = append(selected, id) }
+			sink := newMemSink()
+			require.NoError(t, runEngine(t, cfg, sink, nil))
+			verify(t, db, sink, "public.t", "id")
+			require.Equal(t, 30, sink.count("snapshot"))
+			require.NotContains(t, selected, id, "no SELECT for the chunk whose low watermark failed")
+		})
+	}
 }
 
 // TestHighWatermarkFails: a high watermark that fails once is written again with the same
@@ -259,7 +265,8 @@ func TestHighWatermarkTwice(t *testing.T) {
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
 	cfg.Watermarks = watermark.Table
-	cfg.Hooks.AfterHigh = onChunk(t, db, 2, `UPDATE tidemark_signal SET written_at = now()`)
+	// Chunk 2's high watermark again (its transaction may also have carried chunk 3's low one).
+	cfg.Hooks.AfterHigh = onChunk(t, db, 2, `UPDATE tidemark_signal SET kind = 'H', chunk = 2, written_at = now()`)
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.t", "id")

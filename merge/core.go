@@ -81,6 +81,9 @@ type verdict struct {
 	progress   TableProgress // the table's progress after the chunk
 	gen        int           // core.rereadGen when it was given: the progress is as of then
 	emitted    int           // rows emitted
+	// quiet: no change of any captured table committed inside the window, so no live change
+	// waited behind its rows (the worker lets the next chunks grow).
+	quiet bool
 }
 
 // wakeup tells the idle worker the progress of the tables with rows to read (again), as of
@@ -122,6 +125,7 @@ type window struct {
 	rel     *replicator.Relation // the last description of the table the stream sent inside the window
 	lSeen   bool
 	lLSN    pglogrepl.LSN   // commit LSN of the low watermark
+	changes uint64          // core.changes when the low watermark was seen
 	chunk   *chunker.Chunk  // nil until handed over
 	maxKey  []string        // the backfill's upper bound, with the chunk
 	touched map[string]bool // keys changed inside the window, before or after the chunk arrived; true when the last change lacked unchanged TOASTed values
@@ -257,6 +261,7 @@ type core struct {
 	// deferred, those that came inside a transaction, to be taken at its end.
 	asked, deferred []rebackfillAsk
 
+	changes   uint64 // changes of captured tables processed (verdict.quiet)
 	inTxn     bool
 	txXID     uint32
 	txLSN     pglogrepl.LSN // commit LSN of the open transaction (its Begin's final LSN)
@@ -571,6 +576,7 @@ func (c *core) change(ch *replicator.Change) error {
 	if ts == nil {
 		return nil
 	}
+	c.changes++
 	if ts.rel != rel {
 		// Every change follows its Relation in the session; a change of an unseen relation
 		// would mean the stream skipped one.
@@ -828,7 +834,7 @@ func (c *core) commit(cm *replicator.Commit) error {
 			if w == nil || w.lSeen {
 				continue // withdrawn, or a repeated mark
 			}
-			w.lSeen, w.lLSN = true, c.txLSN
+			w.lSeen, w.lLSN, w.changes = true, c.txLSN, c.changes
 			w.ts.open = append(w.ts.open, w)
 			if w.ts.progress.Refresh {
 				c.refresh(w.ts)
@@ -1033,7 +1039,7 @@ func (c *core) high(w *window) {
 	}
 	p.Rows += int64(emitted)
 	c.remove(w)
-	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted, gen: c.rereadGen})
+	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted, gen: c.rereadGen, quiet: c.changes == w.changes})
 }
 
 // guardViolated ends w when a transaction that committed before its low watermark is invisible

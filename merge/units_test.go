@@ -1,9 +1,11 @@
 package merge
 
 import (
+	"context"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/chunker"
@@ -200,4 +202,51 @@ func TestRemoveKeys(t *testing.T) {
 	require.Equal(t, [][]string{{"2"}, {"1"}}, removeKeys(keys, [][]string{{"1"}, {"3", "x"}}))
 	require.Nil(t, removeKeys([][]string{{"1"}}, [][]string{{"1"}, {"1"}}))
 	require.Equal(t, keys, removeKeys(keys, nil))
+}
+
+// TestQuietWindow: a window's verdict says whether any change of a captured table committed
+// inside it (a live change waited behind its rows), the table's own or another's: the worker
+// grows chunks only after quiet ones.
+func TestQuietWindow(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.window(1, toastTable, nil, chunkRows("1", "2"), nil, nil)
+	require.Len(t, r.verdicts, 1)
+	require.True(t, r.verdicts[0].completed)
+	require.True(t, r.verdicts[0].quiet, "nothing inside the window")
+	r.mustTxn(ins(toastRel, text("7"), text("x"))) // before the next window: not inside it
+	// (Key-list windows from here: a range chunk after the first would have to start at its cursor.)
+	r.window(2, toastTable, [][]string{{"3"}}, chunkRows("3"), func() { r.mustTxn(ins(toastRel, text("8"), text("y"))) }, nil)
+	require.Len(t, r.verdicts, 2)
+	require.True(t, r.verdicts[1].completed)
+	require.False(t, r.verdicts[1].quiet, "a change inside the window, before its rows")
+	r.window(3, toastTable, [][]string{{"4"}}, chunkRows("4"), nil, func() { r.mustTxn(ins(toastRel, text("9"), text("z"))) })
+	require.False(t, r.verdicts[2].quiet, "a change inside the window, after its rows")
+}
+
+// TestChunksGrowWhileQuiet: after quiet windows the chunk limit doubles, up to maxGrowth times
+// the configured size, while a full chunk stays within half the byte bound; a window a change
+// waited behind brings it back to the configured size; a capped chunk or the table's last does
+// not grow it.
+func TestChunksGrowWhileQuiet(t *testing.T) {
+	w := &worker{cfg: &Config{ChunkSize: 10, MaxChunkBytes: 1000}, limit: 10, log: zerolog.Nop()}
+	tb := &workTable{name: "public.t", table: toastTable}
+	full := func(n, bytes int) *chunker.Chunk {
+		return &chunker.Chunk{Rows: make([]chunker.Row, n), Bytes: bytes, Last: []string{"1"}}
+	}
+	step := func(c *chunker.Chunk, quiet bool) int {
+		require.NoError(t, w.verdict(context.Background(), tb, c, verdict{completed: true, quiet: quiet}))
+		return w.limit
+	}
+	require.Equal(t, 20, step(full(10, 100), true))
+	require.Equal(t, 40, step(full(20, 200), true))
+	require.Equal(t, 40, step(full(40, 400), true), "at most maxGrowth times the configured size")
+	require.Equal(t, 10, step(full(40, 400), false), "a live change waited: back to the configured size")
+	require.Equal(t, 10, step(full(10, 600), true), "a full chunk over half the byte bound does not grow")
+	capped := full(10, 100)
+	capped.Capped = true
+	require.Equal(t, 10, step(capped, true))
+	last := full(5, 50)
+	last.Done = true
+	require.Equal(t, 10, step(last, true))
 }

@@ -328,6 +328,16 @@ func (w *worker) refresh(ctx context.Context, t *workTable) error {
 	})
 }
 
+// take takes a verdict's progress of t, unless t has a newer one: a wakeup built after the
+// verdict (a higher gen) and taken before it, which a verdict taken late (I22: the chunk before
+// a pipelined one) would otherwise roll back (a row to read again, a refresh, lost until the
+// next verdict).
+func (t *workTable) take(v verdict) {
+	if v.gen >= t.gen {
+		t.progress, t.gen = v.progress, v.gen
+	}
+}
+
 // update takes the merge loop's newer progress of each table (a wakeup).
 func (w *worker) update(up wakeup) {
 	for _, t := range w.tables {
@@ -363,6 +373,9 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 	}
 	return err
 }
+
+// maxGrowth bounds how far chunks grow past Config.ChunkSize while no live change arrives.
+const maxGrowth = 4
 
 // errInjectedMark is the failure of a watermark a test build's fault switch failed.
 var errInjectedMark = errors.New("watermark failed on purpose (a test build's Faults.FailMark)")
@@ -563,7 +576,7 @@ func (w *worker) discard(ctx context.Context, id int64, reason error) error {
 // verdict applies the merge loop's verdict on a chunk.
 func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v verdict) error {
 	if v.completed {
-		t.progress, t.gen = v.progress, v.gen
+		t.take(v)
 		// A key-list chunk says nothing of how the range chunks fare: taken in turn with them, it
 		// would undo their back-off (a statement timeout halves the limit) and their count of
 		// failures in a row.
@@ -574,6 +587,14 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 				w.limit = max(1, int(int64(w.limit)*int64(w.cfg.MaxChunkBytes)/int64(c.Bytes)))
 			case w.limit < w.cfg.ChunkSize:
 				w.limit = min(w.cfg.ChunkSize, 2*w.limit)
+			case !v.quiet:
+				// A live change waited behind the window: back to the configured size, which
+				// bounds how long the next one waits behind a chunk's rows.
+				w.limit = w.cfg.ChunkSize
+			case !c.Done && !c.Capped && len(c.Rows) >= w.limit && 2*c.Bytes <= w.cfg.MaxChunkBytes:
+				// Nothing waited behind it: the next chunks grow, within the byte bound, up to
+				// maxGrowth times the configured size (fewer watermarks and round trips per row).
+				w.limit = min(2*w.limit, maxGrowth*w.cfg.ChunkSize)
 			}
 		}
 		w.log.Debug().Str("table", t.name).Int64("chunk", v.id).Int("rows", len(c.Rows)).Int("emitted", v.emitted).
@@ -584,7 +605,7 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 		}
 		return nil
 	}
-	t.progress, t.gen = v.progress, v.gen
+	t.take(v)
 	if v.rediscover {
 		if err := w.rediscover(ctx, t); err != nil {
 			return err
@@ -615,7 +636,7 @@ func (w *worker) withdraw(ctx context.Context, t *workTable, id int64, cause err
 		return err
 	}
 	if v.completed {
-		t.progress, t.gen = v.progress, v.gen
+		t.take(v)
 		return nil
 	}
 	if errors.Is(cause, chunker.ErrSchemaChanged) {
