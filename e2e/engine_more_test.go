@@ -320,7 +320,7 @@ func TestICUTextKey(t *testing.T) {
 	}
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
 	cfg := engineConfig(db, "public.t")
-	cfg.ChunkSize = 1
+	cfg.ChunkSize, cfg.ChunkGrowth = 1, 1 // one key per chunk: every key boundary crossed
 	cfg.Hooks.AfterSelect = onChunk(t, db, 3, `UPDATE t SET v = 'changed', ver = nextval('ver') WHERE k = 'ß'`)
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
@@ -378,7 +378,7 @@ func TestFloatAndNumericBoundaries(t *testing.T) {
 	db.Exec(`INSERT INTO n (k) VALUES ('-Infinity'), (-1.50), (0.000), (1.10), (123456789012345678901234567890.123456789), ('Infinity'), ('NaN')`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE f, n`)
 	cfg := engineConfig(db, "public.f", "public.n")
-	cfg.ChunkSize = 1
+	cfg.ChunkSize, cfg.ChunkGrowth = 1, 1 // one key per chunk: every key boundary crossed
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.f", "k")
@@ -496,7 +496,7 @@ func TestHotKey(t *testing.T) {
 		}
 	})
 	cfg := engineConfig(db, "public.t")
-	cfg.ChunkSize = 1
+	cfg.ChunkSize, cfg.ChunkGrowth = 1, 1 // one key per chunk: every key boundary crossed
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	stop()

@@ -47,7 +47,7 @@ func TestKeysOfTypesOutsideCatalog(t *testing.T) {
 	}
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE c1, c2, c3, c4`)
 	cfg := engineConfig(db, "public.c1", "public.c2", "public.c3", "public.c4")
-	cfg.ChunkSize = 1
+	cfg.ChunkSize, cfg.ChunkGrowth = 1, 1 // one key per chunk: every key boundary crossed
 	cfg.Hooks.AfterSelect = onChunk(t, db, 3, `UPDATE c1 SET v = 'changed', ver = nextval('ver') WHERE k = 'D'`,
 		`UPDATE c4 SET v = 'changed', ver = nextval('ver') WHERE tenant = 'e' AND id = 2`)
 	sink := newMemSink()

@@ -399,7 +399,7 @@ func TestKeysRoundTripNonUTC(t *testing.T) {
 		('1969-12-31 23:59:59.000001+00', 'd'), ('0001-01-01 00:00:00+00 BC', 'e'), ('294276-12-31 23:59:59.999999+00', 'f'), ('2000-01-01 00:00:00.5-14', 'g')`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE nk, tk`)
 	cfg := engineConfig(db, "public.nk", "public.tk")
-	cfg.ChunkSize = 1
+	cfg.ChunkSize, cfg.ChunkGrowth = 1, 1 // one key per chunk: every key boundary crossed
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.nk", "k")

@@ -19,6 +19,12 @@
 //   - Registration precedes L, and the rows precede H, in the one channel the merge loop reads:
 //     the worker sends each before writing the mark, and a mark can only be streamed after it
 //     commits (I7).
+//   - Between two range chunks of a table, the high watermark of one and the low of the next
+//     commit in one transaction, and the next chunk is read while the first one's verdict comes;
+//     the worker takes that verdict before the next high watermark and withdraws the next chunk
+//     when the first did not leave the table's cursor where it starts (I22). One window is open
+//     at a time. Chunks grow, up to 4 times the chunk size and within the byte bound, while no
+//     change of a captured table commits inside their windows (nothing waits behind their rows).
 //   - The visibility guard (guard.go): a chunk whose snapshot does not see a transaction that
 //     committed before L in the stream is abandoned and read again (I11). PostgreSQL streams a
 //     commit before it makes it visible. Commits no snapshot has shown visible yet are carried

@@ -86,12 +86,16 @@ type Config struct {
 	// Zero: 10s.
 	WatermarkTimeout time.Duration
 	Chunker          chunker.Config
-	// ChunkSize is the most rows a chunk reads. Zero: DefaultChunkSize.
+	// ChunkSize is the most rows a chunk reads, unless it grows (ChunkGrowth). Zero:
+	// DefaultChunkSize.
 	ChunkSize int
+	// ChunkGrowth is how many times ChunkSize a chunk may grow to while no change of a captured
+	// table commits inside the windows before it (nothing waits behind its rows); one keeps
+	// every chunk at ChunkSize (tests that place changes in a given chunk). Zero: 4.
+	ChunkGrowth int
 	// MaxChunkBytes bounds the bytes a chunk holds: a chunk read stops at it (chunker
 	// Config.MaxBytes, unless set), and the chunk size shrinks to fit it. It bounds the engine's
-	// buffered rows, since one chunk is in flight (and the next is read while the sink takes
-	// it). Zero: 32 MiB.
+	// buffered rows, since at most three chunks are held (I21). Zero: 32 MiB.
 	MaxChunkBytes int
 	// CheckpointInterval is the longest time between checkpoints while changes flow; there is
 	// also one after every chunk. Zero: 1s.
@@ -231,7 +235,7 @@ func (c *Config) Validate() error {
 			seen[name] = true
 		}
 	}
-	if c.ChunkSize < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 || c.RewriteRebackfillEvery < 0 {
+	if c.ChunkSize < 0 || c.ChunkGrowth < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 || c.RewriteRebackfillEvery < 0 {
 		errs = append(errs, errors.New("chunk size, chunk bytes, checkpoint, watch and rewrite re-backfill intervals must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -243,6 +247,9 @@ func (c *Config) ensureDefaults() {
 	}
 	if c.ChunkSize == 0 {
 		c.ChunkSize = DefaultChunkSize
+	}
+	if c.ChunkGrowth == 0 {
+		c.ChunkGrowth = 4
 	}
 	if c.MaxChunkBytes == 0 {
 		c.MaxChunkBytes = 32 << 20

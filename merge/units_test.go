@@ -224,12 +224,12 @@ func TestQuietWindow(t *testing.T) {
 	require.False(t, r.verdicts[2].quiet, "a change inside the window, after its rows")
 }
 
-// TestChunksGrowWhileQuiet: after quiet windows the chunk limit doubles, up to maxGrowth times
+// TestChunksGrowWhileQuiet: after quiet windows the chunk limit doubles, up to ChunkGrowth times
 // the configured size, while a full chunk stays within half the byte bound; a window a change
 // waited behind brings it back to the configured size; a capped chunk or the table's last does
-// not grow it.
+// not grow it; ChunkGrowth 1 keeps it fixed.
 func TestChunksGrowWhileQuiet(t *testing.T) {
-	w := &worker{cfg: &Config{ChunkSize: 10, MaxChunkBytes: 1000}, limit: 10, log: zerolog.Nop()}
+	w := &worker{cfg: &Config{ChunkSize: 10, ChunkGrowth: 4, MaxChunkBytes: 1000}, limit: 10, log: zerolog.Nop()}
 	tb := &workTable{name: "public.t", table: toastTable}
 	full := func(n, bytes int) *chunker.Chunk {
 		return &chunker.Chunk{Rows: make([]chunker.Row, n), Bytes: bytes, Last: []string{"1"}}
@@ -240,7 +240,7 @@ func TestChunksGrowWhileQuiet(t *testing.T) {
 	}
 	require.Equal(t, 20, step(full(10, 100), true))
 	require.Equal(t, 40, step(full(20, 200), true))
-	require.Equal(t, 40, step(full(40, 400), true), "at most maxGrowth times the configured size")
+	require.Equal(t, 40, step(full(40, 400), true), "at most ChunkGrowth times the configured size")
 	require.Equal(t, 10, step(full(40, 400), false), "a live change waited: back to the configured size")
 	require.Equal(t, 10, step(full(10, 600), true), "a full chunk over half the byte bound does not grow")
 	capped := full(10, 100)
@@ -249,4 +249,6 @@ func TestChunksGrowWhileQuiet(t *testing.T) {
 	last := full(5, 50)
 	last.Done = true
 	require.Equal(t, 10, step(last, true))
+	w.cfg.ChunkGrowth = 1
+	require.Equal(t, 10, step(full(10, 100), true), "ChunkGrowth 1: fixed")
 }

@@ -374,9 +374,6 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 	return err
 }
 
-// maxGrowth bounds how far chunks grow past Config.ChunkSize while no live change arrives.
-const maxGrowth = 4
-
 // errInjectedMark is the failure of a watermark a test build's fault switch failed.
 var errInjectedMark = errors.New("watermark failed on purpose (a test build's Faults.FailMark)")
 
@@ -593,8 +590,8 @@ func (w *worker) verdict(ctx context.Context, t *workTable, c *chunker.Chunk, v 
 				w.limit = w.cfg.ChunkSize
 			case !c.Done && !c.Capped && len(c.Rows) >= w.limit && 2*c.Bytes <= w.cfg.MaxChunkBytes:
 				// Nothing waited behind it: the next chunks grow, within the byte bound, up to
-				// maxGrowth times the configured size (fewer watermarks and round trips per row).
-				w.limit = min(2*w.limit, maxGrowth*w.cfg.ChunkSize)
+				// ChunkGrowth times the configured size (fewer watermarks and round trips per row).
+				w.limit = min(2*w.limit, max(1, w.cfg.ChunkGrowth)*w.cfg.ChunkSize)
 			}
 		}
 		w.log.Debug().Str("table", t.name).Int64("chunk", v.id).Int("rows", len(c.Rows)).Int("emitted", v.emitted).
