@@ -415,10 +415,13 @@ func TestSyncDirectCopy(t *testing.T) {
 			direct, fallback = int64(m["direct_rows"].(float64)), int64(m["fallback_rows"].(float64))
 		}
 	}
-	// Chunks 1, 2 and 5 are copied straight in; chunk 3 meets key 2500 and is upserted, chunk 4
-	// skips the attempt after that failure.
-	require.Equal(t, int64(3000), direct)
-	require.Equal(t, int64(1000), fallback)
+	// Chunks 1 and 2 (keys up to 2000) are copied straight in; the chunk that meets key 2500 is
+	// upserted (counted as fallback), and the one after it skips the attempt after that failure
+	// (counted in neither). Where the chunks after the second end depends on their growth while
+	// nothing else changes (docs/cli.md).
+	require.GreaterOrEqual(t, direct, int64(2000))
+	require.GreaterOrEqual(t, fallback, int64(1000))
+	require.Less(t, direct+fallback, int64(5000), "a batch skipped the attempt")
 }
 
 // TestSyncTargetWithRows: an existing target table that holds rows this sync's checkpoint does
