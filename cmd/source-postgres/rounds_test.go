@@ -140,11 +140,13 @@ func TestSyncRounds(t *testing.T) {
 func TestBackfillAcrossSyncs(t *testing.T) {
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE big (id int PRIMARY KEY, v text)`)
-	e.db.Exec(`INSERT INTO big SELECT g, repeat('x', 100) FROM generate_series(1, 30000) g`)
+	e.db.Exec(`INSERT INTO big SELECT g, repeat('x', 100) FROM generate_series(1, 200000) g`)
 	e.db.Exec(`CREATE TABLE live (id int PRIMARY KEY, v text)`)
 	e.db.Exec(`CREATE PUBLICATION ` + e.db.Publication + ` FOR TABLE big, live`)
-	// Chunks of 10 rows: 3000 chunks, each with two watermark commits, cannot fit in one second
-	// on any machine (with chunks of 100 a fast, idle machine finished in one sync).
+	// Chunks of 10 rows, 40 at most once they grow (while no change arrives inside a window):
+	// 5,000 chunks at least, each with a watermark commit, cannot fit in one second on any
+	// machine (with chunks of 100 a fast, idle machine finished in one sync; with 30,000 rows,
+	// once chunks grew, so did this one).
 	e.cfg["backfill_chunk_size"] = 10
 	e.cfg["sync_time_budget_seconds"] = 1
 	cat := e.catalog()
