@@ -26,9 +26,12 @@
 //
 // Reader.Next reads one chunk in one short REPEATABLE READ READ ONLY transaction with a
 // statement timeout, a lock timeout and enable_sort off (a chunk comes from the key's index in
-// key order, even when missing statistics make the planner guess otherwise). Its first query captures pg_current_snapshot() (the
-// transaction's snapshot, which the merge's visibility guard checks) and compares the table's
-// columns with the discovered ones (ErrSchemaChanged when they differ). No transaction stays
+// key order, even when missing statistics make the planner guess otherwise). It takes the
+// table's ACCESS SHARE lock before anything takes the transaction's snapshot; its first query
+// captures pg_current_snapshot() (the transaction's snapshot, which the merge's visibility guard
+// checks) and compares the table's columns with the discovered ones (ErrSchemaChanged when they
+// differ). Everything up to the first fetch of rows goes in one round trip; the server still
+// runs the statements in order, and none after one that failed. No transaction stays
 // open across chunks, so the backfill never holds back the xmin horizon.
 //
 // # Concurrency

@@ -226,11 +226,9 @@ func (w *worker) seed(ctx context.Context) error {
 	return w.send(ctx, seed{xids: xids})
 }
 
-// fence writes the mark a bounded run stops at once the stream has passed it.
+// fence writes the mark a bounded run stops at once the stream has passed it. No window is open
+// ahead then (run settles it first).
 func (w *worker) fence(ctx context.Context) error {
-	if err := w.settle(ctx); err != nil {
-		return err
-	}
 	w.nextID++
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
@@ -519,15 +517,10 @@ var errPredecessor = errors.New("the chunk before it did not complete")
 // (I22): a range chunk that is not the table's last, within the byte bound, while nothing else
 // waits (a refresh, rows to read again, a stop).
 func (w *worker) pipelines(t *workTable, c *chunker.Chunk, keys [][]string, refresh bool) bool {
-	if keys != nil || refresh || c.Done || c.Last == nil || c.Bytes > w.cfg.MaxChunkBytes || w.stop == nil || w.stop.Err() != nil {
+	if keys != nil || refresh || c.Done || c.Last == nil || c.Bytes > w.cfg.MaxChunkBytes || w.stop.Err() != nil || len(t.progress.Reread) > 0 {
 		return false
 	}
-	for _, u := range w.tables {
-		if u.progress.Refresh || len(u.progress.Reread) > 0 && u == t {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(w.tables, func(u *workTable) bool { return u.progress.Refresh })
 }
 
 // previous takes the verdict of prev's chunk, pipelined before the chunk of prev's window, and

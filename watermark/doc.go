@@ -29,7 +29,8 @@
 //   - Both transports give a mark the same place in the stream: inside its transaction, acted on
 //     at that transaction's Commit. A transactional message assigns an xid and writes WAL, so
 //     its commit is flushed (and waits for synchronous standbys) like a row's.
-//   - A mark is committed in a transaction of its own, with synchronous_commit = on: the walsender
+//   - A mark is committed in a transaction of its own (a chunk's high mark may share it with the
+//     next chunk's low one, in that order: merge's I22), with synchronous_commit = on: the walsender
 //     sends only flushed WAL, so a lower setting would delay marks by up to wal_writer_delay; on
 //     a server with synchronous standbys the mark also waits for them like the application's
 //     commits do, which keeps marks from becoming visible ahead of earlier commits (the rest is
