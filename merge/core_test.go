@@ -975,25 +975,25 @@ func (s *sim) verdict(v verdict) {
 	if v.id != s.wid || s.wstate != 5 {
 		s.failf("verdict for chunk %d in state %d while chunk %d is in flight", v.id, s.wstate, s.wid)
 	}
-	if s.discarding && !v.completed {
-		// Withdrawn by the worker: its progress as any verdict's, no failure of its own.
-		v.reason = nil
+	if s.discarding {
+		// Withdrawn by the worker, which takes nothing from its verdict (worker.discard): no
+		// failure of its own, and the progress stays as the verdict before it left it.
+		s.discarding, s.wstate = false, 0
+		return
 	}
-	s.discarding = false
 	s.progress(v)
 	s.wstate = 0
 }
 
 // progress takes the table's progress from a verdict, as the engine's worker does (a backfill
-// started over, or a refresh, shows there), and counts the chunks that failed in a row (a
-// withdrawn one, reason nil, is none).
+// started over, or a refresh, shows there), and counts the chunks that failed in a row.
 func (s *sim) progress(v verdict) {
 	s.cursor, s.done, s.maxKey = v.progress.Cursor, v.progress.Done, v.progress.MaxKey
 	s.started = s.maxKey != nil || s.done
 	switch {
 	case v.completed:
 		s.fails = 0
-	case v.reason != nil:
+	default:
 		s.fails++
 		// While transactions go on, a table can keep starting its backfill over (rows to read
 		// again pile up faster than they are read: a known limit, logged); once they stop, the

@@ -236,7 +236,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.ChunkSize < 0 || c.ChunkGrowth < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 || c.RewriteRebackfillEvery < 0 {
-		errs = append(errs, errors.New("chunk size, chunk bytes, checkpoint, watch and rewrite re-backfill intervals must not be negative"))
+		errs = append(errs, errors.New("chunk size, chunk growth, chunk bytes, checkpoint, watch and rewrite re-backfill intervals must not be negative"))
 	}
 	return errors.Join(errs...)
 }
