@@ -19,3 +19,8 @@ func breakGuard(t *testing.T, _ *merge.Config) {
 func failMarks(t *testing.T, _ *merge.Config, _ func(watermark.Mark) bool) {
 	t.Skip("the injected watermark failures need the fault switches: go test -tags tidemark_faults (the README's test command)")
 }
+
+// betweenLooks: a build without the tidemark_faults tag has no way into the watch.
+func betweenLooks(t *testing.T, _ *merge.Config, _ func(string)) {
+	t.Skip("the hook into the watch needs the fault switches: go test -tags tidemark_faults (the README's test command)")
+}

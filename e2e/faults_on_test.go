@@ -19,3 +19,9 @@ func breakGuard(_ *testing.T, cfg *merge.Config) {
 func failMarks(_ *testing.T, cfg *merge.Config, fail func(watermark.Mark) bool) {
 	cfg.Faults.FailMark = fail
 }
+
+// betweenLooks runs fn in the engine's watch between its look at a table's shape and its read
+// of the table's membership (a test build's hook, merge.Faults.BetweenLooks).
+func betweenLooks(_ *testing.T, cfg *merge.Config, fn func(table string)) {
+	cfg.Faults.BetweenLooks = fn
+}

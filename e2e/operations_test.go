@@ -877,6 +877,34 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 	require.ErrorIs(t, runEngine(t, cfg, sink, sink.last()), merge.ErrUnlogged, "and a run started while it is")
 }
 
+// TestSetUnloggedBetweenLooks: SET UNLOGGED committed after the watch looked at the table's
+// persistence and before it read the membership (which an UNLOGGED table leaves) is still named
+// as UNLOGGED, not as a table taken out of the publication (a CI run met that order).
+func TestSetUnloggedBetweenLooks(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
+	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
+	cfg := engineConfig(db, "public.t")
+	sink := newMemSink()
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	cfg.Source.CreateSlot = false
+	other := db.Connect()
+	var once sync.Once
+	altered := make(chan error, 1)
+	betweenLooks(t, &cfg, func(string) {
+		once.Do(func() {
+			_, err := other.Exec(context.Background(), `ALTER TABLE t SET UNLOGGED`)
+			altered <- err
+		})
+	})
+	done, stopIt := watching(t, cfg, sink)
+	err := waitErr(t, done, stopIt, 30*time.Second)
+	require.NoError(t, <-altered)
+	require.ErrorIs(t, err, merge.ErrUnlogged)
+	require.ErrorContains(t, err, "UNLOGGED")
+}
+
 // TestStorageReplacedBetweenRuns: a table's storage files changed between two runs with no
 // column change. ALTER TABLE ... SET UNLOGGED then SET LOGGED leaves that sign, and the writes in
 // between are in no WAL record; VACUUM FULL leaves the same sign and changes nothing; PostgreSQL

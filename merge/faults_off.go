@@ -15,3 +15,5 @@ func (Faults) noGuard() bool    { return false }
 func (Faults) noEviction() bool { return false }
 
 func (Faults) failMark(watermark.Mark) bool { return false }
+
+func (Faults) betweenLooks(string) {}

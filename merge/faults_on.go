@@ -16,6 +16,9 @@ type Faults struct {
 	// FailMark, when set, makes the writing of each watermark it returns true for fail before
 	// anything is written (the recovery tests' injected failures).
 	FailMark func(watermark.Mark) bool
+	// BetweenLooks, when set, runs in the watch after it looked at a table's shape and before it
+	// reads the table's membership of the publication (the tests' way into that gap).
+	BetweenLooks func(table string)
 }
 
 func (f Faults) ackAhead() bool   { return f.AckAhead }
@@ -23,3 +26,9 @@ func (f Faults) noGuard() bool    { return f.NoVisibilityGuard }
 func (f Faults) noEviction() bool { return f.NoEviction }
 
 func (f Faults) failMark(m watermark.Mark) bool { return f.FailMark != nil && f.FailMark(m) }
+
+func (f Faults) betweenLooks(table string) {
+	if f.BetweenLooks != nil {
+		f.BetweenLooks(table)
+	}
+}

@@ -734,9 +734,19 @@ func (w *worker) watch(ctx context.Context) error {
 		if unlogged {
 			continue // out of the publication meanwhile; re-backfilled once LOGGED again
 		}
+		w.cfg.Faults.betweenLooks(t.name)
 		member, err := chunker.Membership(ctx, w.conn, t.table.OID, pub)
 		if err != nil {
 			return err
+		}
+		if member != t.member {
+			// Read after the shape: a table made UNLOGGED in between left the publication for
+			// that reason, which the shape names.
+			if unlogged, err := w.watchShape(ctx, t); err != nil {
+				return err
+			} else if unlogged {
+				continue
+			}
 		}
 		if kept, err := membershipKept(ctx, w.conn, t.table.OID, t.member, member); err != nil {
 			return err
