@@ -53,6 +53,11 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
 	wideMB := fs.Int("wide-mb", 5, "--memory: size of each wide row, in MB")
 	msgMB := fs.Int("message-mb", 400, "--memory: size of the logical message another role writes, in MB")
+	scale := fs.Bool("scale", false, "instead of the default figures: one large backfill (--rows, 50,000,000 unless given) into JSON lines and into PostgreSQL under a live workload, sampled through the run")
+	every := fs.Duration("sample-every", 5*time.Second, "--scale: time between two samples")
+	rate := fs.Int("live-rate", 200, "--scale: live inserts per second, and as many updates of the backfilled table")
+	plot := fs.String("plot", "", "--scale: draw the samples into this PNG file")
+	samples := fs.String("samples", "", "--scale: write the samples to this file, as tab-separated values")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -79,6 +84,22 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	if *scale {
+		if *memory || *quick || *only != "" {
+			return usageProblems(fs, []string{"--scale is a run of its own: without --memory, --quick or --only"})
+		}
+		if !flagGiven(fs, "rows") {
+			*rows = 50_000_000
+		}
+		if *every < 100*time.Millisecond || *rate < 1 || *rate > 10000 {
+			return usageProblems(fs, []string{"--sample-every is 100ms at least, and --live-rate 1 to 10000"})
+		}
+		b := &bench{e: e, rows: *rows, chunk: *chunk, log: e.log.Level(zerolog.WarnLevel)}
+		if *verbose {
+			b.log = e.log
+		}
+		return (&scaleBench{bench: b, every: *every, rate: *rate, plot: *plot, samples: *samples}).run(ctx)
 	}
 	if *memory {
 		tm, err := findTidemark(ctx, self)
@@ -247,7 +268,7 @@ func (b *bench) scans(ctx context.Context) error {
 	var outMB float64
 	tmS, err := b.median(func() (time.Duration, error) {
 		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
-		d, err := b.backfill(ctx, s, nil)
+		d, err := b.backfill(ctx, s, false)
 		outMB, b.peak = float64(s.bytes.Load())/1e6, s.peakHeap
 		return d, err
 	})
@@ -257,7 +278,7 @@ func (b *bench) scans(ctx context.Context) error {
 	b.line("backfill.tidemark", tmS, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f peak_heap_MB=%.0f", b.copyS.Seconds()/tmS.Seconds(), float64(b.peak)/1e6))
 
 	// The same backfill with the output not encoded: what the engine costs without the sink.
-	rawS, err := b.median(func() (time.Duration, error) { return b.backfill(ctx, nullSink{}, nil) })
+	rawS, err := b.median(func() (time.Duration, error) { return b.backfill(ctx, nullSink{}, false) })
 	if err != nil {
 		return err
 	}
@@ -354,7 +375,7 @@ func (b *bench) sweep(ctx context.Context) error {
 func (b *bench) latency(ctx context.Context) error {
 	lat := &latencySink{discardSink: discardSink{enc: jsonl.NewEncoder(b.types)}}
 	stop := b.writer(ctx, 200)
-	d, err := b.backfill(ctx, lat, lat)
+	d, err := b.backfill(ctx, lat, true)
 	stop()
 	if err != nil {
 		return err
@@ -428,20 +449,27 @@ func (b *bench) psqlCopy(ctx context.Context, sql string, mb *float64) (time.Dur
 	return time.Since(start), nil
 }
 
-// backfill runs one bounded backfill of bench_rows into sink, on a slot of its own.
-func (b *bench) backfill(ctx context.Context, sink merge.Sink, live *latencySink) (time.Duration, error) {
-	return b.backfillOf(ctx, "bench_rows", sink, live)
+// backfill runs one bounded backfill of bench_rows into sink, on a slot of its own; with live,
+// it captures the inserts into bench_live too.
+func (b *bench) backfill(ctx context.Context, sink merge.Sink, live bool) (time.Duration, error) {
+	return b.backfillOf(ctx, b.nextSlot(), "bench_rows", sink, live)
 }
 
-func (b *bench) backfillOf(ctx context.Context, table string, sink merge.Sink, live *latencySink) (time.Duration, error) {
+// nextSlot names a new slot.
+func (b *bench) nextSlot() string {
 	b.slots++
-	slot := fmt.Sprintf("bench_%d", b.slots)
+	return fmt.Sprintf("bench_%d", b.slots)
+}
+
+// backfillOf runs one bounded backfill of table into sink, on a new slot, dropped after.
+func (b *bench) backfillOf(ctx context.Context, slot, table string, sink merge.Sink, live bool) (time.Duration, error) {
 	tables := []merge.TableConfig{{Schema: "public", Name: table}}
-	if live != nil {
+	if live {
 		tables = append(tables, merge.TableConfig{Schema: "public", Name: "bench_live", NoBackfill: true})
 	}
 	cfg := merge.Config{
-		Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench", CreateSlot: true},
+		// Status updates as often as tidemark sync sends them.
+		Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench", CreateSlot: true, StatusInterval: time.Second},
 		Tables:           tables,
 		ChunkSize:        b.chunk,
 		AckCheckpoints:   true,
@@ -542,7 +570,7 @@ func (b *bench) syncPostgres(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer sink.Close(context.WithoutCancel(ctx))
-	return b.backfill(ctx, sink, nil)
+	return b.backfill(ctx, sink, false)
 }
 
 // writer inserts into bench_live at rate per second until stopped.
@@ -647,7 +675,7 @@ func (b *bench) backfillTable(ctx context.Context, table string, chunk int, sink
 	saved := b.chunk
 	b.chunk = chunk
 	defer func() { b.chunk = saved }()
-	return b.backfillOf(ctx, table, sink, nil)
+	return b.backfillOf(ctx, b.nextSlot(), table, sink, false)
 }
 
 // pgcopydb times `pgcopydb clone` of the bench database into a fresh one.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"image/png"
 	"io"
 	"net/http"
 	"os"
@@ -252,6 +253,41 @@ func TestBenchMemorySmall(t *testing.T) {
 	require.NotNil(t, m)
 	peak, _ := strconv.Atoi(m[1])
 	require.Less(t, peak, 60, "the sync held the 64 MB message")
+}
+
+// TestBenchScaleSmall: bench --scale backfills into both sinks under the live workload, samples
+// through each run, and writes the samples and their plot.
+func TestBenchScaleSmall(t *testing.T) {
+	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
+	e, out, errOut := testEnv(t)
+	dir := t.TempDir()
+	plot, tsv := filepath.Join(dir, "scale.png"), filepath.Join(dir, "scale.tsv")
+	require.Equal(t, 0, run(context.Background(), []string{"bench", "--scale", "--rows", "100000", "--sample-every", "200ms", "--plot", plot, "--samples", tsv}, e), errOut.String())
+	t.Log(out.String())
+	for _, target := range []string{"jsonl", "postgres"} {
+		m := regexp.MustCompile(`(?m)^scale\.` + target + ` +rows=(\d+) .* live=(\d+) peak_rss_MB=(\d+)`).FindStringSubmatch(out.String())
+		require.NotNil(t, m, "the summary of %s", target)
+		rows, _ := strconv.Atoi(m[1])
+		live, _ := strconv.Atoi(m[2])
+		require.Greater(t, rows, 90000, "%s: backfilled rows (some come as updates)", target)
+		require.Positive(t, live, "%s: live changes measured", target)
+		require.Regexp(t, `(?m)^sample\.`+target+` `, out.String())
+	}
+	b, err := os.ReadFile(tsv)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.Equal(t, "target\tat_s\trows\trows_per_s\tp99_ms\tlive\trss_MB\twal_MB\tlag_MB\toldest_s\txmin_age", lines[0])
+	require.Greater(t, len(lines), 2)
+	f, err := os.Open(plot)
+	require.NoError(t, err)
+	defer f.Close()
+	cfg, err := png.DecodeConfig(f)
+	require.NoError(t, err)
+	require.Equal(t, 1100, cfg.Width)
+	// A mistake is named before anything starts.
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"bench", "--scale", "--quick"}, e))
+	require.Contains(t, errOut.String(), "--scale is a run of its own")
 }
 
 // TestSchemaCommand: the schema of the JSON lines rows, per table.
