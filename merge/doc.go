@@ -23,8 +23,12 @@
 //     commit in one transaction, and the next chunk is read while the first one's verdict comes;
 //     the worker takes that verdict before the next high watermark and withdraws the next chunk
 //     when the first did not leave the table's cursor where it starts (I22). One window is open
-//     at a time. Chunks grow, up to 4 times the chunk size and within the byte bound, while no
-//     change of a captured table commits inside their windows (nothing waits behind their rows).
+//     at a time: one reader. The reconciliation itself does not rely on that (each window
+//     stands on its own snapshot and marks, and a change evicts its key from every open
+//     window), but the guard's pruning, the table's progress, the verdicts and the wakeups do:
+//     I23 lists what a second reader needs first. Chunks grow, up to 4 times the chunk size
+//     and within the byte bound, while no change of a captured table commits inside their
+//     windows (nothing waits behind their rows).
 //   - The visibility guard (guard.go): a chunk whose snapshot does not see a transaction that
 //     committed before L in the stream is abandoned and read again (I11). PostgreSQL streams a
 //     commit before it makes it visible. Commits no snapshot has shown visible yet are carried

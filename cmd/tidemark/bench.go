@@ -152,31 +152,11 @@ func (b *bench) run(ctx context.Context) error {
 	host, _ := os.Hostname()
 	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk)
 	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
-	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
+	conn, stop, err := b.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer srv.Stop(context.WithoutCancel(ctx))
-	b.srv = srv
-	if err := srv.CreateDatabase(ctx, "bench"); err != nil {
-		return err
-	}
-	b.dsn = srv.DSN("bench")
-	conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	typeConn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
-	if err != nil {
-		return err
-	}
-	defer typeConn.Close(context.WithoutCancel(ctx))
-	b.types = pgjson.NewRegistry(typeConn)
-	b.cpu = newCPUMeter(ctx, conn)
-	if b.cpu.postmaster == 0 {
-		b.printf("# the server's CPU time cannot be read here (/proc): server_cpu figures are 0\n")
-	}
+	defer stop()
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
@@ -195,6 +175,45 @@ func (b *bench) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// open starts the bench's own server with its database, the connection for its setup (conn)
+// and the one of the type registry, and the CPU meter; stop ends them all.
+func (b *bench) open(ctx context.Context) (conn *pgx.Conn, stop func(), err error) {
+	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
+	if err != nil {
+		return nil, nil, err
+	}
+	var closers []func()
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	closers = append(closers, func() { srv.Stop(context.WithoutCancel(ctx)) })
+	b.srv = srv
+	if err := srv.CreateDatabase(ctx, "bench"); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	b.dsn = srv.DSN("bench")
+	if conn, err = pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark"); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	closers = append(closers, func() { conn.Close(context.WithoutCancel(ctx)) })
+	typeConn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	closers = append(closers, func() { typeConn.Close(context.WithoutCancel(ctx)) })
+	b.types = pgjson.NewRegistry(typeConn)
+	b.cpu = newCPUMeter(ctx, conn)
+	if b.cpu.postmaster == 0 {
+		b.printf("# the server's CPU time cannot be read here (/proc): server_cpu figures are 0\n")
+	}
+	return conn, stop, nil
 }
 
 // benchGroupNames are the groups of figures, in the order they run.
@@ -575,6 +594,13 @@ func (b *bench) syncPostgres(ctx context.Context) (time.Duration, error) {
 
 // writer inserts into bench_live at rate per second until stopped.
 func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
+	return b.repeat(ctx, rate, func(ctx context.Context, conn *pgx.Conn) {
+		_, _ = conn.Exec(ctx, `INSERT INTO public.bench_live DEFAULT VALUES`)
+	})
+}
+
+// repeat runs do rate times a second on a connection of its own until stopped.
+func (b *bench) repeat(ctx context.Context, rate int, do func(context.Context, *pgx.Conn)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -590,7 +616,7 @@ func (b *bench) writer(ctx context.Context, rate int) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				_, _ = conn.Exec(ctx, `INSERT INTO public.bench_live DEFAULT VALUES`)
+				do(ctx, conn)
 			}
 		}
 	})
@@ -639,23 +665,34 @@ type latencySink struct {
 func (s *latencySink) Emit(ctx context.Context, evs []merge.Event) error {
 	now := time.Now()
 	for i := range evs {
-		ev := &evs[i]
-		if ev.Columns.Table != "bench_live" || ev.Op != merge.Insert {
-			continue
-		}
-		sent, ok := ev.Value("sent")
-		if !ok {
-			continue
-		}
-		t, err := time.Parse("2006-01-02 15:04:05.999999-07", sent)
+		ms, ok, err := liveLatency(&evs[i], now)
 		if err != nil {
-			return fmt.Errorf("parse %q: %w", sent, err)
+			return err
 		}
-		s.mu.Lock()
-		s.lat = append(s.lat, float64(now.Sub(t).Microseconds())/1000)
-		s.mu.Unlock()
+		if ok {
+			s.mu.Lock()
+			s.lat = append(s.lat, ms)
+			s.mu.Unlock()
+		}
 	}
 	return s.discardSink.Emit(ctx, evs)
+}
+
+// liveLatency is the time in milliseconds from the commit of an insert into bench_live (its
+// sent column, a lower bound) to now; ok is false for any other event.
+func liveLatency(ev *merge.Event, now time.Time) (ms float64, ok bool, err error) {
+	if ev.Columns.Table != "bench_live" || ev.Op != merge.Insert {
+		return 0, false, nil
+	}
+	sent, ok := ev.Value("sent")
+	if !ok {
+		return 0, false, nil
+	}
+	t, err := time.Parse("2006-01-02 15:04:05.999999-07", sent)
+	if err != nil {
+		return 0, false, fmt.Errorf("parse %q: %w", sent, err)
+	}
+	return float64(now.Sub(t).Microseconds()) / 1000, true, nil
 }
 
 func (s *latencySink) stats() (p50, p99, maxL float64, n int) {

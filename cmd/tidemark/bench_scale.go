@@ -15,9 +15,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tidemark/tidemark/internal/pgconf"
-	"github.com/tidemark/tidemark/internal/pgjson"
-	"github.com/tidemark/tidemark/internal/pgserver"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/postgres"
@@ -58,28 +58,11 @@ func (b *scaleBench) run(ctx context.Context) error {
 	b.printf("# tidemark bench --scale %s rows=%d chunk=%d live=%d/s inserts and %d/s updates, a sample every %s\n",
 		time.Now().UTC().Format(time.RFC3339), b.rows, b.chunk, b.rate, b.rate, b.every)
 	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
-	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
+	conn, stop, err := b.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer srv.Stop(context.WithoutCancel(ctx))
-	b.srv = srv
-	if err := srv.CreateDatabase(ctx, "bench"); err != nil {
-		return err
-	}
-	b.dsn = srv.DSN("bench")
-	conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	typeConn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
-	if err != nil {
-		return err
-	}
-	defer typeConn.Close(context.WithoutCancel(ctx))
-	b.types = pgjson.NewRegistry(typeConn)
-	b.cpu = newCPUMeter(ctx, conn)
+	defer stop()
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
@@ -244,29 +227,12 @@ func (b *scaleBench) sample(ctx context.Context, target, slot string, start time
 
 // updater updates random rows of bench_rows at rate per second until stopped.
 func (b *scaleBench) updater(ctx context.Context, rate int) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		conn, err := pgconf.OpenDefaultSSL(ctx, b.dsn, "tidemark")
-		if err != nil {
-			return
-		}
-		defer conn.Close(context.WithoutCancel(ctx))
-		r := rand.New(rand.NewPCG(1, 2))
-		t := time.NewTicker(time.Second / time.Duration(rate))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if _, err := conn.Exec(ctx, `UPDATE public.bench_rows SET k = k + 1 WHERE id = $1`, 1+r.IntN(b.rows)); err == nil {
-					b.updates.Add(1)
-				}
-			}
+	r := rand.New(rand.NewPCG(1, 2))
+	return b.repeat(ctx, rate, func(ctx context.Context, conn *pgx.Conn) {
+		if _, err := conn.Exec(ctx, `UPDATE public.bench_rows SET k = k + 1 WHERE id = $1`, 1+r.IntN(b.rows)); err == nil {
+			b.updates.Add(1)
 		}
 	})
-	return func() { cancel(); wg.Wait() }
 }
 
 // meteredSink counts the backfilled rows passing to inner, and the latency of each insert into
@@ -288,18 +254,13 @@ func (s *meteredSink) Emit(ctx context.Context, evs []merge.Event) error {
 			n++
 			continue
 		}
-		if ev.Columns.Table != "bench_live" || ev.Op != merge.Insert {
-			continue
+		ms, ok, err := liveLatency(ev, now)
+		if err != nil {
+			return err
 		}
-		sent, ok := ev.Value("sent")
 		if !ok {
 			continue
 		}
-		t, err := time.Parse("2006-01-02 15:04:05.999999-07", sent)
-		if err != nil {
-			return fmt.Errorf("parse %q: %w", sent, err)
-		}
-		ms := float64(now.Sub(t).Microseconds()) / 1000
 		s.mu.Lock()
 		s.lat, s.all = append(s.lat, ms), append(s.all, ms)
 		s.mu.Unlock()
