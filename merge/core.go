@@ -134,9 +134,13 @@ type window struct {
 	// changed key is kept, up to maxEarly.
 	rowKeys [][]byte
 	tracked map[string]bool
-	keys    [][]string    // a key-list chunk's keys (text values); nil for a range chunk
-	dirty   error         // why the window cannot complete
-	stale   pglogrepl.LSN // the high watermark committed before this position (0: not yet written)
+	keys    [][]string // a key-list chunk's keys (text values); nil for a range chunk
+	dirty   error      // why the window cannot complete
+	// floor is the guard's newest xmin when the window was registered (floorKnown: it had
+	// one): its chunk's snapshot, taken later, has an xmin at least as high (pendingXmins).
+	floor      uint32
+	floorKnown bool
+	stale      pglogrepl.LSN // the high watermark committed before this position (0: not yet written)
 	// fills are the touched keys whose changes inside the window were all updates of the key
 	// that left TOASTed values out (a nil entry: a key that had another change).
 	fills map[string]*fill
@@ -382,7 +386,9 @@ func (c *core) step(in any) error {
 		if ts == nil {
 			return fmt.Errorf("chunk %d of table %s, which is not captured", v.id, v.table)
 		}
-		c.windows[v.id] = &window{id: v.id, ts: ts, touched: map[string]bool{}}
+		w := &window{id: v.id, ts: ts, touched: map[string]bool{}}
+		w.floor, w.floorKnown = uint32(c.guard.latestXmin), c.guard.haveXmin
+		c.windows[v.id] = w
 	case seed:
 		c.guard.seed(v.xids)
 	case probe:
@@ -849,7 +855,9 @@ func (c *core) commit(cm *replicator.Commit) error {
 	}
 	c.pos.LSN = cm.EndLSN
 	c.checkStale()
-	c.guard.prune(c.pendingXmins())
+	if xs, ok := c.pendingXmins(); ok {
+		c.guard.prune(xs)
+	}
 	for _, v := range c.deferred {
 		c.takeAsk(v)
 	}
@@ -1187,13 +1195,23 @@ func (c *core) remove(w *window) {
 	w.ts.open = slices.DeleteFunc(w.ts.open, func(o *window) bool { return o == w })
 }
 
-// pendingXmins returns the xmins of the snapshots the guard must still check.
-func (c *core) pendingXmins() []uint32 {
-	var xs []uint32
+// pendingXmins returns the xmins of the snapshots the guard must still check: of the chunks
+// handed over, and, for a window whose chunk has not come, a floor under its snapshot's (the
+// newest the guard knew at its registration: its reader takes the snapshot after that, and
+// xmins do not go back). ok is false when a window registered before the guard knew any xmin
+// waits for its chunk: nothing may be pruned then. With one reader, snapshots come in the order
+// they were taken and the floors change nothing; with several they are what keeps a commit an
+// older snapshot may miss (I23).
+func (c *core) pendingXmins() (xs []uint32, ok bool) {
 	for _, w := range c.windows {
-		if w.chunk != nil {
+		switch {
+		case w.chunk != nil:
 			xs = append(xs, uint32(w.chunk.Snapshot.Xmin))
+		case !w.floorKnown:
+			return nil, false
+		default:
+			xs = append(xs, w.floor)
 		}
 	}
-	return xs
+	return xs, true
 }

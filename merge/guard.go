@@ -144,7 +144,9 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) (bool, uint32
 }
 
 // prune forgets commits no snapshot still to be checked can need: those below the xmin of every
-// pending snapshot and of the newest snapshot (later ones have higher xmins). It runs when the
+// pending snapshot and of the newest snapshot (later ones have higher xmins). pending has a
+// floor for each window whose chunk has not come (core.pendingXmins): its snapshot may be older
+// than the newest one handed over (several readers). It runs when the
 // list has doubled since the last prune, so its cost is amortized.
 func (g *guard) prune(pending []uint32) {
 	if !g.haveXmin || len(g.commits) < 2*g.lastPrune+1024 {

@@ -187,6 +187,12 @@ var catalog = []Mutant{
 		To:   "func (g *guard) prune(pending []uint32) {\n\treturn\n",
 		Desc: "prune's body emptied: the guard's commits are never forgotten (memory grows, the overflow flag never clears)",
 	},
+	{
+		ID: "merge/guard-floor-ignored", Pkg: "merge", File: "merge/core.go",
+		From: "\t\tdefault:\n\t\t\txs = append(xs, w.floor)\n",
+		To:   "\t\tdefault:\n",
+		Desc: "a registered window's floor no longer holds the guard's pruning: a newer snapshot handed over first forgets a commit the window's older snapshot misses",
+	},
 
 	// ---- sink/postgres ----
 	{
