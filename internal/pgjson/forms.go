@@ -87,16 +87,21 @@ func parseStamp(text []byte, date, clk, zone bool) (stamp, error) {
 			return bad()
 		}
 		st.offset = s
-		parts := strings.Split(s[1:], ":")
-		for _, p := range parts {
-			if len(p) != 2 || !digits(p) {
+		// ±HH, ±HH:MM or ±HH:MM:SS, read in place (no split: this runs for every value).
+		groups := 0
+		for off := s[1:]; ; off = off[1:] {
+			if len(off) < 2 || !digits(off[:2]) || groups == 3 {
+				return bad()
+			}
+			groups, off = groups+1, off[2:]
+			if off == "" {
+				break
+			}
+			if off[0] != ':' {
 				return bad()
 			}
 		}
-		if len(parts) > 3 {
-			return bad()
-		}
-		st.offsetSecs = len(parts) == 3
+		st.offsetSecs = groups == 3
 		s = ""
 	}
 	if s != "" {
@@ -210,7 +215,9 @@ func (t *Type) appendTemporal(dst, text []byte) ([]byte, bool, error) {
 		switch {
 		case t.prof == Airbyte && t.kind == kTimestampTZ:
 			b = append(append(append(append(append(append(b, c.h...), ':'), c.m...), ':'), c.s...), '.')
-			b = append(b, (c.frac + "000000")[:6]...)
+			n := min(len(c.frac), 6) // microseconds: the fraction's first six digits, padded
+			b = append(b, c.frac[:n]...)
+			b = append(b, "000000"[n:]...)
 		case t.prof == Airbyte:
 			b = javaClock(b, c)
 		default:

@@ -206,3 +206,50 @@ func TestIsInteger(t *testing.T) {
 		require.Equal(t, want, isInteger([]byte(in)), "%q", in)
 	}
 }
+
+// TestParseStampOffsets: the zone offsets PostgreSQL prints (±HH, ±HH:MM, ±HH:MM:SS) parse, with
+// seconds noted; anything else is refused.
+func TestParseStampOffsets(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		ok   bool
+		secs bool
+	}{
+		{"12:34:56+05", true, false},
+		{"12:34:56-05:30", true, false},
+		{"12:34:56+05:30:15", true, true},
+		{"12:34:56+05:", false, false},
+		{"12:34:56+05:3", false, false},
+		{"12:34:56+0530", false, false},
+		{"12:34:56+05:30:15:00", false, false},
+		{"12:34:56+05::30", false, false},
+		{"12:34:56+5", false, false},
+		{"12:34:56+05:3a", false, false},
+		{"12:34:56+", false, false},
+	} {
+		st, err := parseStamp([]byte(tc.in), false, true, true)
+		require.Equal(t, tc.ok, err == nil, "%s: %v", tc.in, err)
+		if tc.ok {
+			require.Equal(t, tc.secs, st.offsetSecs, tc.in)
+		}
+	}
+}
+
+// BenchmarkAppendTimestampTZ: a timestamptz value in each profile, as the bench table's ts column
+// (one in every row of a backfill); allocations per value are the figure to watch.
+func BenchmarkAppendTimestampTZ(b *testing.B) {
+	text := []byte("2026-11-30 09:41:17.123456+00")
+	for _, prof := range []Profile{Exact, Airbyte} {
+		b.Run(prof.String(), func(b *testing.B) {
+			t := &Type{Name: "timestamptz", kind: kTimestampTZ, prof: prof}
+			dst := make([]byte, 0, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if dst, _, err = t.Append(dst[:0], text); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
