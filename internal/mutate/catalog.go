@@ -350,6 +350,18 @@ var catalog = []Mutant{
 
 	// ---- internal/pgjson ----
 	{
+		ID: "internal/pgjson/plain8-passes-quotes", Pkg: "internal/pgjson", File: "internal/pgjson/string.go",
+		From: "&& !zero(w^'\"'*ones)",
+		To:   "",
+		Desc: "the eight-byte scan of a JSON string lets a quote through unescaped",
+	},
+	{
+		ID: "internal/pgjson/plain8-passes-controls", Pkg: "internal/pgjson", File: "internal/pgjson/string.go",
+		From: "return (w-0x20*ones)&^w&highs == 0 &&",
+		To:   "return true &&",
+		Desc: "the eight-byte scan of a JSON string lets control characters through unescaped",
+	},
+	{
 		ID: "internal/pgjson/string-backslash-unescaped", Pkg: "internal/pgjson", File: "internal/pgjson/string.go",
 		From: `s[b] = b != '"' && b != '\\'`,
 		To:   `s[b] = b != '"'`,

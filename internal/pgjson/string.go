@@ -24,6 +24,13 @@ func AppendString[T string | []byte](dst []byte, s T) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		// Most text is plain ASCII: eight bytes at a time while none needs a look.
+		for i+8 <= len(s) && plain8(load8(s, i)) {
+			i += 8
+		}
+		if i == len(s) {
+			break
+		}
 		if b := s[i]; b < utf8.RuneSelf {
 			if safe[b] {
 				i++
@@ -58,6 +65,31 @@ func AppendString[T string | []byte](dst []byte, s T) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// load8 reads s[i:i+8] as a little-endian word.
+func load8[T string | []byte](s T, i int) uint64 {
+	_ = s[i+7]
+	return uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+		uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// plain8 reports whether the eight bytes of w are all safe: ASCII, not a control character,
+// not a quote or a backslash. The tests are the classic word-at-a-time ones: a byte below n
+// sets its high bit in (w - n*ones) &^ w (for bytes below 0x80, checked first), and a byte
+// equal to c leaves a zero byte in w ^ c*ones. They have no false negatives; a false positive
+// would only send a safe word to the byte loop.
+func plain8(w uint64) bool {
+	if w&highs != 0 {
+		return false
+	}
+	zero := func(v uint64) bool { return (v-ones)&^v&highs != 0 }
+	return (w-0x20*ones)&^w&highs == 0 && !zero(w^'"'*ones) && !zero(w^'\\'*ones)
 }
 
 func decodeRune[T string | []byte](s T) (rune, int) {

@@ -45,3 +45,28 @@ func BenchmarkAppendString(b *testing.B) {
 		buf = AppendString(buf[:0], s)
 	}
 }
+
+// TestAppendStringEveryPosition: each byte that needs a look (a quote, a backslash, control
+// characters, the start of a multibyte or an invalid sequence), at every position of strings
+// longer than the eight-byte steps, decodes to what encoding/json's output decodes to, and the
+// plain runs around it are copied as they are.
+func TestAppendStringEveryPosition(t *testing.T) {
+	for _, special := range []string{`"`, `\`, "\x00", "\x1f", "\n", "\x7f", "é", "\xff", "\xc3", "日", "\U0001F600"} {
+		for n := 1; n <= 26; n++ {
+			for p := 0; p <= n; p++ {
+				s := strings.Repeat("a", p) + special + strings.Repeat("b", n-p)
+				got := AppendString(nil, s)
+				var back string
+				require.NoError(t, json.Unmarshal(got, &back), "%q -> %s", s, got)
+				want, _ := json.Marshal(s)
+				var wantBack string
+				require.NoError(t, json.Unmarshal(want, &wantBack))
+				require.Equal(t, wantBack, back, "%q", s)
+				require.Equal(t, string(got), string(AppendString(nil, []byte(s))), "%q", s)
+				// Only the special byte may change: the plain runs around it are copied as they are.
+				require.True(t, strings.HasPrefix(string(got), `"`+strings.Repeat("a", p)), "%q -> %s", s, got)
+				require.True(t, strings.HasSuffix(string(got), strings.Repeat("b", n-p)+`"`), "%q -> %s", s, got)
+			}
+		}
+	}
+}
