@@ -59,9 +59,52 @@ func config(t *testing.T, mode chaos.Mode, seed uint64) chaos.Config {
 			t.Skipf("no PostgreSQL server binaries (%v) and no %s", err, e2e.EnvDSN)
 		}
 	}
+	// Warnings go to the test's log; every event (the faults, the stops, the remedies, with
+	// their times) to the run's harness.log, which the test prints when the run finds a
+	// violation: a CI failure carries its own timeline.
+	dir := t.TempDir()
+	f, err := os.Create(dir + harnessLog) // beside the run's directory, which must start empty
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	w := zerolog.MultiLevelWriter(
+		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: zerolog.NewTestWriter(t)}, Level: zerolog.WarnLevel},
+		zerolog.LevelWriterAdapter{Writer: f})
 	return chaos.Config{Mode: mode, Seed: seed, Duration: 25 * time.Second, FaultEvery: 2 * time.Second,
-		Source: os.Getenv(e2e.EnvDSN), Tidemark: tidemarkBin, Connector: connectorBin, Dir: t.TempDir(),
-		Log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)}
+		Source: os.Getenv(e2e.EnvDSN), Tidemark: tidemarkBin, Connector: connectorBin, Dir: dir,
+		Log: zerolog.New(w).Level(zerolog.InfoLevel).With().Timestamp().Logger()}
+}
+
+// harnessLog ends the name of the file, beside a run's directory, of every event the harness
+// logged.
+const harnessLog = ".harness.log"
+
+// logTimeline prints the harness's events and the run's journal (the faults, the capture's runs
+// and how they ended) of a run that found a violation (the last 400 lines of each). A run
+// given a new directory (another seed) logs on into the file of its configuration's first.
+func logTimeline(t *testing.T, cfg chaos.Config) {
+	path := cfg.Dir + harnessLog
+	if _, err := os.Stat(path); err != nil {
+		if m, _ := filepath.Glob(filepath.Join(filepath.Dir(cfg.Dir), "*"+harnessLog)); len(m) > 0 {
+			path = m[0]
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("%s seed %d: no timeline: %v", cfg.Mode, cfg.Seed, err)
+		return
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 400 {
+		lines = lines[len(lines)-400:]
+	}
+	t.Logf("%s seed %d: the harness's events (%s):\n%s", cfg.Mode, cfg.Seed, harnessLog, strings.Join(lines, "\n"))
+	if b, err := os.ReadFile(filepath.Join(cfg.Dir, "journal.log")); err == nil {
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 400 {
+			lines = lines[len(lines)-400:]
+		}
+		t.Logf("%s seed %d: the run's journal:\n%s", cfg.Mode, cfg.Seed, strings.Join(lines, "\n"))
+	}
 }
 
 func randomSeed() uint64 {
@@ -87,6 +130,9 @@ func concurrently(t *testing.T, cfgs []chaos.Config) []*chaos.Report {
 		var b bytes.Buffer
 		rep.Write(&b)
 		t.Log("\n" + b.String())
+		if len(rep.Violations) > 0 {
+			logTimeline(t, cfgs[i])
+		}
 	}
 	return reps
 }

@@ -104,8 +104,9 @@ func parseAirbyteState(raw []byte) (*checkpointInfo, error) {
 					Namespace string `json:"namespace"`
 				} `json:"stream_descriptor"`
 				State struct {
-					Refresh     bool   `json:"refresh"`
-					Publication string `json:"publication"`
+					Refresh     bool     `json:"refresh"`
+					Publication string   `json:"publication"`
+					Key         []string `json:"key"`
 				} `json:"stream_state"`
 			} `json:"stream_states"`
 		} `json:"global"`
@@ -120,6 +121,11 @@ func parseAirbyteState(raw []byte) (*checkpointInfo, error) {
 	c := &checkpointInfo{raw: string(raw), LSN: pglogrepl.LSN(g.Shared.LSN), Timeline: g.Shared.Timeline, Invisible: g.Shared.Invisible,
 		Tables: map[string]bool{}, Refresh: map[string]bool{}, Members: map[string]string{}}
 	for _, st := range g.Streams {
+		if len(st.State.Key) == 0 {
+			// No progress yet: the state of a read before its first checkpoint (no position),
+			// which starts nothing.
+			continue
+		}
 		name := st.Descriptor.Namespace + "." + st.Descriptor.Name
 		c.Tables[name] = true
 		c.Refresh[name] = st.State.Refresh

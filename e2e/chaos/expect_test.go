@@ -316,3 +316,29 @@ func TestClaimsProgress(t *testing.T) {
 	require.False(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":null,"stream_states":[]}}`), nil))
 	require.True(t, claimsProgress([]byte(`{"type":"GLOBAL","global":{"shared_state":{"lsn":10}}}`), nil), "a position of its own")
 }
+
+// TestStateBeforePositionStartsNothing: before a read's first checkpoint the connector's state
+// has no shared position and streams without progress (a heartbeat while the slot is made or
+// the first chunk is read). Such a state must not count as every re-backfill started: the
+// harness took a restore's reset as done then, and the next fault met a run that had not yet
+// recorded anything (found reviewing a CI failure, 2026-12-02).
+func TestStateBeforePositionStartsNothing(t *testing.T) {
+	state := `[{"type":"GLOBAL","global":{"shared_state":null,"stream_states":[` +
+		`{"stream_descriptor":{"name":"accounts","namespace":"tidemark_chaos"},"stream_state":{"sync_mode":"incremental"}},` +
+		`{"stream_descriptor":{"name":"items","namespace":"tidemark_chaos"},"stream_state":{"sync_mode":"incremental"}}]}}]`
+	cp, err := parseAirbyteState([]byte(state))
+	require.NoError(t, err)
+	all := map[string][]string{"tidemark_chaos.accounts": nil, "tidemark_chaos.items": nil}
+	require.False(t, cp.started("", all), "no stream has progress yet")
+	require.False(t, cp.started("tidemark_chaos.accounts", all))
+}
+
+// TestStateSummary: the journal's line for a round names the state's position and each stream's
+// pending refresh and membership.
+func TestStateSummary(t *testing.T) {
+	state := `[{"type":"GLOBAL","global":{"shared_state":{"tidemark":1,"lsn":100},"stream_states":[` +
+		`{"stream_descriptor":{"name":"notes","namespace":"c"},"stream_state":{"sync_mode":"incremental","key":["code"],"publication":"rel:5"}},` +
+		`{"stream_descriptor":{"name":"items","namespace":"c"},"stream_state":{"sync_mode":"incremental","refresh":true,"key":["tenant","sku"]}}]}}]`
+	require.Equal(t, ": position 0/64, streams c.items refresh ; c.notes rel:5", stateSummary([]byte(state)))
+	require.Empty(t, stateSummary(nil))
+}

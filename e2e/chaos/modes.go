@@ -548,7 +548,7 @@ func (c *airbyteCapture) round(ctx context.Context, cfgPath string) (*process, e
 		return nil, err
 	}
 	p.trace = tr
-	c.r.note("capture pid %d started (a read, state of %d bytes)", p.cmd.Process.Pid, len(c.state))
+	c.r.note("capture pid %d started (a read, state of %d bytes%s)", p.cmd.Process.Pid, len(c.state), stateSummary(c.state))
 	wg.Go(func() {
 		c.consume(ctx, out, tr)
 	})
@@ -792,4 +792,23 @@ func (c *airbyteCapture) verify(ctx context.Context, rep *Report) error {
 	slices.Sort(rep.Latency)
 	c.r.log.Info().Int("rounds", c.rounds).Int("complete", c.complete).Msg("airbyte rounds")
 	return nil
+}
+
+// stateSummary says, for the journal, where a state resumes: its position, and each stream's
+// progress that matters when a run goes wrong (a refresh pending, its publication membership).
+func stateSummary(state []byte) string {
+	cp, err := parseAirbyteState(state)
+	if err != nil || cp == nil {
+		return ""
+	}
+	var streams []string
+	for name := range cp.Tables {
+		s := name
+		if cp.Refresh[name] {
+			s += " refresh"
+		}
+		streams = append(streams, s+" "+cp.Members[name])
+	}
+	slices.Sort(streams)
+	return fmt.Sprintf(": position %s, streams %s", cp.LSN, strings.Join(streams, "; "))
 }
