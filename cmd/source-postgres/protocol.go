@@ -197,6 +197,23 @@ func (o *output) writeRecords(b []byte, n int) error {
 func (o *output) state(make func() *stateMessage) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.stateLocked(make)
+}
+
+// stateIfIdle writes a STATE made by make only when nothing was written for at least d and no
+// record waits for a state, both checked under the lock that records are written under: a
+// heartbeat's state never follows records it does not cover (it would commit them at an older
+// position than theirs, and a read resumed from it would emit them again).
+func (o *output) stateIfIdle(d time.Duration, make func() *stateMessage) (bool, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if time.Since(o.last) < d || o.records > 0 {
+		return false, o.err
+	}
+	return true, o.stateLocked(make)
+}
+
+func (o *output) stateLocked(make func() *stateMessage) error {
 	st := make()
 	st.SourceStats = &stateStats{RecordCount: recordCount(o.records)}
 	b, err := json.Marshal(&message{Type: "STATE", State: st})
@@ -208,14 +225,6 @@ func (o *output) state(make func() *stateMessage) error {
 	o.last = time.Now()
 	o.flushLocked()
 	return o.err
-}
-
-// idle reports how long ago the last record or state was written, and whether records were
-// written since the last state.
-func (o *output) idle() (time.Duration, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return time.Since(o.last), o.records > 0
 }
 
 func (o *output) flush() error {

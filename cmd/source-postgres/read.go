@@ -415,8 +415,29 @@ func (r *reader) setPosition(pos *merge.Position) {
 // stream's progress); with Standard and Xmin, the STREAM state of st (nil: of the stream being
 // read).
 func (r *reader) emitState(st *readStream) error {
+	make := r.stateMaker(st)
+	if make == nil {
+		return nil
+	}
+	return r.s.out.state(make)
+}
+
+// emitStateIfIdle is the heartbeat's state: the last one again, written only when nothing was
+// written for d and no record waits for a state (output.stateIfIdle).
+func (r *reader) emitStateIfIdle(d time.Duration) error {
+	make := r.stateMaker(nil)
+	if make == nil {
+		return nil
+	}
+	_, err := r.s.out.stateIfIdle(d, make)
+	return err
+}
+
+// stateMaker returns what makes the state of st (the current stream for nil; nil when there is
+// none): the global state for CDC.
+func (r *reader) stateMaker(st *readStream) func() *stateMessage {
 	if r.s.cfg.cdc() {
-		return r.s.out.state(r.stateMessage)
+		return r.stateMessage
 	}
 	if st == nil {
 		r.mu.Lock()
@@ -426,7 +447,7 @@ func (r *reader) emitState(st *readStream) error {
 			return nil
 		}
 	}
-	return r.s.out.state(func() *stateMessage { return r.streamStateMessage(st) })
+	return func() *stateMessage { return r.streamStateMessage(st) }
 }
 
 func (r *reader) stateMessage() *stateMessage {
@@ -468,10 +489,7 @@ func (r *reader) heartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			idle, pending := r.s.out.idle()
-			if idle >= interval && !pending {
-				_ = r.emitState(nil)
-			}
+			_ = r.emitStateIfIdle(interval)
 		}
 	}
 }

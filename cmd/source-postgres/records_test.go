@@ -121,3 +121,30 @@ func TestRecordSinkBoundsEarlyKeys(t *testing.T) {
 		require.Greater(t, second[key(k)], first[key(k)], "key %d: its later record must have a later emitted_at", k)
 	}
 }
+
+// TestHeartbeatStateNeverFollowsRecords: the heartbeat's state is written only when no record
+// waits for a state, checked under the lock records are written under. It used to check first
+// and write after, so a batch of records could slip in between and be committed by a state at
+// the older position (emitted again by a read resumed from it). Found reviewing a CI failure.
+func TestHeartbeatStateNeverFollowsRecords(t *testing.T) {
+	var buf bytes.Buffer
+	o := newOutput(&buf, nil)
+	make := func() *stateMessage { return &stateMessage{Type: "GLOBAL"} }
+	require.NoError(t, o.writeRecords([]byte("{\"type\":\"RECORD\"}\n"), 1))
+	wrote, err := o.stateIfIdle(0, make)
+	require.NoError(t, err)
+	require.False(t, wrote, "a record waits for a state")
+	require.NoError(t, o.state(make))
+	wrote, err = o.stateIfIdle(time.Hour, make)
+	require.NoError(t, err)
+	require.False(t, wrote, "a state went out within the interval")
+	wrote, err = o.stateIfIdle(0, make)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	require.NoError(t, o.flush())
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 3)
+	require.Contains(t, lines[0], "RECORD")
+	require.Contains(t, lines[1], `"recordCount":1.0`)
+	require.Contains(t, lines[2], `"recordCount":0.0`)
+}
