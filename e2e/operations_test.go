@@ -864,9 +864,10 @@ func TestPublishOptionNarrowed(t *testing.T) {
 	require.ErrorContains(t, err, "SET (publish = 'insert, update, delete, truncate')")
 }
 
-// TestSetUnloggedWhileRunning: a table made UNLOGGED (allowed under a FOR ALL TABLES publication)
-// has its writes in no WAL record: the capture stops while it runs, saying so.
-func TestSetUnloggedWhileRunning(t *testing.T) {
+// capturedUnderAllTables makes table t, published FOR ALL TABLES (which lets it be made
+// UNLOGGED), and captures it once: its slot is there, its backfill done.
+func capturedUnderAllTables(t *testing.T) (*e2e.TestDB, merge.Config, *memSink) {
+	t.Helper()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
 	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 20) g`)
@@ -875,6 +876,13 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	cfg.Source.CreateSlot = false
+	return db, cfg, sink
+}
+
+// TestSetUnloggedWhileRunning: a table made UNLOGGED (allowed under a FOR ALL TABLES publication)
+// has its writes in no WAL record: the capture stops while it runs, saying so.
+func TestSetUnloggedWhileRunning(t *testing.T) {
+	db, cfg, sink := capturedUnderAllTables(t)
 	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER TABLE t SET UNLOGGED`)
 	err := waitErr(t, done, stopIt, 30*time.Second)
@@ -887,14 +895,7 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 // persistence and before it read the membership (which an UNLOGGED table leaves) is still named
 // as UNLOGGED, not as a table taken out of the publication (a CI run met that order).
 func TestSetUnloggedBetweenLooks(t *testing.T) {
-	db := e2e.NewTestDB(t, server)
-	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
-	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 20) g`)
-	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
-	cfg := engineConfig(db, "public.t")
-	sink := newMemSink()
-	require.NoError(t, runEngine(t, cfg, sink, nil))
-	cfg.Source.CreateSlot = false
+	db, cfg, sink := capturedUnderAllTables(t)
 	other := db.Connect()
 	var once sync.Once
 	altered := make(chan error, 1)

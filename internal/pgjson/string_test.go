@@ -12,15 +12,22 @@ import (
 // as encoding/json's does.
 func TestAppendStringMatchesEncodingJSON(t *testing.T) {
 	for _, s := range []string{"", "plain", `q"b\s`, "tab\tnl\nCR\r", "\x00\x01\x1f\x7f", "é日本\U0001F600", "bad\xffutf8\xc3", "<&>", "\u2028\u2029"} {
-		got := AppendString(nil, s)
-		var back string
-		require.NoError(t, json.Unmarshal(got, &back), "%q -> %s", s, got)
-		want, _ := json.Marshal(s)
-		var wantBack string
-		require.NoError(t, json.Unmarshal(want, &wantBack))
-		require.Equal(t, wantBack, back, "%q", s)
-		require.Equal(t, string(AppendString(nil, []byte(s))), string(got))
+		likeEncodingJSON(t, s)
 	}
+}
+
+// likeEncodingJSON checks that AppendString's output for s decodes to what encoding/json's
+// decodes to, the same from a string and from bytes, and returns it.
+func likeEncodingJSON(t *testing.T, s string) []byte {
+	t.Helper()
+	got := AppendString(nil, s)
+	var back, wantBack string
+	require.NoError(t, json.Unmarshal(got, &back), "%q -> %s", s, got)
+	want, _ := json.Marshal(s)
+	require.NoError(t, json.Unmarshal(want, &wantBack))
+	require.Equal(t, wantBack, back, "%q", s)
+	require.Equal(t, string(got), string(AppendString(nil, []byte(s))), "%q", s)
+	return got
 }
 
 func FuzzAppendString(f *testing.F) {
@@ -55,14 +62,7 @@ func TestAppendStringEveryPosition(t *testing.T) {
 		for n := 1; n <= 26; n++ {
 			for p := 0; p <= n; p++ {
 				s := strings.Repeat("a", p) + special + strings.Repeat("b", n-p)
-				got := AppendString(nil, s)
-				var back string
-				require.NoError(t, json.Unmarshal(got, &back), "%q -> %s", s, got)
-				want, _ := json.Marshal(s)
-				var wantBack string
-				require.NoError(t, json.Unmarshal(want, &wantBack))
-				require.Equal(t, wantBack, back, "%q", s)
-				require.Equal(t, string(got), string(AppendString(nil, []byte(s))), "%q", s)
+				got := likeEncodingJSON(t, s)
 				// Only the special byte may change: the plain runs around it are copied as they are.
 				require.True(t, strings.HasPrefix(string(got), `"`+strings.Repeat("a", p)), "%q -> %s", s, got)
 				require.True(t, strings.HasSuffix(string(got), strings.Repeat("b", n-p)+`"`), "%q -> %s", s, got)
