@@ -148,10 +148,15 @@ type bench struct {
 
 func (b *bench) printf(format string, args ...any) { fmt.Fprintf(b.e.stdout, format, args...) }
 
-func (b *bench) run(ctx context.Context) error {
+// machine prints the line that says where the figures were measured.
+func (b *bench) machine() {
 	host, _ := os.Hostname()
-	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk)
 	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
+}
+
+func (b *bench) run(ctx context.Context) error {
+	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk)
+	b.machine()
 	conn, stop, err := b.open(ctx)
 	if err != nil {
 		return err

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,9 +33,8 @@ type memoryBench struct {
 }
 
 func (b *memoryBench) run(ctx context.Context) error {
-	host, _ := os.Hostname()
 	b.printf("# tidemark bench --memory %s tx_rows=%d wide_rows=%d wide_mb=%d message_mb=%d\n", time.Now().UTC().Format(time.RFC3339), b.txRows, b.wideRows, b.wideMB, b.msgMB)
-	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
+	b.machine()
 	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: benchSettings})
 	if err != nil {
 		return err

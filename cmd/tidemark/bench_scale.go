@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,10 +53,21 @@ type scaleSample struct {
 }
 
 func (b *scaleBench) run(ctx context.Context) error {
-	host, _ := os.Hostname()
 	b.printf("# tidemark bench --scale %s rows=%d chunk=%d live=%d/s inserts and %d/s updates, a sample every %s\n",
 		time.Now().UTC().Format(time.RFC3339), b.rows, b.chunk, b.rate, b.rate, b.every)
-	b.printf("# machine: %s, %d cores, %s\n", host, runtime.NumCPU(), runtime.Version())
+	b.machine()
+	// The files of the results are made first: a path that cannot be written fails now, not
+	// after the run.
+	for _, path := range []string{b.plot, b.samples} {
+		if path == "" {
+			continue
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		f.Close()
+	}
 	conn, stop, err := b.open(ctx)
 	if err != nil {
 		return err

@@ -288,6 +288,11 @@ func TestBenchScaleSmall(t *testing.T) {
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 2, run(context.Background(), []string{"bench", "--scale", "--quick"}, e))
 	require.Contains(t, errOut.String(), "--scale is a run of its own")
+	// A plot that cannot be written fails before the run, not after it.
+	e, out, errOut = testEnv(t)
+	require.Equal(t, 1, run(context.Background(), []string{"bench", "--scale", "--rows", "1000", "--plot", filepath.Join(dir, "none", "x.png")}, e))
+	require.Contains(t, errOut.String(), "no such file or directory")
+	require.NotContains(t, out.String(), "bench_rows", "nothing was built")
 }
 
 // TestSchemaCommand: the schema of the JSON lines rows, per table.
