@@ -14,4 +14,8 @@ package merge
 //   - NoVisibilityGuard emits chunks the visibility guard would reject;
 //   - NoEviction never drops chunk rows changed inside their window.
 //
+// And two hooks for the tests, which break nothing by themselves: FailMark fails the writing of
+// the watermarks it picks, and BetweenLooks runs between the watch's look at a table's shape and
+// its read of the table's membership (a DDL committed in that gap).
+//
 // FaultsBuilt reports whether this build has them.
