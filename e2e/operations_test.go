@@ -896,6 +896,7 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 // as UNLOGGED, not as a table taken out of the publication (a CI run met that order).
 func TestSetUnloggedBetweenLooks(t *testing.T) {
 	db, cfg, sink := capturedUnderAllTables(t)
+	require.NotNil(t, sink.last(), "the first run checkpointed")
 	other := db.Connect()
 	var once sync.Once
 	altered := make(chan error, 1)
