@@ -193,6 +193,12 @@ var catalog = []Mutant{
 		To:   "\t\tdefault:\n",
 		Desc: "a registered window's floor no longer holds the guard's pruning: a newer snapshot handed over first forgets a commit the window's older snapshot misses",
 	},
+	{
+		ID: "merge/evict-first-window-only", Pkg: "merge", File: "merge/core.go",
+		From: "\tfor _, w := range ts.open {\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
+		To:   "\tfor _, w := range ts.open[:min(1, len(ts.open))] {\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
+		Desc: "a change evicts its key from the table's oldest open window only: with several windows open (I23) a later one emits a row the change made stale (only the model's concurrent windows see it)",
+	},
 
 	// ---- sink/postgres ----
 	{
