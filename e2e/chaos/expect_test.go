@@ -342,3 +342,22 @@ func TestStateSummary(t *testing.T) {
 	require.Equal(t, ": position 0/64, streams c.items refresh ; c.notes rel:5", stateSummary([]byte(state)))
 	require.Empty(t, stateSummary(nil))
 }
+
+// TestTailCountsMarksAcrossWrites: the marks a capture's output carries are counted wherever the
+// writes cut them, once each, past what the tail keeps; the second-capture fault tells a capture
+// still starting (no stream yet, no lock held) from one that holds its output by the stream mark.
+func TestTailCountsMarksAcrossWrites(t *testing.T) {
+	out := strings.Repeat("x", 70<<10) + `{"message":"start replication"}` + "\n" + string(reconnectMark) + "\n" +
+		strings.Repeat("y", 70<<10) + string(reconnectMark) + string(reconnectMark)
+	for _, cut := range []int{1, 3, 7, 64, 4096} {
+		tl := newTail()
+		require.False(t, tl.streamed())
+		for i := 0; i < len(out); i += cut {
+			_, err := tl.Write([]byte(out[i:min(len(out), i+cut)]))
+			require.NoError(t, err)
+		}
+		require.True(t, tl.streamed(), "cut %d", cut)
+		require.Equal(t, 3, tl.count(), "cut %d", cut)
+		require.NotContains(t, tl.String(), "start replication", "the tail keeps the end only")
+	}
+}

@@ -434,7 +434,7 @@ func (t *errTrace) get() (string, string) {
 
 // spawn starts cmd; after is called when it has exited, before done is closed.
 func spawn(cmd *exec.Cmd, after func(error)) (*process, error) {
-	p := &process{cmd: cmd, started: time.Now(), done: make(chan struct{}), stderr: &tail{}, trace: &errTrace{}}
+	p := &process{cmd: cmd, started: time.Now(), done: make(chan struct{}), stderr: newTail(), trace: &errTrace{}}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -499,27 +499,47 @@ func failureText(stderr string, trace *errTrace, err error) string {
 	return ""
 }
 
-// tail keeps the last 16 KiB written to it.
+// tail keeps the last 64 KiB written to it, and counts two marks in the whole output as it
+// passes: the capture's own reconnections, and its streams started.
 type tail struct {
-	mu  sync.Mutex
-	buf []byte
-	// reconnects counts the capture's own reconnections (reconnectMark), found in the whole
-	// output as it passes; carry is the end of the last write, for a mark split across two.
-	reconnects int
-	carry      []byte
+	mu         sync.Mutex
+	buf        []byte
+	reconnects marks // reconnectMark
+	streams    marks // streamMark
 }
 
 // reconnectMark is what tidemark sync logs when it restarts from its checkpoint after a lost
 // connection, by itself: a restart the supervisor does not see.
 var reconnectMark = []byte("connection lost: reconnecting")
 
+// streamMark is what a capture logs when it starts streaming from the slot: it has opened its
+// output (and taken the output's lock) before.
+var streamMark = []byte(`"message":"start replication"`)
+
+// marks counts a mark in an output written in pieces; carry is the end of the last piece, for a
+// mark split across two (shorter than the mark: every mark counted ends in the new piece, and
+// none is counted twice).
+type marks struct {
+	mark  []byte
+	carry []byte
+	n     int
+}
+
+func (m *marks) add(b []byte) {
+	window := append(m.carry, b...)
+	m.n += bytes.Count(window, m.mark)
+	m.carry = append([]byte(nil), window[max(0, len(window)-len(m.mark)+1):]...)
+}
+
+func newTail() *tail {
+	return &tail{reconnects: marks{mark: reconnectMark}, streams: marks{mark: streamMark}}
+}
+
 func (t *tail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	// carry is shorter than the mark: every mark counted here ends in b, and none twice.
-	window := append(t.carry, b...)
-	t.reconnects += bytes.Count(window, reconnectMark)
-	t.carry = append([]byte(nil), window[max(0, len(window)-len(reconnectMark)+1):]...)
+	t.reconnects.add(b)
+	t.streams.add(b)
 	t.buf = append(t.buf, b...)
 	if len(t.buf) > tailBytes {
 		t.buf = append([]byte(nil), t.buf[len(t.buf)-tailBytes:]...)
@@ -695,7 +715,14 @@ func (s *supervisor) reconnectCount() int {
 func (t *tail) count() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.reconnects
+	return t.reconnects.n
+}
+
+// streamed reports whether the process has started streaming (streamMark) at least once.
+func (t *tail) streamed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.streams.n > 0
 }
 
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.
