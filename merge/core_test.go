@@ -40,7 +40,11 @@ import (
 //
 // A simulated chunk worker runs the chunk protocol against it (range chunks, key-list chunks
 // for the rows to read again, probes when idle); its inputs and the stream's reach the core in
-// one FIFO order that respects causality, as the engine's channel does. The oracle: replaying
+// one FIFO order that respects causality, as the engine's channel does. With several readers
+// (I23), key-list readers run beside it, each window of its own; with two tables, a second
+// table u (its rows the odd ids, t's the even ones, each keyed by its id halved, so that the
+// two tables' keys coincide and a change of one must not touch the other's windows) gets a
+// range reader of its own, and transactions write both. The oracle: replaying
 // the output gives the final table, TOASTed values included (I1), no key's version ever goes
 // back or comes back after a delete (I2, I3), positions (LSN, seq) increase along the output,
 // across restarts too (I13), a chunk's rows go out with the columns it read (I17), a table asked
@@ -58,9 +62,9 @@ const simOID = 16384
 // simTableWith is t as the chunker discovers it, with or without the column c.
 func simTableWith(c bool) *chunker.Table { return simTableOf(simSchema{c: c}) }
 
-// simTableOf is t as the chunker discovers it under definition d.
+// simTableOf is the table as the chunker discovers it under definition d.
 func simTableOf(d simSchema) *chunker.Table {
-	t := &chunker.Table{Schema: "public", Name: "t", OID: simOID, KeySource: "primary key", ReplicaIdentity: 'd',
+	t := &chunker.Table{Schema: "public", Name: d.baseName(), OID: d.relOID(), KeySource: "primary key", ReplicaIdentity: 'd',
 		Columns: []chunker.Column{{Name: "id", TypeOID: 1700, BaseOID: 1700, TypeMod: -1}, {Name: "ver", TypeOID: 20, BaseOID: 20, TypeMod: -1},
 			{Name: "big", TypeOID: 25, BaseOID: 25, TypeMod: -1}, {Name: "big2", TypeOID: d.big2Type(), BaseOID: d.big2Type(), TypeMod: -1}},
 		Key: []int{0}}
@@ -72,13 +76,38 @@ func simTableOf(d simSchema) *chunker.Table {
 
 func text(s string) replicator.Value { return replicator.Value{Kind: replicator.Text, Data: []byte(s)} }
 
-// simSchema is the table's definition at one point of the WAL.
+// simSchema is a table's definition at one point of the WAL.
 type simSchema struct {
+	base     string // the captured table's name: t ("" too), or u, the second table (simOptions.tables)
+	split    bool   // two tables: a row's key is its id halved (keyNum), so the tables' keys coincide
+	oid      uint32 // its OID; 0: simOID
 	c        bool   // has the column c
 	name     string // table name (renames)
 	full     bool   // REPLICA IDENTITY FULL
 	varchar  bool   // big2 is varchar (ALTER COLUMN ... TYPE varchar, binary-coercible: no rewrite), not text
 	relation *replicator.Relation
+}
+
+// keyNum is the key value of row id under d.
+func (s simSchema) keyNum(id int) int {
+	if s.split {
+		return id >> 1
+	}
+	return id
+}
+
+func (s simSchema) baseName() string {
+	if s.base == "" {
+		return "t"
+	}
+	return s.base
+}
+
+func (s simSchema) relOID() uint32 {
+	if s.oid == 0 {
+		return simOID
+	}
+	return s.oid
 }
 
 // big2Type is the type of column big2.
@@ -100,7 +129,7 @@ func (s simSchema) with(edit func(*simSchema)) simSchema {
 	if s.full {
 		ri = replicator.IdentityFull
 	}
-	s.relation = &replicator.Relation{ID: simOID, Schema: "public", Table: s.name, ReplicaIdentity: ri, Columns: cols}
+	s.relation = &replicator.Relation{ID: s.relOID(), Schema: "public", Table: s.name, ReplicaIdentity: ri, Columns: cols}
 	return s
 }
 
@@ -163,7 +192,8 @@ type simOptions struct {
 	capped              bool // chunks stop early, as at the byte bound, and few rows may wait to be read again
 	truncates           bool // TRUNCATE of the table now and then (while no transaction is hung: it waits for their locks)
 	keepalives          bool // keepalives while the stream is idle move the position past the last commit
-	readers             int  // chunk readers: above one, key-list readers beside the range reader (I23)
+	readers             int  // chunk readers: above one, key-list readers beside the range readers (I23)
+	tables              int  // 2: a second table u, with its own range reader (I23: windows of two tables)
 }
 
 // simCheckpoint is what survives a restart: the position, and the output up to it.
@@ -180,9 +210,13 @@ type sim struct {
 	r   *rand.Rand
 	opt simOptions
 
+	// With two tables (simOptions.tables), a row's table is its id's parity: ids are unique
+	// across the tables, and so are the output's keys. Schema changes and TRUNCATE are t's.
+	tabs    int
 	table   map[int]simRow // committed state, in commit order
 	vis     map[int]simRow // state visible to new snapshots
-	schema  simSchema      // the current definition (DDL never hangs)
+	schema  simSchema      // t's current definition (DDL never hangs)
+	uschema simSchema      // u's, which does not change
 	nextXID uint32
 	nextLSN pglogrepl.LSN
 	nextVer int64
@@ -196,22 +230,21 @@ type sim struct {
 	core     *core
 	runNo    int
 	marks    watermark.Config
-	sentRel  *replicator.Relation // the description the stream sent in this session
+	sentRel  map[uint32]*replicator.Relation // the descriptions the stream sent in this session, by OID
 	inputs   int
 	restarts int
 	last     *simCheckpoint
 
-	// the readers (the first reads ranges) and the range reader's view of the table's progress
+	// the readers (the first of each table reads its ranges) and the range readers' views of
+	// their tables' progress
 	readers []*simReader
+	prog    []*simProg
 	nextID  int64
 	// overlaps counts the inputs after which two or more windows were open (their low marks seen)
-	// with a chunk handed over; sideRows, the rows the key-list readers' windows emitted
-	overlaps, sideRows int
+	// with a chunk handed over, crossed those of them with windows of both tables; sideRows, the
+	// rows the key-list readers' windows emitted
+	overlaps, crossed, sideRows int
 	limit              int
-	cursor             []string
-	maxKey             []string
-	done               bool
-	started            bool
 
 	tail      bool     // the random steps are over: no more transactions
 	trace     []string // what happened, for a failure's message
@@ -225,12 +258,46 @@ type sim struct {
 	lastLSN pglogrepl.LSN
 	lastSeq int
 	// awaitRefresh: a re-backfill of the table was asked for and its Refresh has not come yet:
-	// no event of the table may come before it (I20)
-	awaitRefresh bool
+	// no event of the table may come before it (I20); by table name
+	awaitRefresh map[string]bool
+	ids          map[string]int // every key's id, for the table it belongs to
 	// chunkTypes are the column types each chunk of this run read, by id (I17: it is emitted
 	// with them); emitting, the chunk whose high watermark is being delivered
 	chunkTypes map[int64][]uint32
 	emitting   int64
+}
+
+// simProg is a range reader's view of its table's progress, from its verdicts.
+type simProg struct {
+	cursor, maxKey []string
+	done, started  bool
+}
+
+// tabOf is the table of row id: 0 (t) or 1 (u).
+func (s *sim) tabOf(id int) int {
+	if s.tabs == 2 {
+		return id % 2
+	}
+	return 0
+}
+
+// tabName is the configured name of table tab.
+func tabName(tab int) string { return []string{"public.t", "public.u"}[tab] }
+
+// schemaNow is table tab's current definition.
+func (s *sim) schemaNow(tab int) simSchema {
+	if tab == 1 {
+		return s.uschema
+	}
+	return s.schema
+}
+
+// schemaAt is table tab's definition when tx committed.
+func (s *sim) schemaAt(tab int, tx *simTxn) simSchema {
+	if tab == 1 {
+		return s.uschema
+	}
+	return tx.schema
 }
 
 // simFailure is a broken invariant, raised as a panic and returned by run.
@@ -260,16 +327,23 @@ func newSim(seed uint64, opt simOptions) *sim {
 	s := &sim{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), opt: opt, table: map[int]simRow{}, vis: map[int]simRow{},
 		nextXID: 1000, nextLSN: 0x1000000, nextVer: 1, locked: map[int]bool{},
 		replay: map[string]simRow{}, maxVer: map[string]int64{}, deleted: map[string]bool{}}
-	s.schema = simSchema{name: "t"}.with(func(*simSchema) {})
+	s.tabs = max(1, opt.tables)
+	s.schema = simSchema{name: "t", split: s.tabs == 2}.with(func(*simSchema) {})
+	s.uschema = simSchema{base: "u", oid: simOID + 1, name: "u", split: true}.with(func(*simSchema) {})
+	s.ids = map[string]int{}
 	s.limit = 1 + s.r.IntN(8)
 	// Rows that exist before the slot: only the backfill can see them.
 	for range 10 + s.r.IntN(30) {
 		s.nextKey += 1 + s.r.IntN(3)
 		row := simRow{ver: s.nextVer, big: s.nextVer, big2: s.nextVer}
 		s.table[s.nextKey], s.vis[s.nextKey] = row, row
+		s.key(s.nextKey)
 		s.nextVer++
 	}
-	pos := &Position{Version: PositionVersion, LSN: s.nextLSN, Tables: map[string]*TableProgress{"public.t": {Key: []string{"id"}}}}
+	pos := &Position{Version: PositionVersion, LSN: s.nextLSN, Tables: map[string]*TableProgress{}}
+	for tab := range s.tabs {
+		pos.Tables[tabName(tab)] = &TableProgress{Key: []string{"id"}}
+	}
 	s.start(pos)
 	return s
 }
@@ -278,25 +352,33 @@ func newSim(seed uint64, opt simOptions) *sim {
 func (s *sim) start(pos *Position) {
 	s.runNo++
 	s.marks = watermark.Config{Slot: "s", Run: "run" + strconv.Itoa(s.runNo)}
-	s.core = newCore(s.marks, pos, map[string]*chunker.Table{"public.t": simTableOf(s.schema)})
+	tables := map[string]*chunker.Table{}
+	for tab := range s.tabs {
+		tables[tabName(tab)] = simTableOf(s.schemaNow(tab))
+	}
+	s.core = newCore(s.marks, pos, tables)
 	s.core.noGuard, s.core.noEviction, s.core.rereadPartial = s.opt.noGuard, s.opt.noEviction, s.opt.rereadPartial
 	if s.opt.capped {
 		s.core.maxRereads = 8 // the backfill starts over now and then
 	}
-	s.sentRel = nil
+	s.sentRel = map[uint32]*replicator.Relation{}
 	// Chunk ids start at 1 again in each run, as the engine's do: marks of an earlier run with
 	// the same ids are still in the stream, and only their run tells them apart.
 	s.nextID = 0
-	s.readers = make([]*simReader, max(1, s.opt.readers))
-	for i := range s.readers {
-		s.readers[i] = &simReader{s: s, n: i}
+	// A range reader per table, then the key-list readers.
+	s.readers, s.prog = nil, nil
+	s.awaitRefresh = map[string]bool{}
+	for tab := range s.tabs {
+		s.readers = append(s.readers, &simReader{s: s, n: tab, tab: tab, ranges: true})
+		p := pos.Tables[tabName(tab)]
+		s.prog = append(s.prog, &simProg{cursor: p.Cursor, done: p.Done, maxKey: p.MaxKey, started: p.MaxKey != nil || p.Done})
+		s.awaitRefresh[tabName(tab)] = p.Refresh
+	}
+	for range max(0, s.opt.readers-1) {
+		s.readers = append(s.readers, &simReader{s: s, n: len(s.readers)})
 	}
 	s.chunkTypes = map[int64][]uint32{}
-	s.awaitRefresh = pos.Tables["public.t"].Refresh
 	s.feed(simSignal)
-	p := pos.Tables["public.t"]
-	s.cursor, s.done, s.maxKey = p.Cursor, p.Done, p.MaxKey
-	s.started = p.MaxKey != nil || p.Done
 	s.next = len(s.log)
 	for i, tx := range s.log {
 		if tx.commit >= pos.LSN {
@@ -310,13 +392,18 @@ func (s *sim) feed(in any) {
 	s.inputs++
 	s.must(s.core.step(in))
 	if open := 0; len(s.core.windows) > 1 {
+		tables := map[string]bool{}
 		for _, w := range s.core.windows {
 			if w.lSeen && w.chunk != nil {
 				open++
+				tables[w.ts.name] = true
 			}
 		}
 		if open > 1 {
 			s.overlaps++
+			if len(tables) > 1 {
+				s.crossed++
+			}
 		}
 	}
 	for _, ev := range s.core.out {
@@ -333,28 +420,37 @@ func (s *sim) feed(in any) {
 
 // check applies one output event to the replay and checks I2/I3 on the way.
 func (s *sim) check(ev Event) {
-	if ev.Columns.Schema != "public" || ev.Columns.Table != "t" {
-		s.failf("an event under %s.%s, not the configured public.t", ev.Columns.Schema, ev.Columns.Table)
+	name := ev.Columns.Schema + "." + ev.Columns.Table
+	tab := slices.Index([]string{"public.t", "public.u"}[:s.tabs], name)
+	if tab < 0 {
+		s.failf("an event under %s, not a configured table's name", name)
+	}
+	k := name + "\x00" + string(ev.Key)
+	if id, ok := s.ids[k]; ev.Key != nil && (!ok || s.tabOf(id) != tab) {
+		s.failf("key %x (id %d, known %v) under %s", ev.Key, id, ok, name)
 	}
 	if s.lastLSN != 0 && (ev.LSN < s.lastLSN || ev.LSN == s.lastLSN && ev.Seq <= s.lastSeq) {
 		s.failf("I13: %v at %s/%d after an event at %s/%d", ev.Op, ev.LSN, ev.Seq, s.lastLSN, s.lastSeq)
 	}
 	s.lastLSN, s.lastSeq = ev.LSN, ev.Seq
-	if s.awaitRefresh && ev.Op != Refresh {
+	if s.awaitRefresh[name] && ev.Op != Refresh {
 		s.failf("I20: %v at %s before the Refresh of the re-backfill asked for", ev.Op, ev.LSN)
 	}
 	if read := s.chunkTypes[s.emitting]; ev.Op == Snapshot && (ev.NumCols() != len(read) || !slices.Equal(ev.Columns.Types, read)) {
 		s.failf("I17: a chunk row of chunk %d emitted with the columns of types %v, the chunk read %v", s.emitting, ev.Columns.Types, read)
 	}
 	if ev.Op == Refresh {
-		s.awaitRefresh = false
+		s.awaitRefresh[name] = false
 	}
 	if ev.Op == Refresh || ev.Op == Truncate {
 		s.refreshed++
-		clear(s.replay)
+		for k := range s.replay {
+			if s.tabOf(s.ids[k]) == tab {
+				delete(s.replay, k)
+			}
+		}
 		return
 	}
-	k := string(ev.Key)
 	s.tracef("  out %v key %x vals %v at %s/%d", ev.Op, ev.Key, ev.NumCols(), ev.LSN, ev.Seq)
 	if ev.NumCols() > 1 {
 		s.tracef("      ver %s", ev.Col(1).Data)
@@ -395,10 +491,26 @@ func (s *sim) check(ev Event) {
 	}
 }
 
+// key is row id's key as the replay holds it: its table's name and the key as the output
+// carries it (the same under each scale). It records the id the key stands for.
 func (s *sim) key(id int) string {
-	k, err := simTableWith(false).AppendKey(nil, [][]byte{[]byte(keyText(id, 0))})
+	tab := s.tabOf(id)
+	k, err := simTableWith(false).AppendKey(nil, [][]byte{[]byte(keyText(s.keyNum(id), 0))})
 	s.must(err)
-	return string(k)
+	rk := tabName(tab) + "\x00" + string(k)
+	s.ids[rk] = id
+	return rk
+}
+
+// keyNum is the key value of row id.
+func (s *sim) keyNum(id int) int { return s.schemaNow(s.tabOf(id)).keyNum(id) }
+
+// idOf is the id of the row of table tab whose key text is k.
+func (s *sim) idOf(tab int, k string) int {
+	if s.tabs == 2 {
+		return keyID(k)<<1 + tab
+	}
+	return keyID(k)
 }
 
 func (s *sim) lsn() pglogrepl.LSN { s.nextLSN += pglogrepl.LSN(1 + s.r.IntN(200)); return s.nextLSN }
@@ -409,10 +521,11 @@ func (s *sim) commit(tx *simTxn, hang bool) {
 	tx.commit = s.lsn()
 	tx.schema = s.schema
 	if tx.truncate {
-		clear(s.table)
+		s.truncateRows(s.table)
 	}
 	for _, op := range tx.ops {
 		apply(s.table, op)
+		s.key(op.id)
 	}
 	s.log = append(s.log, tx)
 	// Committed: no later operation joins this transaction (a hung one still counts as running
@@ -432,11 +545,16 @@ func (s *sim) commit(tx *simTxn, hang bool) {
 	s.makeVisible(tx)
 }
 
+// truncateRows empties t's rows of state (a TRUNCATE is t's).
+func (s *sim) truncateRows(state map[int]simRow) {
+	maps.DeleteFunc(state, func(id int, _ simRow) bool { return s.tabOf(id) == 0 })
+}
+
 func (s *sim) makeVisible(tx *simTxn) {
 	s.tracef("visible xid %d", tx.xid)
 	tx.visible = true
 	if tx.truncate {
-		clear(s.vis)
+		s.truncateRows(s.vis)
 	}
 	for _, op := range tx.ops {
 		apply(s.vis, op)
@@ -531,6 +649,9 @@ func (s *sim) appTxn() {
 				continue
 			}
 			old, _ := pick()
+			if s.tabOf(old) != s.tabOf(id) {
+				continue // a key moves within its table
+			}
 			op = simOp{op: replicator.Update, id: id, old: old, ver: s.nextVer, keyMoved: true, before: scratch[old], scale: s.r.IntN(3)}
 			if s.r.IntN(3) == 0 {
 				op.big = s.nextVer
@@ -609,7 +730,7 @@ func apply(state map[int]simRow, op simOp) {
 // tuple is a row as the stream sends it under schema d; big or big2 nil is an unchanged TOASTed
 // value.
 func tuple(d simSchema, id, scale int, ver int64, big, big2 *int64) replicator.Tuple {
-	t := replicator.Tuple{text(keyText(id, scale)), text(strconv.FormatInt(ver, 10)), {Kind: replicator.Unchanged}, {Kind: replicator.Unchanged}}
+	t := replicator.Tuple{text(keyText(d.keyNum(id), scale)), text(strconv.FormatInt(ver, 10)), {Kind: replicator.Unchanged}, {Kind: replicator.Unchanged}}
 	if big != nil {
 		t[2] = text("b" + strconv.FormatInt(*big, 10))
 	}
@@ -627,7 +748,7 @@ func oldTuple(d simSchema, id int, before simRow) (replicator.OldKind, replicato
 	if d.full {
 		return replicator.OldRow, tuple(d, id, before.scale, before.ver, &before.big, &before.big2)
 	}
-	t := replicator.Tuple{text(keyText(id, before.scale)), {Kind: replicator.Null}, {Kind: replicator.Null}, {Kind: replicator.Null}}
+	t := replicator.Tuple{text(keyText(d.keyNum(id), before.scale)), {Kind: replicator.Null}, {Kind: replicator.Null}, {Kind: replicator.Null}}
 	if d.c {
 		t = append(t, replicator.Value{Kind: replicator.Null})
 	}
@@ -650,19 +771,20 @@ func (s *sim) deliver() {
 	}
 	s.feed(&replicator.Begin{FinalLSN: tx.commit, XID: tx.xid})
 	s.tracef("deliver xid %d commit %s ops %+v marks %v", tx.xid, tx.commit, tx.ops, tx.marks)
-	d := tx.schema
-	if tx.truncate {
-		if s.sentRel != d.relation {
+	describe := func(d simSchema) {
+		if s.sentRel[d.relation.ID] != d.relation {
 			s.feed(d.relation)
-			s.sentRel = d.relation
+			s.sentRel[d.relation.ID] = d.relation
 		}
+	}
+	if tx.truncate {
+		d := tx.schema
+		describe(d)
 		s.feed(&replicator.Truncate{LSN: tx.commit, XID: tx.xid, Rels: []*replicator.Relation{d.relation}})
 	}
 	for _, op := range tx.ops {
-		if s.sentRel != d.relation {
-			s.feed(d.relation)
-			s.sentRel = d.relation
-		}
+		d := s.schemaAt(s.tabOf(op.id), tx)
+		describe(d)
 		ch := &replicator.Change{Op: op.op, XID: tx.xid, Rel: d.relation}
 		switch op.op {
 		case replicator.Insert:
@@ -729,15 +851,23 @@ func (s *sim) restart() {
 	}
 	s.restarts++
 	cp := s.last
-	s.tracef("RESTART from %s invisible %v tables %+v", cp.pos.LSN, cp.pos.Invisible, *cp.pos.Tables["public.t"])
+	s.tracef("RESTART from %s invisible %v tables %+v", cp.pos.LSN, cp.pos.Invisible, cp.pos.Tables)
 	s.replay, s.maxVer, s.deleted = maps.Clone(cp.replay), maps.Clone(cp.maxVer), maps.Clone(cp.deleted)
 	s.lastLSN, s.lastSeq = cp.lastLSN, cp.lastSeq
 	pos := cp.pos.Clone()
 	if s.opt.refreshes && s.r.IntN(3) == 0 {
 		// A re-backfill asked for: the table's output starts over.
-		pos.Tables["public.t"] = &TableProgress{Key: []string{"id"}, Refresh: true}
+		pos.Tables[tabName(s.anyTable())] = &TableProgress{Key: []string{"id"}, Refresh: true}
 	}
 	s.start(pos)
+}
+
+// anyTable draws a table (with one, without drawing).
+func (s *sim) anyTable() int {
+	if s.tabs == 1 {
+		return 0
+	}
+	return s.r.IntN(s.tabs)
 }
 
 // marksOf is the watermark configuration of run.
@@ -774,21 +904,25 @@ func (s *sim) snapshot() chunker.Snapshot {
 // row is a visible row as a chunk reads it.
 func (s *sim) row(id int) chunker.Row {
 	r := s.vis[id]
-	row := chunker.Row{[]byte(keyText(id, r.scale)), []byte(strconv.FormatInt(r.ver, 10)), []byte("b" + strconv.FormatInt(r.big, 10)), []byte("b" + strconv.FormatInt(r.big2, 10))}
-	if s.schema.c {
+	row := chunker.Row{[]byte(keyText(s.keyNum(id), r.scale)), []byte(strconv.FormatInt(r.ver, 10)), []byte("b" + strconv.FormatInt(r.big, 10)), []byte("b" + strconv.FormatInt(r.big2, 10))}
+	if s.schemaNow(s.tabOf(id)).c {
 		row = append(row, nil)
 	}
 	return row
 }
 
-// simReader is one chunk reader of the model: its chunk in flight and its pipelining (I22). The
-// first reads the table's key ranges and its rows to read again, as the engine's worker does.
-// With simOptions.readers > 1 the others read key lists only, rows to read again and keys drawn
-// at random (present, deleted or never inserted), each with its own windows open beside the
-// first's: concurrent windows of one table, a key-list window over a range one (I23).
+// simReader is one chunk reader of the model: its chunk in flight and its pipelining (I22). A
+// range reader reads its table's key ranges and its rows to read again, as the engine's worker
+// does; there is one per table, so that with two tables (simOptions.tables) windows of both are
+// open at once. With simOptions.readers > 1 the others read key lists only, of a table drawn for
+// each chunk: rows to read again and keys drawn at random (present, deleted or never inserted),
+// each with its own windows open beside the range readers': concurrent windows of one table, a
+// key-list window over a range one (I23).
 type simReader struct {
 	s       *sim
-	n       int // 0: the range reader
+	n       int  // its number: the range readers come first
+	ranges  bool // a range reader, of table tab
+	tab     int  // its table; a key-list reader's, of the chunk in flight
 	wstate  int
 	wid     int64
 	chunk   *chunker.Chunk
@@ -836,12 +970,13 @@ func (s *sim) readerOf(id int64) *simReader {
 
 func (r *simReader) read() *chunker.Chunk {
 	s := r.s
-	after, maxKey := s.cursor, s.maxKey
+	pr := s.prog[r.tab]
+	after, maxKey := pr.cursor, pr.maxKey
 	if r.prev != 0 {
 		after, maxKey = r.pipeAfter, r.pipeMax // read before the previous chunk's verdict
 	}
 	r.chunkMax = maxKey
-	c := &chunker.Chunk{Table: simTableOf(s.schema), After: after, Snapshot: s.snapshot()}
+	c := &chunker.Chunk{Table: simTableOf(s.schemaNow(r.tab)), After: after, Snapshot: s.snapshot()}
 	if r.refresh {
 		return c
 	}
@@ -849,7 +984,7 @@ func (r *simReader) read() *chunker.Chunk {
 		c.Done = true
 		var ids []int
 		for _, k := range r.keys {
-			id := keyID(k[0])
+			id := s.idOf(r.tab, k[0])
 			if _, ok := s.vis[id]; ok {
 				ids = append(ids, id)
 			}
@@ -861,16 +996,12 @@ func (r *simReader) read() *chunker.Chunk {
 		s.capChunk(c)
 		return c
 	}
-	keys := make([]int, 0, len(s.vis))
-	for k := range s.vis {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := s.visible(r.tab)
 	lo := -1
 	if after != nil {
-		lo = keyID(after[0])
+		lo = s.idOf(r.tab, after[0])
 	}
-	hi := keyID(maxKey[0])
+	hi := s.idOf(r.tab, maxKey[0])
 	for _, k := range keys {
 		if k <= lo || k > hi {
 			continue
@@ -899,8 +1030,30 @@ func (s *sim) capChunk(c *chunker.Chunk) {
 	c.Last = []string{string(c.Rows[len(c.Rows)-1][0])}
 }
 
-// pending returns the keys the core waits to read again.
-func (s *sim) pending() [][]string { return s.core.tables["public.t"].progress.Reread }
+// pending returns the keys the core waits to read again, of table tab.
+func (s *sim) pending(tab int) [][]string { return s.core.tables[tabName(tab)].progress.Reread }
+
+// anyPending reports whether rows of a table wait to be read again.
+func (s *sim) anyPending() bool {
+	for tab := range s.tabs {
+		if len(s.pending(tab)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// visible returns the ids of table tab's rows visible to new snapshots, in order.
+func (s *sim) visible(tab int) []int {
+	keys := make([]int, 0, len(s.vis))
+	for k := range s.vis {
+		if s.tabOf(k) == tab {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
 
 // workerStep advances one of the simulated chunk readers by one step.
 func (s *sim) workerStep() { s.anyReader().step() }
@@ -918,13 +1071,17 @@ func (s *sim) anyReader() *simReader {
 func (r *simReader) keyList() [][]string {
 	s := r.s
 	var keys [][]string
-	if p := s.pending(); len(p) > 0 && s.r.IntN(2) == 0 {
+	if p := s.pending(r.tab); len(p) > 0 && s.r.IntN(2) == 0 {
 		i := s.r.IntN(len(p))
 		keys = slices.Clone(p[i:min(len(p), i+3)])
 	}
 	if !s.tail && (keys == nil || s.r.IntN(2) == 0) {
 		for range 1 + s.r.IntN(3) {
-			keys = append(keys, []string{keyText(s.r.IntN(s.nextKey+10), 0)})
+			id := s.r.IntN(s.nextKey + 10)
+			if s.tabOf(id) != r.tab {
+				id++ // the table's ids have one parity
+			}
+			keys = append(keys, []string{keyText(s.keyNum(id), 0)})
 		}
 	}
 	return keys
@@ -944,54 +1101,52 @@ func (r *simReader) step() {
 			s.feed(abandon{id: id, reason: errors.New("its low watermark's write failed")})
 			return
 		}
-		p := s.core.tables["public.t"].progress
 		r.keys, r.refresh = nil, false
-		if r.n > 0 {
+		if !r.ranges {
 			// Key lists only; a refresh is the range reader's.
-			if p.Refresh {
+			r.tab = s.anyTable()
+			if s.core.tables[tabName(r.tab)].progress.Refresh {
 				return
 			}
 			if r.keys = r.keyList(); r.keys == nil {
 				return
 			}
 			r.wid = s.newID()
-			s.feed(register{id: r.wid, table: "public.t"})
+			s.feed(register{id: r.wid, table: tabName(r.tab)})
 			r.wstate = 1
 			return
 		}
-		if s.done && !p.Done && !p.Refresh {
+		p, pr := s.core.tables[tabName(r.tab)].progress, s.prog[r.tab]
+		if pr.done && !p.Done && !p.Refresh {
 			// Idle, and the table's backfill started again meanwhile (too many rows to read
 			// again): the engine's wakeup gives the idle worker the table's progress.
-			s.cursor, s.done, s.maxKey = p.Cursor, p.Done, p.MaxKey
-			s.started = s.maxKey != nil
+			pr.cursor, pr.done, pr.maxKey = p.Cursor, p.Done, p.MaxKey
+			pr.started = pr.maxKey != nil
 		}
 		switch {
 		case p.Refresh:
 			r.refresh = true
-		case len(s.pending()) > 0:
+		case len(s.pending(r.tab)) > 0:
 			// Rows to read again go first, as in the worker.
-			r.keys = slices.Clone(s.pending()[:min(len(s.pending()), 3)])
-		case s.done:
+			r.keys = slices.Clone(s.pending(r.tab)[:min(len(s.pending(r.tab)), 3)])
+		case pr.done:
 			// Idle: a probe now and then shows which commits are visible.
 			if s.r.IntN(4) == 0 {
 				s.feed(probe{snap: s.snapshot()})
 			}
 			return
-		case !s.started:
-			s.started = true
-			keys := []int{}
-			for k := range s.vis {
-				keys = append(keys, k)
-			}
+		case !pr.started:
+			pr.started = true
+			keys := s.visible(r.tab)
 			if len(keys) == 0 {
-				s.done = true
-				s.feed(emptyTable{table: "public.t"})
+				pr.done = true
+				s.feed(emptyTable{table: tabName(r.tab)})
 				return
 			}
-			s.maxKey = []string{strconv.Itoa(slices.Max(keys))}
+			pr.maxKey = []string{strconv.Itoa(s.keyNum(slices.Max(keys)))}
 		}
 		r.wid = s.newID()
-		s.feed(register{id: r.wid, table: "public.t"})
+		s.feed(register{id: r.wid, table: tabName(r.tab)})
 		r.wstate = 1
 	case 1: // low watermark; sometimes its write fails
 		if s.r.IntN(20) == 0 {
@@ -1031,11 +1186,11 @@ func (r *simReader) step() {
 				return
 			}
 		}
-		if r.keys == nil && !r.refresh && !r.chunk.Done && r.chunk.Last != nil && len(s.pending()) == 0 && s.r.IntN(2) == 0 {
+		if r.keys == nil && !r.refresh && !r.chunk.Done && r.chunk.Last != nil && len(s.pending(r.tab)) == 0 && s.r.IntN(2) == 0 {
 			// Pipelined (I22): this chunk's high watermark and the next one's low in one
 			// transaction, and the next chunk read at once, from this one's last key.
 			next := s.newID()
-			s.feed(register{id: next, table: "public.t"})
+			s.feed(register{id: next, table: tabName(r.tab)})
 			marks := []watermark.Mark{{ID: r.wid, Kind: watermark.High}, {ID: next, Kind: watermark.Low}}
 			if s.r.IntN(20) == 0 {
 				// The write fails; it may have committed all the same. This chunk is withdrawn,
@@ -1086,7 +1241,7 @@ func (r *simReader) verdict(v verdict) {
 	}
 	r.progress(v)
 	r.wstate = 0
-	if r.n > 0 {
+	if !r.ranges {
 		s.sideRows += v.emitted
 	}
 }
@@ -1096,9 +1251,10 @@ func (r *simReader) verdict(v verdict) {
 // the range reader keeps the table's cursor.
 func (r *simReader) progress(v verdict) {
 	s := r.s
-	if r.n == 0 {
-		s.cursor, s.done, s.maxKey = v.progress.Cursor, v.progress.Done, v.progress.MaxKey
-		s.started = s.maxKey != nil || s.done
+	if r.ranges {
+		pr := s.prog[r.tab]
+		pr.cursor, pr.done, pr.maxKey = v.progress.Cursor, v.progress.Done, v.progress.MaxKey
+		pr.started = pr.maxKey != nil || pr.done
 	}
 	switch {
 	case v.completed:
@@ -1127,11 +1283,11 @@ func (s *sim) run(steps int) (err error) {
 			err = errors.New(f.msg)
 		}
 	}()
-	for i := 0; i < steps || !s.done || s.busy() || s.next < len(s.log) || len(s.hung) > 0 || len(s.pending()) > 0; i++ {
+	for i := 0; i < steps || !s.allDone() || s.busy() || s.next < len(s.log) || len(s.hung) > 0 || s.anyPending(); i++ {
 		s.tail = i >= steps
 		if i > steps+50000 {
-			s.failf("the simulation does not finish (done %v, busy %v, %d to deliver, %d hung, %d to read again)",
-				s.done, s.busy(), len(s.log)-s.next, len(s.hung), len(s.pending()))
+			s.failf("the simulation does not finish (done %v, busy %v, %d to deliver, %d hung, rows to read again %v)",
+				s.allDone(), s.busy(), len(s.log)-s.next, len(s.hung), s.anyPending())
 		}
 		// With restarts, hung transactions stay hung longer, and a restart is likelier while one
 		// the last checkpoint covers is still invisible: the case the next run's guard is for.
@@ -1166,10 +1322,11 @@ func (s *sim) run(steps int) (err error) {
 		case n == 75 && i < steps && s.opt.refreshes && s.r.IntN(4) == 0:
 			// A re-backfill asked for while the capture runs (Engine.Rebackfill), between two
 			// inputs, wherever the stream and the worker are.
-			ask := rebackfillAsk{ctx: context.Background(), tables: []string{"public.t"}, done: make(chan error, 1)}
+			name := tabName(s.anyTable())
+			ask := rebackfillAsk{ctx: context.Background(), tables: []string{name}, done: make(chan error, 1)}
 			s.tracef("REBACKFILL asked while running")
 			s.feed(ask)
-			s.awaitRefresh = true
+			s.awaitRefresh[name] = true
 			select {
 			case err := <-ask.done: // refused (the request is answered once a checkpoint carries it)
 				s.must(err)
@@ -1190,8 +1347,10 @@ func (s *sim) run(steps int) (err error) {
 	if len(s.table) != len(s.replay) {
 		s.failf("I1: the replay has %d rows, the table %d", len(s.replay), len(s.table))
 	}
-	if !s.core.pos.Tables["public.t"].Done {
-		s.failf("the backfill is not done")
+	for tab := range s.tabs {
+		if !s.core.pos.Tables[tabName(tab)].Done {
+			s.failf("the backfill of %s is not done", tabName(tab))
+		}
 	}
 	return nil
 }
@@ -1233,11 +1392,11 @@ func TestCoreModelRereadRaces(t *testing.T) {
 // model. The oracle is unchanged: the output replays to the table (I1), a key never goes back
 // (I2), positions increase (I13).
 func TestCoreModelConcurrentWindows(t *testing.T) {
-	overlaps, sideRows := 0, 0
+	overlaps, crossed, sideRows := 0, 0, 0
 	run := func(seed uint64, opt simOptions) {
 		s := newSim(seed, opt)
 		require.NoError(t, s.run(300), "seed %d, %+v", seed, opt)
-		overlaps, sideRows = overlaps+s.overlaps, sideRows+s.sideRows
+		overlaps, crossed, sideRows = overlaps+s.overlaps, crossed+s.crossed, sideRows+s.sideRows
 	}
 	for seed := range uint64(600) {
 		run(seed, simOptions{readers: 2 + int(seed%2), ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2,
@@ -1246,10 +1405,16 @@ func TestCoreModelConcurrentWindows(t *testing.T) {
 	for seed := range uint64(300) {
 		run(seed, simOptions{readers: 3, hot: true, rereadPartial: seed%2 == 0, capped: seed%3 == 0})
 	}
-	// The windows did overlap, and the key-list readers' rows went out.
+	// Two tables, each with its range reader, and key-list readers over both.
+	for seed := range uint64(600) {
+		run(seed, simOptions{tables: 2, readers: 1 + int(seed%3), ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2,
+			refreshes: seed%7 == 3, capped: seed%3 == 1, truncates: seed%4 == 3, keepalives: seed%2 == 1})
+	}
+	// The windows did overlap, of both tables too, and the key-list readers' rows went out.
 	require.Greater(t, overlaps, 10000)
+	require.Greater(t, crossed, 10000)
 	require.Greater(t, sideRows, 1000)
-	t.Logf("%d inputs with two or more windows open, %d rows from the key-list readers", overlaps, sideRows)
+	t.Logf("%d inputs with two or more windows open (%d with windows of both tables), %d rows from the key-list readers", overlaps, crossed, sideRows)
 }
 
 // TestCoreModelCatchesBrokenEngines: the model sees the bugs it exists for.
@@ -1291,20 +1456,32 @@ func FuzzWindow(f *testing.F) {
 // hot returns the keys the chunk in flight and the pending re-reads are about.
 func (s *sim) hot() []int {
 	var ids []int
-	for _, k := range s.pending() {
-		ids = append(ids, keyID(k[0]))
+	for tab := range s.tabs {
+		for _, k := range s.pending(tab) {
+			ids = append(ids, s.idOf(tab, k[0]))
+		}
 	}
 	for _, r := range s.readers {
 		for _, k := range r.keys {
-			ids = append(ids, keyID(k[0]))
+			ids = append(ids, s.idOf(r.tab, k[0]))
 		}
 		if r.chunk != nil && r.wstate >= 3 {
 			for _, row := range r.chunk.Rows {
-				ids = append(ids, keyID(string(row[0])))
+				ids = append(ids, s.idOf(r.tab, string(row[0])))
 			}
 		}
 	}
 	return ids
+}
+
+// allDone reports whether the range readers saw their tables' backfills done.
+func (s *sim) allDone() bool {
+	for _, pr := range s.prog {
+		if !pr.done {
+			return false
+		}
+	}
+	return true
 }
 
 // hungBehindCheckpoint reports whether a hung transaction committed before the last checkpoint.

@@ -199,6 +199,12 @@ var catalog = []Mutant{
 		To:   "\tfor _, w := range ts.open[:min(1, len(ts.open))] {\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
 		Desc: "a change evicts its key from the table's oldest open window only: with several windows open (I23) a later one emits a row the change made stale (only the model's concurrent windows see it)",
 	},
+	{
+		ID: "merge/evict-any-table", Pkg: "merge", File: "merge/core.go",
+		From: "\tfor _, w := range ts.open {\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
+		To:   "\tfor _, w := range c.windows {\n\t\tif !w.lSeen {\n\t\t\tcontinue\n\t\t}\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
+		Desc: "a change evicts its key from the open windows of every table: another table's row with an equal key is dropped and never emitted (only the model's two tables, whose keys coincide, see it)",
+	},
 
 	// ---- sink/postgres ----
 	{
