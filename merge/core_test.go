@@ -244,7 +244,7 @@ type sim struct {
 	// with a chunk handed over, crossed those of them with windows of both tables; sideRows, the
 	// rows the key-list readers' windows emitted
 	overlaps, crossed, sideRows int
-	limit              int
+	limit                       int
 
 	tail      bool     // the random steps are over: no more transactions
 	trace     []string // what happened, for a failure's message

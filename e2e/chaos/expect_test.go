@@ -347,15 +347,16 @@ func TestStateSummary(t *testing.T) {
 // writes cut them, once each, past what the tail keeps; the second-capture fault tells a capture
 // still starting (no stream yet, no lock held) from one that holds its output by the stream mark.
 func TestTailCountsMarksAcrossWrites(t *testing.T) {
-	out := strings.Repeat("x", 70<<10) + `{"message":"start replication"}` + "\n" + string(reconnectMark) + "\n" +
-		strings.Repeat("y", 70<<10) + string(reconnectMark) + string(reconnectMark)
+	marked := `{"message":"start replication"}` + "\n" + string(reconnectMark) + "\n" + string(reconnectMark) + string(reconnectMark)
 	for _, cut := range []int{1, 3, 7, 64, 4096} {
 		tl := newTail()
 		require.False(t, tl.streamed())
-		for i := 0; i < len(out); i += cut {
-			_, err := tl.Write([]byte(out[i:min(len(out), i+cut)]))
+		for i := 0; i < len(marked); i += cut {
+			_, err := tl.Write([]byte(marked[i:min(len(marked), i+cut)]))
 			require.NoError(t, err)
 		}
+		_, err := tl.Write([]byte(strings.Repeat("y", 70<<10)))
+		require.NoError(t, err)
 		require.True(t, tl.streamed(), "cut %d", cut)
 		require.Equal(t, 3, tl.count(), "cut %d", cut)
 		require.NotContains(t, tl.String(), "start replication", "the tail keeps the end only")
