@@ -360,5 +360,12 @@ func TestTailCountsMarksAcrossWrites(t *testing.T) {
 		require.True(t, tl.streamed(), "cut %d", cut)
 		require.Equal(t, 3, tl.count(), "cut %d", cut)
 		require.NotContains(t, tl.String(), "start replication", "the tail keeps the end only")
+		require.False(t, tl.holding(), "cut %d: reconnected since it streamed", cut)
+		_, err = tl.Write([]byte(`{"message":"start replication"}` + "\n" + `{"message":"start replication"}`))
+		require.NoError(t, err)
+		require.False(t, tl.holding(), "cut %d: three reconnections, two streams", cut)
+		_, err = tl.Write([]byte("\n" + `{"message":"start replication"}`))
+		require.NoError(t, err)
+		require.True(t, tl.holding(), "cut %d: streaming again", cut)
 	}
 }

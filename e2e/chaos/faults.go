@@ -725,6 +725,16 @@ func (t *tail) streamed() bool {
 	return t.streams.n > 0
 }
 
+// holding reports whether the process has streamed since its last reconnection: each attempt of
+// tidemark sync opens its output (taking its lock) before it streams, and closes it before it
+// logs the reconnection. False may also be a capture that opened its output and does not stream
+// yet (holding it): what it is used for (the second-capture fault) then tries nothing.
+func (t *tail) holding() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.streams.n > t.reconnects.n
+}
+
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.
 func (s *supervisor) stuck() bool {
 	s.mu.Lock()

@@ -48,11 +48,12 @@ func (c *syncCapture) second(ctx context.Context) string {
 	if betweenAttempts(first.stderr.String()) {
 		return noEffect + "the capture was between two attempts of its own (reconnecting), holding nothing"
 	}
-	// One frozen while it starts, before it opened its output (a restart right after a kill),
-	// holds nothing either: the second one takes over, the first is refused when it goes on.
-	// It opens its output, taking the output's lock, before it streams.
-	if !first.stderr.streamed() {
-		return noEffect + "the capture was starting: it had not opened its output yet, holding nothing"
+	// One frozen while it starts, before it opened its output (a restart right after a kill,
+	// or an attempt of its own after a reconnection), may hold nothing either: the second one
+	// takes over, the first is refused when it goes on. It opens its output, taking the
+	// output's lock, before it streams.
+	if !first.stderr.holding() {
+		return noEffect + "the capture was starting: it had not streamed since it started or reconnected, and may hold nothing"
 	}
 	n := r.exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, r.slot)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 50*time.Millisecond) {
@@ -125,12 +126,6 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 	// second one may then take over, and the first is refused when it tries again.
 	if betweenAttempts(first.stderr.String()) {
 		return noEffect + "the capture was between two attempts of its own (reconnecting), holding nothing"
-	}
-	// One frozen while it starts, before it opened its output (a restart right after a kill),
-	// holds nothing either: the second one takes over, the first is refused when it goes on.
-	// It opens its output, taking the output's lock, before it streams.
-	if !first.stderr.streamed() {
-		return noEffect + "the capture was starting: it had not opened its output yet, holding nothing"
 	}
 	holder := r.slotHolder(ctx)
 	if holder == 0 {
