@@ -241,10 +241,11 @@ type sim struct {
 	prog    []*simProg
 	nextID  int64
 	// overlaps counts the inputs after which two or more windows were open (their low marks seen)
-	// with a chunk handed over, crossed those of them with windows of both tables; sideRows, the
+	// with a chunk handed over, crossed those of them with windows of both tables, same those with
+	// two or more of one table; sideRows, the
 	// rows the key-list readers' windows emitted
-	overlaps, crossed, sideRows int
-	limit                       int
+	overlaps, crossed, same, sideRows int
+	limit                             int
 
 	tail      bool     // the random steps are over: no more transactions
 	trace     []string // what happened, for a failure's message
@@ -260,7 +261,8 @@ type sim struct {
 	// awaitRefresh: a re-backfill of the table was asked for and its Refresh has not come yet:
 	// no event of the table may come before it (I20); by table name
 	awaitRefresh map[string]bool
-	ids          map[string]int // every key's id, for the table it belongs to
+	ids          map[string]int // every key's id, by its table's name and the key
+	verOwner     map[int64]int  // the row (id) each version was written to: versions are unique
 	// chunkTypes are the column types each chunk of this run read, by id (I17: it is emitted
 	// with them); emitting, the chunk whose high watermark is being delivered
 	chunkTypes map[int64][]uint32
@@ -271,6 +273,7 @@ type sim struct {
 type simProg struct {
 	cursor, maxKey []string
 	done, started  bool
+	gen            int // core.rereadGen its progress is as of (verdict.gen)
 }
 
 // tabOf is the table of row id: 0 (t) or 1 (u).
@@ -330,7 +333,7 @@ func newSim(seed uint64, opt simOptions) *sim {
 	s.tabs = max(1, opt.tables)
 	s.schema = simSchema{name: "t", split: s.tabs == 2}.with(func(*simSchema) {})
 	s.uschema = simSchema{base: "u", oid: simOID + 1, name: "u", split: true}.with(func(*simSchema) {})
-	s.ids = map[string]int{}
+	s.ids, s.verOwner = map[string]int{}, map[int64]int{}
 	s.limit = 1 + s.r.IntN(8)
 	// Rows that exist before the slot: only the backfill can see them.
 	for range 10 + s.r.IntN(30) {
@@ -338,6 +341,7 @@ func newSim(seed uint64, opt simOptions) *sim {
 		row := simRow{ver: s.nextVer, big: s.nextVer, big2: s.nextVer}
 		s.table[s.nextKey], s.vis[s.nextKey] = row, row
 		s.key(s.nextKey)
+		s.verOwner[s.nextVer] = s.nextKey
 		s.nextVer++
 	}
 	pos := &Position{Version: PositionVersion, LSN: s.nextLSN, Tables: map[string]*TableProgress{}}
@@ -392,17 +396,20 @@ func (s *sim) feed(in any) {
 	s.inputs++
 	s.must(s.core.step(in))
 	if open := 0; len(s.core.windows) > 1 {
-		tables := map[string]bool{}
+		tables := map[string]int{}
 		for _, w := range s.core.windows {
 			if w.lSeen && w.chunk != nil {
 				open++
-				tables[w.ts.name] = true
+				tables[w.ts.name]++
 			}
 		}
 		if open > 1 {
 			s.overlaps++
 			if len(tables) > 1 {
 				s.crossed++
+			}
+			if len(tables) < open {
+				s.same++
 			}
 		}
 	}
@@ -462,6 +469,9 @@ func (s *sim) check(ev Event) {
 	case Insert, Update, Snapshot:
 		ver, err := strconv.ParseInt(string(ev.Col(1).Data), 10, 64)
 		s.must(err)
+		if owner, ok := s.verOwner[ver]; !ok || owner != s.ids[k] {
+			s.failf("version %d (of row %d, known %v) went out as key %x of %s, row %d (%v at %s)", ver, owner, ok, ev.Key, name, s.ids[k], ev.Op, ev.LSN)
+		}
 		if last, ok := s.maxVer[k]; ok {
 			if ver < last {
 				s.failf("I2: key %x went back from version %d to %d (%v at %s)", ev.Key, last, ver, ev.Op, ev.LSN)
@@ -526,6 +536,9 @@ func (s *sim) commit(tx *simTxn, hang bool) {
 	for _, op := range tx.ops {
 		apply(s.table, op)
 		s.key(op.id)
+		if op.op != replicator.Delete {
+			s.verOwner[op.ver] = op.id
+		}
 	}
 	s.log = append(s.log, tx)
 	// Committed: no later operation joins this transaction (a hung one still counts as running
@@ -1117,10 +1130,11 @@ func (r *simReader) step() {
 			return
 		}
 		p, pr := s.core.tables[tabName(r.tab)].progress, s.prog[r.tab]
-		if pr.done && !p.Done && !p.Refresh {
+		if pr.done && !p.Done && !p.Refresh && s.core.rereadGen > pr.gen {
 			// Idle, and the table's backfill started again meanwhile (too many rows to read
-			// again): the engine's wakeup gives the idle worker the table's progress.
-			pr.cursor, pr.done, pr.maxKey = p.Cursor, p.Done, p.MaxKey
+			// again): the engine's wakeup gives the idle worker the table's progress, when the
+			// re-reads changed since the progress it has (worker.update).
+			pr.cursor, pr.done, pr.maxKey, pr.gen = p.Cursor, p.Done, p.MaxKey, s.core.rereadGen
 			pr.started = pr.maxKey != nil
 		}
 		switch {
@@ -1254,6 +1268,7 @@ func (r *simReader) progress(v verdict) {
 	if r.ranges {
 		pr := s.prog[r.tab]
 		pr.cursor, pr.done, pr.maxKey = v.progress.Cursor, v.progress.Done, v.progress.MaxKey
+		pr.gen = max(pr.gen, v.gen)
 		pr.started = pr.maxKey != nil || pr.done
 	}
 	switch {
@@ -1392,11 +1407,11 @@ func TestCoreModelRereadRaces(t *testing.T) {
 // model. The oracle is unchanged: the output replays to the table (I1), a key never goes back
 // (I2), positions increase (I13).
 func TestCoreModelConcurrentWindows(t *testing.T) {
-	overlaps, crossed, sideRows := 0, 0, 0
+	overlaps, crossed, same, sideRows := 0, 0, 0, 0
 	run := func(seed uint64, opt simOptions) {
 		s := newSim(seed, opt)
 		require.NoError(t, s.run(300), "seed %d, %+v", seed, opt)
-		overlaps, crossed, sideRows = overlaps+s.overlaps, crossed+s.crossed, sideRows+s.sideRows
+		overlaps, crossed, same, sideRows = overlaps+s.overlaps, crossed+s.crossed, same+s.same, sideRows+s.sideRows
 	}
 	for seed := range uint64(600) {
 		run(seed, simOptions{readers: 2 + int(seed%2), ddl: seed%2 == 0, restarts: seed%3 != 0, rereadPartial: seed%4 == 1, hot: seed%5 == 2,
@@ -1413,8 +1428,9 @@ func TestCoreModelConcurrentWindows(t *testing.T) {
 	// The windows did overlap, of both tables too, and the key-list readers' rows went out.
 	require.Greater(t, overlaps, 10000)
 	require.Greater(t, crossed, 10000)
+	require.Greater(t, same, 10000, "two windows of one table")
 	require.Greater(t, sideRows, 1000)
-	t.Logf("%d inputs with two or more windows open (%d with windows of both tables), %d rows from the key-list readers", overlaps, crossed, sideRows)
+	t.Logf("%d inputs with two or more windows open (%d with windows of both tables, %d with two of one), %d rows from the key-list readers", overlaps, crossed, same, sideRows)
 }
 
 // TestCoreModelCatchesBrokenEngines: the model sees the bugs it exists for.

@@ -82,16 +82,11 @@ func config(t *testing.T, mode chaos.Mode, seed uint64) chaos.Config {
 const harnessLog = ".harness.log"
 
 // logTimeline prints the harness's events and the run's journal (the faults, the capture's runs
-// and how they ended) of a run that found a violation (the last 400 lines of each). A run
-// given a new directory (another seed) logs on into the file of its configuration's first.
-func logTimeline(t *testing.T, cfg chaos.Config) {
-	path := cfg.Dir + harnessLog
-	if _, err := os.Stat(path); err != nil {
-		if m, _ := filepath.Glob(filepath.Join(filepath.Dir(cfg.Dir), "*"+harnessLog)); len(m) > 0 {
-			path = m[0]
-		}
-	}
-	b, err := os.ReadFile(path)
+// and how they ended) of a run that found a violation (the last 400 lines of each). The events
+// are in the file beside the directory config gave its first run (a run given a new directory,
+// another seed, logs on into it): first is that directory.
+func logTimeline(t *testing.T, cfg chaos.Config, first string) {
+	b, err := os.ReadFile(first + harnessLog)
 	if err != nil {
 		t.Logf("%s seed %d: no timeline: %v", cfg.Mode, cfg.Seed, err)
 		return
@@ -134,7 +129,7 @@ func concurrently(t *testing.T, cfgs []chaos.Config) []*chaos.Report {
 		rep.Write(&b)
 		t.Log("\n" + b.String())
 		if len(rep.Violations) > 0 {
-			logTimeline(t, cfgs[i])
+			logTimeline(t, cfgs[i], cfgs[i].Dir)
 		}
 	}
 	return reps
@@ -365,7 +360,7 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 			t.Log("\n" + b.String())
 			caught := chaos.BreakCaught(j.name, res.rep.Violations)
 			if len(caught) == 0 {
-				logTimeline(t, res.cfg)
+				logTimeline(t, res.cfg, j.cfg.Dir)
 			}
 			require.NotEmpty(t, caught, "%s, %s: the harness must catch the broken capture with a violation it can cause (%s); got:\n%s",
 				j.name, j.mode, strings.Join(chaos.BreakCauses(j.name), " "), strings.Join(res.rep.Violations, "\n"))

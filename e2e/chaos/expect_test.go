@@ -345,27 +345,33 @@ func TestStateSummary(t *testing.T) {
 
 // TestTailCountsMarksAcrossWrites: the marks a capture's output carries are counted wherever the
 // writes cut them, once each, past what the tail keeps; the second-capture fault tells a capture
-// still starting (no stream yet, no lock held) from one that holds its output by the stream mark.
+// that holds its output (it streamed since it last let it go: a reconnection, a rerun) from one
+// still starting by the marks' order.
 func TestTailCountsMarksAcrossWrites(t *testing.T) {
-	marked := `{"message":"start replication"}` + "\n" + string(reconnectMark) + "\n" + string(reconnectMark) + string(reconnectMark)
+	stream, rerun := `{"message":"start replication"}`+"\n", string(rerunMark)+"\n"
+	reconnect := string(reconnectMark) + "\n"
 	for _, cut := range []int{1, 3, 7, 64, 4096} {
 		tl := newTail()
-		require.False(t, tl.streamed())
-		for i := 0; i < len(marked); i += cut {
-			_, err := tl.Write([]byte(marked[i:min(len(marked), i+cut)]))
-			require.NoError(t, err)
+		write := func(s string) {
+			for i := 0; i < len(s); i += cut {
+				_, err := tl.Write([]byte(s[i:min(len(s), i+cut)]))
+				require.NoError(t, err)
+			}
 		}
-		_, err := tl.Write([]byte(strings.Repeat("y", 70<<10)))
-		require.NoError(t, err)
-		require.True(t, tl.streamed(), "cut %d", cut)
+		require.False(t, tl.holding())
+		write(stream)
+		require.True(t, tl.holding(), "cut %d: streaming", cut)
+		write(reconnect + reconnect)
+		require.False(t, tl.holding(), "cut %d: reconnecting", cut)
+		write(stream)
+		require.True(t, tl.holding(), "cut %d: an attempt that failed before it streamed, then one that streams", cut)
+		write(rerun)
+		require.False(t, tl.holding(), "cut %d: run again", cut)
+		write(stream + reconnect + strings.Repeat("y", 70<<10))
 		require.Equal(t, 3, tl.count(), "cut %d", cut)
+		require.False(t, tl.holding(), "cut %d", cut)
 		require.NotContains(t, tl.String(), "start replication", "the tail keeps the end only")
-		require.False(t, tl.holding(), "cut %d: reconnected since it streamed", cut)
-		_, err = tl.Write([]byte(`{"message":"start replication"}` + "\n" + `{"message":"start replication"}`))
-		require.NoError(t, err)
-		require.False(t, tl.holding(), "cut %d: three reconnections, two streams", cut)
-		_, err = tl.Write([]byte("\n" + `{"message":"start replication"}`))
-		require.NoError(t, err)
+		write(stream)
 		require.True(t, tl.holding(), "cut %d: streaming again", cut)
 	}
 }

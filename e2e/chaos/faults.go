@@ -499,12 +499,14 @@ func failureText(stderr string, trace *errTrace, err error) string {
 	return ""
 }
 
-// tail keeps the last 64 KiB written to it, and counts two marks in the whole output as it
-// passes: the capture's own reconnections, and its streams started.
+// tail keeps the last 64 KiB written to it, and follows three marks in the whole output as it
+// passes: the capture's own reconnections, its reruns, and its streams started.
 type tail struct {
 	mu         sync.Mutex
 	buf        []byte
+	total      int64 // bytes written
 	reconnects marks // reconnectMark
+	reruns     marks // rerunMark
 	streams    marks // streamMark
 }
 
@@ -512,34 +514,45 @@ type tail struct {
 // connection, by itself: a restart the supervisor does not see.
 var reconnectMark = []byte("connection lost: reconnecting")
 
+// rerunMark is what tidemark sync logs when it runs again after its PostgreSQL target met a
+// change of a rewritten table (it closes its output and opens it again, without reconnecting).
+var rerunMark = []byte("running again, which re-backfills the table")
+
 // streamMark is what a capture logs when it starts streaming from the slot: it has opened its
 // output (and taken the output's lock) before.
 var streamMark = []byte(`"message":"start replication"`)
 
-// marks counts a mark in an output written in pieces; carry is the end of the last piece, for a
-// mark split across two (shorter than the mark: every mark counted ends in the new piece, and
-// none is counted twice).
+// marks counts a mark (never empty) in an output written in pieces, and where its last one ended;
+// carry is the end of the last piece, for a mark split across two (shorter than the mark: every
+// mark counted ends in the new piece, and none is counted twice).
 type marks struct {
 	mark  []byte
 	carry []byte
 	n     int
+	last  int64 // the offset in the whole output just past the last one; 0: none yet
 }
 
-func (m *marks) add(b []byte) {
+// add takes piece b, which starts at offset at of the whole output.
+func (m *marks) add(b []byte, at int64) {
 	window := append(m.carry, b...)
-	m.n += bytes.Count(window, m.mark)
+	if i := bytes.LastIndex(window, m.mark); i >= 0 {
+		m.n += bytes.Count(window, m.mark)
+		m.last = at - int64(len(m.carry)) + int64(i+len(m.mark))
+	}
 	m.carry = append([]byte(nil), window[max(0, len(window)-len(m.mark)+1):]...)
 }
 
 func newTail() *tail {
-	return &tail{reconnects: marks{mark: reconnectMark}, streams: marks{mark: streamMark}}
+	return &tail{reconnects: marks{mark: reconnectMark}, reruns: marks{mark: rerunMark}, streams: marks{mark: streamMark}}
 }
 
 func (t *tail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.reconnects.add(b)
-	t.streams.add(b)
+	for _, m := range []*marks{&t.reconnects, &t.reruns, &t.streams} {
+		m.add(b, t.total)
+	}
+	t.total += int64(len(b))
 	t.buf = append(t.buf, b...)
 	if len(t.buf) > tailBytes {
 		t.buf = append([]byte(nil), t.buf[len(t.buf)-tailBytes:]...)
@@ -718,21 +731,15 @@ func (t *tail) count() int {
 	return t.reconnects.n
 }
 
-// streamed reports whether the process has started streaming (streamMark) at least once.
-func (t *tail) streamed() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.streams.n > 0
-}
-
-// holding reports whether the process has streamed since its last reconnection: each attempt of
-// tidemark sync opens its output (taking its lock) before it streams, and closes it before it
-// logs the reconnection. False may also be a capture that opened its output and does not stream
-// yet (holding it): what it is used for (the second-capture fault) then tries nothing.
+// holding reports whether the process has streamed since it last let its output go: each
+// attempt of tidemark sync opens its output (taking its lock) before it streams, and closes it
+// before it logs a reconnection or a rerun. The marks' order tells, not their counts (an attempt
+// may fail before it streams). False may also be a capture that opened its output and does not
+// stream yet (holding it): what it is used for (the second-capture fault) then tries nothing.
 func (t *tail) holding() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.streams.n > t.reconnects.n
+	return t.streams.last > max(t.reconnects.last, t.reruns.last)
 }
 
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.
