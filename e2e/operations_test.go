@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
 )
 
@@ -31,6 +32,11 @@ func backgroundEngine(t *testing.T, cfg merge.Config, sink merge.Sink, from *mer
 	t.Helper()
 	eng, err := merge.New(cfg, sink, testLogger(t))
 	require.NoError(t, err)
+	watch, err := pgconf.Open(context.Background(), cfg.Source.DSN, "tidemark-test")
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+	var before time.Time
+	require.NoError(t, watch.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&before))
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan struct{})
 	var result error
@@ -44,7 +50,23 @@ func backgroundEngine(t *testing.T, cfg merge.Config, sink merge.Sink, from *mer
 		return result
 	}
 	t.Cleanup(func() { _ = stop() })
-	return ch, stop
+	// Back once this capture streams (its walsender started since: the run's start checks are
+	// behind it), so that what the test does next meets the running capture, not its start, on
+	// a machine however loaded; or once it ended.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-ch:
+			return ch, stop
+		default:
+		}
+		var streaming bool
+		require.NoError(t, watch.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+			WHERE s.slot_name = $1 AND a.backend_start >= $2)`, cfg.Source.Slot, before).Scan(&streaming))
+		if streaming {
+			return ch, stop
+		}
+		require.True(t, time.Now().Before(deadline), "the capture did not start streaming within a minute")
+	}
 }
 
 // waitErr waits for a background engine to end on its own, and returns its error.
@@ -191,7 +213,6 @@ func TestReplicaIdentityWithoutKeyStops(t *testing.T) {
 	cont := cfg
 	cont.StopWhenCaughtUp = false
 	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
 	db.Exec(`ALTER TABLE t REPLICA IDENTITY USING INDEX t_email_key`)
 	db.Exec(`DELETE FROM t WHERE id = 5`)
 	err := waitErr(t, done, stopIt, 30*time.Second)
@@ -361,7 +382,6 @@ func TestPublicationDropStopsCapture(t *testing.T) {
 	cont.StopWhenCaughtUp = false
 	cont.WatchInterval = 100 * time.Millisecond
 	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` DROP TABLE t`)
 	db.Exec(fmt.Sprintf(upd, "unseen", 4))
 	err := waitErr(t, done, stopIt, 30*time.Second)
@@ -758,7 +778,6 @@ func TestPartitionTruncateDetected(t *testing.T) {
 	cont.StopWhenCaughtUp = false
 	cont.WatchInterval = 100 * time.Millisecond
 	done, stopIt := backgroundEngine(t, cont, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
 	db.Exec(`VACUUM FULL m2`)
 	time.Sleep(500 * time.Millisecond)
 	select {
@@ -784,7 +803,6 @@ func watching(t *testing.T, cfg merge.Config, sink *memSink) (done <-chan struct
 	cfg.StopWhenCaughtUp = false
 	cfg.WatchInterval = 100 * time.Millisecond
 	done, stop = backgroundEngine(t, cfg, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
 	return done, stop
 }
 
@@ -980,7 +998,6 @@ func TestStorageReplacedBetweenRuns(t *testing.T) {
 	slow := cfg
 	slow.StopWhenCaughtUp, slow.WatchInterval = false, time.Hour // no look at the files while it runs
 	done, stopIt := backgroundEngine(t, slow, sink, sink.last())
-	time.Sleep(300 * time.Millisecond)
 	db.Exec(`TRUNCATE t`)
 	db.Exec(`INSERT INTO t VALUES (1, 'after')`)
 	require.Eventually(t, func() bool {
