@@ -42,18 +42,14 @@ func (c *syncCapture) second(ctx context.Context) string {
 		return noEffect + "the capture could not be frozen: " + err.Error()
 	}
 	defer func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) }()
-	// Between two attempts of its own (it lost a connection and waits to reconnect), a capture
-	// holds neither the slot nor the output, as one that crashed and waits for its restart: a
-	// second one may then take over, and the first is refused when it tries again.
-	if betweenAttempts(first.stderr.String()) {
-		return noEffect + "the capture was between two attempts of its own (reconnecting), holding nothing"
-	}
-	// One frozen while it starts, before it opened its output (a restart right after a kill,
-	// or an attempt of its own after a reconnection), may hold nothing either: the second one
-	// takes over, the first is refused when it goes on. It opens its output, taking the
-	// output's lock, before it streams.
+	// Between two attempts of its own (it lost a connection and waits to reconnect), or frozen
+	// while it starts, before it opened its output (a restart right after a kill, an attempt
+	// after a reconnection), a capture may hold neither the slot nor the output, as one that
+	// crashed and waits for its restart: a second one may then take over, and the first is
+	// refused when it goes on. It opens its output, taking the output's lock, before it
+	// streams, and lets it go before it logs a reconnection (tail.holding).
 	if !first.stderr.holding() {
-		return noEffect + "the capture was starting: it had not streamed since it started or reconnected, and may hold nothing"
+		return noEffect + "the capture had not streamed since it started or reconnected (starting, or between two attempts of its own), and may hold nothing"
 	}
 	n := r.exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, r.slot)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 50*time.Millisecond) {
@@ -121,12 +117,6 @@ func (c *airbyteCapture) second(ctx context.Context) string {
 		return noEffect + "the capture could not be frozen: " + err.Error()
 	}
 	defer func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) }()
-	// Between two attempts of its own (it lost a connection and waits to reconnect), a capture
-	// holds neither the slot nor the output, as one that crashed and waits for its restart: a
-	// second one may then take over, and the first is refused when it tries again.
-	if betweenAttempts(first.stderr.String()) {
-		return noEffect + "the capture was between two attempts of its own (reconnecting), holding nothing"
-	}
 	holder := r.slotHolder(ctx)
 	if holder == 0 {
 		return noEffect + "the first read does not hold the slot"
@@ -297,13 +287,6 @@ func firstLine(s string) string {
 		s = s[:300] + "..."
 	}
 	return s
-}
-
-// betweenAttempts reports whether a capture's output ends with its reconnection warning: it
-// waits to start again, and holds nothing meanwhile.
-func betweenAttempts(stderr string) bool {
-	lines := strings.Split(strings.TrimSpace(stderr), "\n")
-	return len(lines) > 0 && strings.Contains(lines[len(lines)-1], string(reconnectMark))
 }
 
 // tailLines returns the last n lines of s.
