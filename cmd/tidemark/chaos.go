@@ -26,7 +26,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
 	faults := fs.String("faults", "", "the faults, comma-separated: families ("+strings.Join(chaos.FaultFamilies(), ", ")+") or kinds ("+strings.Join(chaos.FaultKinds(), ", ")+"); default: the default family")
-	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight; the run goes past --duration (up to three times it more) until each took effect once")
+	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight; the run goes past --duration (up to three times it more, plus the time faults without effect took, six times it at most) until each took effect once")
 	source := fs.String("source", "", "a staging database to run against (each run uses only a schema, slot and publication of its own, named tidemark_chaos_SEED_ID); default a throwaway PostgreSQL")
 	target := fs.String("target", "", "postgres mode: the database to write to; default a second database of the throwaway PostgreSQL")
 	rows := fs.Int("rows", 20000, "rows of the main table before the run (backfilled under the faults)")

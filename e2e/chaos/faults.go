@@ -116,8 +116,13 @@ func FaultKinds() []string {
 	return out
 }
 
-// inTurnGrace bounds how far past its duration an InTurn run goes to meet every kind.
-const inTurnGrace = 3
+// inTurnGrace bounds how far past its duration an InTurn run goes to meet every kind; the time
+// its faults without effect took (a table awaiting a remedy that a loaded machine is slow to
+// finish, say) is added to it, up to inTurnCap times the duration in all.
+const (
+	inTurnGrace = 3
+	inTurnCap   = 6
+)
 
 // faultLoop injects faults at random times (drawn from the seed) until end (InTurn: see below).
 func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
@@ -152,12 +157,17 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 	// its turn, so that every kind takes effect once before the next is tried; and the run goes
 	// past end until each kind has taken effect once (a fault that stops the capture takes the
 	// time of its remedy and restart, so on a slow machine the duration alone can end a run
-	// before the last kinds had their turn), up to inTurnGrace times the duration more.
+	// before the last kinds had their turn), up to inTurnGrace times the duration more, plus the
+	// time its faults without effect took (up to inTurnCap times the duration in all): a fault
+	// that waits for another's remedy keeps the later kinds from their turn for as long as the
+	// remedy takes, which a loaded machine stretches (CI seed 570387731: 24 publish faults
+	// without effect while a re-backfill ran, and the last three kinds never had their turn).
 	last := end
 	if r.cfg.InTurn {
 		last = end.Add(inTurnGrace * r.cfg.Duration)
 	}
 	for turn := 0; ctx.Err() == nil; {
+		began := time.Now()
 		wait := time.Duration(math.Min(math.Max(r.rng.ExpFloat64()*mean, mean/10), 3*mean))
 		if met := !r.cfg.InTurn || turn >= len(turns); (met && time.Now().Add(wait).After(end)) || time.Now().Add(wait).After(last) {
 			if !met {
@@ -186,6 +196,11 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 				r.faults[k.name]++
 				if strings.HasPrefix(what, noEffect) {
 					r.void[k.name]++
+					if r.cfg.InTurn {
+						if last = last.Add(time.Since(began)); last.After(end.Add(inTurnCap * r.cfg.Duration)) {
+							last = end.Add(inTurnCap * r.cfg.Duration)
+						}
+					}
 				} else {
 					turn++
 				}
