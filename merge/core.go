@@ -1205,6 +1205,8 @@ func (c *core) remove(w *window) {
 func (c *core) pendingXmins() (xs []uint32, ok bool) {
 	for _, w := range c.windows {
 		switch {
+		case w.chunk != nil && w.chunk.Snapshot.Xmin == 0:
+			// A refresh's first window: no rows, no snapshot, nothing to check.
 		case w.chunk != nil:
 			xs = append(xs, uint32(w.chunk.Snapshot.Xmin))
 		case !w.floorKnown:

@@ -319,22 +319,50 @@ func TestWakeOnEveryRereadChange(t *testing.T) {
 	other := &chunker.Table{Schema: "public", Name: "u", OID: 16400, KeySource: "primary key", ReplicaIdentity: 'd',
 		Columns: toastTable.Columns, Key: []int{0}}
 	r := newCoreRun(t, nil, toastTable, other)
-	m := &mergeLoop{core: r.c, wake: make(chan wakeup, 1)}
+	// Two readers (I23): each is told, whichever table is its own.
+	m := &mergeLoop{core: r.c, wake: []chan wakeup{make(chan wakeup, 1), make(chan wakeup, 1)}}
 	m.wakeWorker()
-	require.Empty(t, m.wake, "nothing to tell: the worker starts from the position's re-reads")
+	for _, wake := range m.wake {
+		require.Empty(t, wake, "nothing to tell: the worker starts from the position's re-reads")
+	}
 	r.c.tables["public.t"].progress.Reread = [][]string{{"1"}}
 	r.c.rereadsChanged()
 	m.wakeWorker()
-	require.Equal(t, [][]string{{"1"}}, (<-m.wake).tables["public.t"].Reread)
+	for _, wake := range m.wake {
+		require.Equal(t, [][]string{{"1"}}, (<-wake).tables["public.t"].Reread)
+	}
 	r.c.tables["public.t"].progress.Reread = nil
 	r.c.tables["public.u"].progress.Reread = [][]string{{"2"}}
 	r.c.rereadsChanged()
 	m.wakeWorker()
-	select {
-	case got := <-m.wake:
-		require.Equal(t, [][]string{{"2"}}, got.tables["public.u"].Reread)
-	default:
-		t.Fatal("the worker was not woken for public.u's re-read")
+	for i, wake := range m.wake {
+		select {
+		case got := <-wake:
+			require.Equal(t, [][]string{{"2"}}, got.tables["public.u"].Reread)
+		default:
+			t.Fatalf("reader %d was not woken for public.u's re-read", i)
+		}
+	}
+}
+
+// TestReaderIDs: the chunk ids of several readers are unique across them (a repeated id would
+// replace another reader's window in the core), and the merge loop routes each verdict back to
+// the reader that numbered it.
+func TestReaderIDs(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5} {
+		m := &mergeLoop{verdicts: make([]chan verdict, n)}
+		seen := map[int64]int{}
+		for k := range n {
+			w := &worker{index: k, readers: n, nextID: int64(k + 1 - n)}
+			for range 50 {
+				id := w.newID()
+				require.Positive(t, id)
+				_, dup := seen[id]
+				require.False(t, dup, "id %d numbered twice", id)
+				seen[id] = k
+				require.Equal(t, k, m.readerOf(id), "the verdict of chunk %d goes to reader %d", id, k)
+			}
+		}
 	}
 }
 
@@ -519,4 +547,20 @@ func TestGuardKeepsCommitsForUnseenSnapshots(t *testing.T) {
 	for _, ev := range r.out {
 		require.NotEqual(t, Snapshot, ev.Op, "no row of chunk 7 is emitted")
 	}
+}
+
+// TestPendingXminsSkipRefreshWindows: a refresh's first window has no rows and no snapshot (its
+// Xmin is zero). Counted among the pending snapshots, its zero would be the pruning's threshold,
+// and with the xid counter past 2^31 every commit above it would look older than every snapshot
+// and be forgotten while another reader's window still needs it (I11, I23).
+func TestPendingXminsSkipRefreshWindows(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(probe{snap: chunker.Snapshot{Xmin: uint64(r.xid), Xmax: uint64(r.xid)}})
+	r.must(register{id: 1, table: "public.t"})
+	r.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable}, refresh: true})
+	r.must(register{id: 2, table: "public.t"})
+	xs, ok := r.c.pendingXmins()
+	require.True(t, ok)
+	require.NotContains(t, xs, uint32(0), "a window without a snapshot has no xmin to keep")
+	require.Len(t, xs, 1, "the registered window's floor")
 }

@@ -23,12 +23,17 @@
 //     commit in one transaction, and the next chunk is read while the first one's verdict comes;
 //     the worker takes that verdict before the next high watermark and withdraws the next chunk
 //     when the first did not leave the table's cursor where it starts (I22). One window is open
-//     at a time: one reader. The reconciliation itself does not rely on that (each window
-//     stands on its own snapshot and marks, and a change evicts its key from every open
-//     window), but the guard's pruning, the table's progress, the verdicts and the wakeups do:
-//     I23 lists what a second reader needs first. Chunks grow, up to 4 times the chunk size
-//     and within the byte bound, while no change of a captured table commits inside their
-//     windows (nothing waits behind their rows).
+//     at a time per reader. Several readers (Config.Readers) backfill different tables at once,
+//     each with its own connection and windows (I23): the reconciliation does not rely on one
+//     window (each stands on its own snapshot and marks, and a change evicts its key from every
+//     open window of its table); the bookkeeping around it is per reader: chunk ids unique
+//     across readers (strided), verdicts routed by id, wakeups to every reader, each table read
+//     by one reader only (its progress, definition and re-reads have one writer), the guard
+//     seeded before any reader registers a window, and a fence from each reader that has
+//     nothing left (a bounded run ends at a fence once every reader wrote one and no table has
+//     work pending). Chunks grow, up to 4 times the chunk size and within the byte bound, while
+//     no change of a captured table commits inside their windows (nothing waits behind their
+//     rows).
 //   - The visibility guard (guard.go): a chunk whose snapshot does not see a transaction that
 //     committed before L in the stream is abandoned and read again (I11). PostgreSQL streams a
 //     commit before it makes it visible. Commits no snapshot has shown visible yet are carried
@@ -90,8 +95,9 @@
 //
 // # Concurrency
 //
-// Engine.Run owns three goroutines, each waited for: the replication loop (sole user of the
-// replication connection), the chunk worker (sole user of the query connection: chunks, marks,
+// Engine.Run owns its goroutines, each waited for: the replication loop (sole user of the
+// replication connection), a chunk worker per reader (each the sole user of its query
+// connection, the first reader's the run's own, the others' opened and closed by the worker: chunks, marks,
 // and the watch of what the stream does not report: names, publication membership, publish
 // options, partitions, column types and storage, every WatchInterval, between chunks, while idle
 // and while it waits for a verdict, so that no wait hides a change undone within it),

@@ -1,9 +1,11 @@
 package merge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +65,8 @@ type Hooks struct {
 	AfterHigh       func(ctx context.Context, chunk int64) // after the high watermark committed
 	AfterEmit       func(ctx context.Context, n int)       // the merge loop: after n events went to the sink
 	AfterCheckpoint func(ctx context.Context, pos *Position)
+	// (With several readers, Config.Readers, the worker's hooks are called from each reader's
+	// goroutine, at the same time.)
 	// ChunkAbandoned is called by the worker when a chunk of table was abandoned and will be
 	// retried, with the reason (for metrics).
 	ChunkAbandoned func(ctx context.Context, table string, reason error)
@@ -70,6 +74,9 @@ type Hooks struct {
 
 // DefaultChunkSize is the most rows a chunk reads unless Config.ChunkSize says otherwise.
 const DefaultChunkSize = 10000
+
+// MaxReaders bounds Config.Readers: each reader holds a connection to the source.
+const MaxReaders = 64
 
 // Config configures an Engine. The zero value of every optional field is documented with it.
 type Config struct {
@@ -93,6 +100,13 @@ type Config struct {
 	// table commits inside the windows before it (nothing waits behind its rows); one keeps
 	// every chunk at ChunkSize (tests that place changes in a given chunk). Zero: 4.
 	ChunkGrowth int
+	// Readers is the most chunk readers that backfill at once, each on its own query connection
+	// (a short transaction per chunk, as one reader's): the tables are dealt to them in their
+	// configured order (table i to reader i mod Readers) and each reader backfills its own,
+	// with its own windows, verdicts and re-reads (I23). More readers finish more tables at once
+	// and hold more connections, snapshots and chunks (three per reader, I21) on the source and
+	// in memory; a table is read by one reader. Zero: 1.
+	Readers int
 	// MaxChunkBytes bounds the bytes a chunk holds: a chunk read stops at it (chunker
 	// Config.MaxBytes, unless set), and the chunk size shrinks to fit it. It bounds the engine's
 	// buffered rows, since at most three chunks are held (I21). Zero: 32 MiB.
@@ -235,6 +249,9 @@ func (c *Config) Validate() error {
 			seen[name] = true
 		}
 	}
+	if c.Readers < 0 || c.Readers > MaxReaders {
+		errs = append(errs, fmt.Errorf("readers %d is out of range: 1 to %d (0: 1)", c.Readers, MaxReaders))
+	}
 	if c.ChunkSize < 0 || c.ChunkGrowth < 0 || c.MaxChunkBytes < 0 || c.CheckpointInterval < 0 || c.WatchInterval < 0 || c.RewriteRebackfillEvery < 0 {
 		errs = append(errs, errors.New("chunk size, chunk growth, chunk bytes, checkpoint, watch and rewrite re-backfill intervals must not be negative"))
 	}
@@ -247,6 +264,9 @@ func (c *Config) ensureDefaults() {
 	}
 	if c.ChunkSize == 0 {
 		c.ChunkSize = DefaultChunkSize
+	}
+	if c.Readers == 0 {
+		c.Readers = 1
 	}
 	if c.ChunkGrowth == 0 {
 		c.ChunkGrowth = 4
@@ -588,9 +608,10 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 	return &runSetup{writer: writer, pos: pos, tables: tables, storage: storage, reader: reader}, nil
 }
 
-// runGoroutines runs the stream, the chunk worker and the merge loop, each on its goroutine, and
-// waits for all three. The stream's goroutine owns the replication connection, the worker owns
-// conn; the merge loop owns the core and the sink.
+// runGoroutines runs the stream, the chunk workers (one per reader) and the merge loop, each on
+// its goroutine, and waits for all of them. The stream's goroutine owns the replication
+// connection, the first worker owns conn and each other its own; the merge loop owns the core
+// and the sink.
 func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *replicator.Stream, s *runSetup) error {
 	pos, tables := s.pos, s.tables
 	core := newCore(s.writer.Config(), pos, tables)
@@ -612,23 +633,66 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 		e.asks, e.askGone = nil, nil
 		e.askMu.Unlock()
 	}()
-	verdicts := make(chan verdict, 8)
-	wake := make(chan wakeup, 1)
-	w := &worker{cfg: &e.cfg, conn: conn, reader: s.reader, writer: s.writer, in: in, verdicts: verdicts, wake: wake, log: e.base.With().Str("component", "chunker").Logger(),
-		seedRunning: pos.Invisible == nil}
+	// The readers (I23): the tables in their configured order, dealt to them in turn, those
+	// with work first (a resumed run's done tables would otherwise leave readers idle).
+	all := &worker{}
 	for name, t := range tables {
 		p := pos.Tables[name]
-		w.tables = append(w.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage, shape: p.Shape, member: p.Publication})
+		all.tables = append(all.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage, shape: p.Shape, member: p.Publication})
 	}
-	w.order(e.cfg.Tables)
-	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wake, stream: stream}
+	all.order(e.cfg.Tables)
+	slices.SortStableFunc(all.tables, func(a, b *workTable) int {
+		idle := func(t *workTable) bool { return t.progress.Done && !t.progress.Refresh && len(t.progress.Reread) == 0 }
+		return cmp.Compare(boolInt(idle(a)), boolInt(idle(b)))
+	})
+	n := max(1, min(e.cfg.Readers, len(all.tables)))
+	seeded := make(chan struct{})
+	workers := make([]*worker, n)
+	verdicts := make([]chan verdict, n)
+	wakes := make([]chan wakeup, n)
+	for k := range workers {
+		verdicts[k], wakes[k] = make(chan verdict, 8), make(chan wakeup, 1)
+		log := e.base.With().Str("component", "chunker").Logger()
+		if n > 1 {
+			log = log.With().Int("reader", k+1).Logger()
+		}
+		workers[k] = &worker{cfg: &e.cfg, writer: s.writer, in: in, verdicts: verdicts[k], wake: wakes[k], log: log,
+			index: k, readers: n, nextID: int64(k + 1 - n), seeded: seeded, seedRunning: pos.Invisible == nil}
+	}
+	for i, t := range all.tables {
+		workers[i%n].tables = append(workers[i%n].tables, t)
+	}
+	workers[0].conn, workers[0].reader = conn, s.reader
+	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wakes, stream: stream, fenced: make([]bool, n)}
 
 	g.Go(func() error {
 		return stream.Run(gctx, pos.LSN, func(ctx context.Context, ev replicator.Event) error {
 			return sendEvent(ctx, in, ev, stream)
 		})
 	})
-	g.Go(func() error { return w.run(ctx, gctx) })
+	for _, w := range workers {
+		g.Go(func() error {
+			if w.conn == nil {
+				// A reader of its own: its connection, opened and closed on its goroutine.
+				conn, err := pgconf.Open(gctx, e.cfg.Source.DSN, "tidemark", e.cfg.Source.Configure, pgconf.CancelOnContext, pgconf.LargeReads)
+				if err != nil {
+					return fmt.Errorf("source (reader %d): %w", w.index+1, err)
+				}
+				defer conn.Close(context.WithoutCancel(gctx))
+				if w.reader, err = chunker.NewReader(conn, e.cfg.Chunker); err != nil {
+					return err
+				}
+				w.conn = conn
+			}
+			err := w.run(ctx, gctx)
+			if err != nil && gctx.Err() != nil {
+				// Ended with the others (a query cancelled as the merge loop finished comes
+				// back as the server's 57014, not as the context's error): the cause is theirs.
+				return context.Cause(gctx)
+			}
+			return err
+		})
+	}
 	g.Go(func() error {
 		defer close(askGone)
 		defer m.core.dropAsks()
@@ -650,6 +714,13 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 
 // sendEvent queues a stream event for the merge loop. While the queue is full (a slow sink), it
 // keeps the replication connection alive with status updates, on the replicator's goroutine.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func sendEvent(ctx context.Context, in chan<- any, ev replicator.Event, stream *replicator.Stream) error {
 	select {
 	case in <- ev:
@@ -678,10 +749,13 @@ type mergeLoop struct {
 	e         *Engine
 	core      *core
 	in        <-chan any
-	verdicts  chan<- verdict
-	wake      chan wakeup // tables with rows to read (again), for the idle worker (latest only)
+	verdicts  []chan verdict // each reader's, by chunk id (readerOf)
+	wake      []chan wakeup  // each reader's tables with rows to read (again), for it idle (latest only)
 	stream    *replicator.Stream
 	rereadGen int // core.rereadGen when the worker was last told
+	// fenced are the readers whose fence the stream showed (fencedReaders of them).
+	fenced        []bool
+	fencedReaders int
 
 	lastCheckpoint time.Time
 	checkpointed   *Position // the last position given to the sink
@@ -739,7 +813,15 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 			continue
 		}
 		m.wakeWorker()
-		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0 && !m.core.pendingWork()
+		// A bounded run ends at a fence with no work pending anywhere, once every reader has
+		// written one (each after its first look at its tables, so none is left unwatched).
+		for _, id := range m.core.fences {
+			if k := m.readerOf(id); !m.fenced[k] {
+				m.fenced[k] = true
+				m.fencedReaders++
+			}
+		}
+		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0 && m.fencedReaders == len(m.verdicts) && !m.core.pendingWork()
 		if finished || m.checkpointDue() {
 			if err := m.checkpoint(gctx); err != nil {
 				return err
@@ -763,13 +845,20 @@ func (m *mergeLoop) wakeWorker() {
 	}
 	m.rereadGen = m.core.rereadGen
 	pending := m.core.workByTable()
-	select {
-	case <-m.wake:
-	default:
+	for _, wake := range m.wake {
+		select {
+		case <-wake:
+		default:
+		}
+		if len(pending) > 0 {
+			wake <- wakeup{gen: m.core.rereadGen, tables: pending}
+		}
 	}
-	if len(pending) > 0 {
-		m.wake <- wakeup{gen: m.core.rereadGen, tables: pending}
-	}
+}
+
+// readerOf is the index of the reader whose chunk id is (worker.newID).
+func (m *mergeLoop) readerOf(id int64) int {
+	return int((id - 1) % int64(len(m.verdicts)))
 }
 
 func (m *mergeLoop) checkpointDue() bool {
@@ -791,7 +880,7 @@ func (m *mergeLoop) flush(ctx context.Context) error {
 			m.chunkDone = true
 		}
 		select {
-		case m.verdicts <- v:
+		case m.verdicts[m.readerOf(v.id)] <- v:
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}

@@ -40,8 +40,15 @@ type workTable struct {
 // worker runs the chunk protocol: register, low watermark, SELECT, hand over, high watermark,
 // verdict. One window is open at a time; between two range chunks of a table, the high
 // watermark of one and the low of the next go in one transaction, and the next chunk is read
-// while the stream brings the first one's verdict (I22). It is the only user of the query
+// while the stream brings the first one's verdict (I22). It is the only user of its query
 // connection.
+//
+// Several workers (Config.Readers) run side by side, each a reader of its own tables on its own
+// connection (I23): reader index of n numbers its chunks index+1, index+1+n, ... (ids unique
+// across readers; the merge loop routes each verdict by its id), takes the wakeups of its own
+// tables, looks at its own tables in watch, and writes a fence when it has nothing left (the run
+// ends at a fence once no table has work pending, whichever reader wrote it). Reader 0 seeds the
+// guard; the others register no window before it has (seeded).
 type worker struct {
 	cfg      *Config
 	conn     *pgx.Conn
@@ -53,12 +60,14 @@ type worker struct {
 	log      zerolog.Logger
 	tables   []*workTable
 
-	nextID    int64
-	limit     int  // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
-	fails     int  // consecutive abandoned chunks
-	rereads   int  // consecutive key-list chunks that left keys to read again
-	rereading bool // a key-list chunk is in flight
-	lastWatch time.Time
+	index, readers int           // this reader's index, and how many there are (chunk ids)
+	seeded         chan struct{} // closed once reader 0 has seeded the guard (or gave up)
+	nextID         int64         // the last id numbered; index+1-readers before the first (newID)
+	limit          int           // rows of the next chunk: ChunkSize, less while chunks are too big or too slow
+	fails          int           // consecutive abandoned chunks
+	rereads        int           // consecutive key-list chunks that left keys to read again
+	rereading      bool          // a key-list chunk is in flight
+	lastWatch      time.Time
 	// seedRunning: the position does not say which commits may still be invisible (a first
 	// run, an older position), so the guard starts with every transaction invisible now, when
 	// the server has synchronous standbys (guard.seed).
@@ -103,8 +112,18 @@ func (w *worker) order(cfg []TableConfig) {
 // read again. It stops issuing chunks when stop ends.
 func (w *worker) run(stop, ctx context.Context) error {
 	w.limit, w.stop = w.cfg.ChunkSize, stop
-	if err := w.seed(ctx); err != nil {
-		return err
+	if w.index == 0 {
+		err := w.seed(ctx)
+		close(w.seeded)
+		if err != nil {
+			return err
+		}
+	} else {
+		select {
+		case <-w.seeded:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
 	}
 	if err := w.watch(ctx); err != nil {
 		return err
@@ -226,13 +245,19 @@ func (w *worker) seed(ctx context.Context) error {
 	return w.send(ctx, seed{xids: xids})
 }
 
+// newID numbers the next chunk (or fence) of this reader: unique across the run's readers.
+func (w *worker) newID() int64 {
+	w.nextID += int64(max(1, w.readers))
+	return w.nextID
+}
+
 // fence writes the mark a bounded run stops at once the stream has passed it. No window is open
 // ahead then (run settles it first).
 func (w *worker) fence(ctx context.Context) error {
-	w.nextID++
+	id := w.newID()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		if _, err = w.writeMarks(ctx, watermark.Mark{ID: w.nextID, Kind: watermark.Fence}); err == nil {
+		if _, err = w.writeMarks(ctx, watermark.Mark{ID: id, Kind: watermark.Fence}); err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -409,8 +434,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	if prev != nil {
 		id = prev.id
 	} else {
-		w.nextID++
-		id = w.nextID
+		id = w.newID()
 		if err := w.send(ctx, register{id: id, table: t.name}); err != nil {
 			return err
 		}
@@ -457,8 +481,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	// next range chunk of this table.
 	var next int64
 	if w.pipelines(t, c, keys, refresh) {
-		w.nextID++
-		next = w.nextID
+		next = w.newID()
 		if err := w.send(ctx, register{id: next, table: t.name}); err != nil {
 			return err
 		}

@@ -56,6 +56,7 @@ type config struct {
 	CreateReplicationSlot *bool  `json:"create_replication_slot"`
 	SignalTable           string `json:"signal_table"`
 	BackfillChunkSize     int    `json:"backfill_chunk_size"`
+	BackfillReaders       int    `json:"backfill_readers"`
 	SyncTimeBudgetSeconds int    `json:"sync_time_budget_seconds"`
 	Continuous            bool   `json:"continuous"`
 	StateIntervalSeconds  int    `json:"state_interval_seconds"`
@@ -226,6 +227,9 @@ func (c *config) applyDefaults() {
 	if c.BackfillChunkSize == 0 {
 		c.BackfillChunkSize = merge.DefaultChunkSize
 	}
+	if c.BackfillReaders == 0 {
+		c.BackfillReaders = 1
+	}
 	if c.ValueForms == "" {
 		c.ValueForms = pgjson.Airbyte.String()
 	}
@@ -356,6 +360,9 @@ func (c *config) checkIntervals() error {
 	if err := inRange("backfill_chunk_size", c.BackfillChunkSize, 1, 1_000_000, merge.DefaultChunkSize); err != nil {
 		errs = append(errs, err)
 	}
+	if err := inRange("backfill_readers", c.BackfillReaders, 1, merge.MaxReaders, 1); err != nil {
+		errs = append(errs, err)
+	}
 	if c.SyncTimeBudgetSeconds != 0 {
 		if err := inRange("sync_time_budget_seconds", c.SyncTimeBudgetSeconds, 1, 365*24*3600, 0); err != nil {
 			errs = append(errs, err)
@@ -448,10 +455,15 @@ func (c *config) connectionsNeeded() (int, string) {
 	if !c.cdc() {
 		return 1, "a " + c.ReplicationMethod.Method + " read uses one connection"
 	}
-	if c.ReplicationMethod.HeartbeatActionQuery != "" {
-		return 4, "a CDC read holds four connections at once (its queries, the backfill's chunks, the replication stream, and heartbeat_action_query's)"
+	// Its queries, the replication stream, and one per backfill reader (backfill_readers).
+	n, chunks := 2+c.BackfillReaders, "the backfill's chunks"
+	if c.BackfillReaders > 1 {
+		chunks = fmt.Sprintf("the chunks of its %d backfill readers", c.BackfillReaders)
 	}
-	return 3, "a CDC read holds three connections at once (its queries, the backfill's chunks and the replication stream)"
+	if c.ReplicationMethod.HeartbeatActionQuery != "" {
+		return n + 1, fmt.Sprintf("a CDC read holds %d connections at once (its queries, %s, the replication stream, and heartbeat_action_query's)", n+1, chunks)
+	}
+	return n, fmt.Sprintf("a CDC read holds %d connections at once (its queries, %s and the replication stream)", n, chunks)
 }
 
 // signalTable is the signal table of the table transport: signal_table, or the default.

@@ -83,6 +83,7 @@ func TestConfigRanges(t *testing.T) {
 		{"port", false},
 		{"tunnel_method.tunnel_port", false},
 		{"backfill_chunk_size", true},
+		{"backfill_readers", true},
 		{"sync_time_budget_seconds", true},
 		{"state_interval_seconds", true},
 		{"replication_method.initial_load_timeout_hours", true},
@@ -246,8 +247,21 @@ func TestAirbyteKeysHonouredOrRefused(t *testing.T) {
 		{0, map[string]any{"method": "Xmin"}, false},
 		{-1, map[string]any{"method": "Standard"}, false},
 		{nil, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p"}, true},
+		// Each backfill reader holds a connection of its own.
+		{4, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p", "readers": 3}, false},
+		{5, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p", "readers": 3}, true},
+		{5, map[string]any{"method": "CDC", "replication_slot": "s", "publication": "p", "readers": 3, "heartbeat_action_query": "SELECT 1"}, false},
+		{1, map[string]any{"method": "Standard", "readers": 3}, true},
 	} {
-		_, err := load(func(m map[string]any) { m["max_db_connections"] = tc.n; m["replication_method"] = tc.method })
+		readers := tc.method["readers"]
+		delete(tc.method, "readers")
+		_, err := load(func(m map[string]any) {
+			m["max_db_connections"] = tc.n
+			m["replication_method"] = tc.method
+			if readers != nil {
+				m["backfill_readers"] = readers
+			}
+		})
 		if tc.ok {
 			require.NoError(t, err, "max_db_connections %v, %v", tc.n, tc.method)
 		} else {

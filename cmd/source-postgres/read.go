@@ -314,6 +314,7 @@ func (r *reader) capture(ctx context.Context, tables []*readStream) error {
 		Watermarks:         s.cfg.watermarks(),
 		SignalTable:        sig,
 		ChunkSize:          s.cfg.BackfillChunkSize,
+		Readers:            s.cfg.BackfillReaders,
 		CheckpointInterval: s.cfg.stateInterval(),
 		AckCheckpoints:     rm.LSNCommitBehaviour == commitWhileReading,
 		StopWhenCaughtUp:   !s.cfg.Continuous,

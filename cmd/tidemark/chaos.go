@@ -26,7 +26,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
 	faults := fs.String("faults", "", "the faults, comma-separated: families ("+strings.Join(chaos.FaultFamilies(), ", ")+") or kinds ("+strings.Join(chaos.FaultKinds(), ", ")+"); default: the default family")
-	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight; the run goes past --duration (up to three times it more, plus the time faults without effect took, six times it at most) until each took effect once")
+	inTurn := fs.Bool("in-turn", false, "take the faults in turn, in the order --faults lists them, instead of drawing them by weight; the run goes past --duration (up to five times it more, plus the time faults without effect took, eight times it at most) until each took effect once")
 	source := fs.String("source", "", "a staging database to run against (each run uses only a schema, slot and publication of its own, named tidemark_chaos_SEED_ID); default a throwaway PostgreSQL")
 	target := fs.String("target", "", "postgres mode: the database to write to; default a second database of the throwaway PostgreSQL")
 	rows := fs.Int("rows", 20000, "rows of the main table before the run (backfilled under the faults)")
@@ -37,13 +37,14 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	breakEngine := fs.String("break", "", "test build only (-tags tidemark_faults): break the capture on purpose ("+strings.Join(chaos.Breaks(), ", ")+") to see the harness catch it; without --faults, with the faults that provoke it")
 	maxChunkBytes := fs.Int("max-chunk-bytes", 256<<10, "the capture's bound on the bytes of a chunk (the workload writes values above it now and then)")
 	watermarks := fs.String("watermarks", "", "the capture's watermark transport: message or table; default drawn from the seed")
+	readers := fs.Int("readers", 0, "tables the capture backfills at once (sync --readers, the connector's backfill_readers); 0: drawn from the seed, 1 to 3")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := usageProblems(fs, outOfRange(durationRange("duration", *duration, time.Second, 30*24*time.Hour),
 		durationRange("fault-every", *every, 10*time.Millisecond, time.Hour),
 		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000),
-		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30))); err != nil {
+		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30), intRange("readers", *readers, 0, merge.MaxReaders))); err != nil {
 		return err
 	}
 	if *breakEngine != "" && !merge.FaultsBuilt {
@@ -87,7 +88,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	for _, m := range modes {
 		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
 			Tidemark: self, Rows: *rows, Faults: faultList, InTurn: *inTurn, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log,
-			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks}
+			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks, Readers: *readers}
 		if *dir != "" {
 			cfg.Dir = filepath.Join(*dir, string(m))
 			if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {

@@ -154,7 +154,7 @@ type syncFlags struct {
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
 	control, onSlotLoss, onRewrite                                              *string
 	audit, stopCaughtUp, noBackfill, quiet                                      *bool
-	chunkSize, maxChunkBytes                                                    *int
+	chunkSize, maxChunkBytes, readers                                           *int
 	interval, wmTimeout, watch                                                  *time.Duration
 	testing                                                                     testingFlags
 	keys                                                                        *[]string
@@ -172,6 +172,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.slot = slotFlag(fs, "logical replication slot (pgoutput); created when missing")
 	f.pub = publicationFlag(fs, "publication; created for --tables when missing")
 	f.chunkSize = fs.Int("chunk-size", merge.DefaultChunkSize, "rows per backfill chunk")
+	f.readers = fs.Int("readers", 1, "tables backfilled at once, each by a reader on its own connection to the source (1 to 64): more finish sooner and hold more connections and snapshots on the source")
 	f.interval = fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
@@ -208,6 +209,7 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	var p syncPlan
 	problems := outOfRange(
 		intRange("chunk-size", *f.chunkSize, 1, 1_000_000),
+		intRange("readers", *f.readers, 1, merge.MaxReaders),
 		durationRange("checkpoint-interval", *f.interval, 10*time.Millisecond, time.Hour),
 		durationRange("watermark-timeout", *f.wmTimeout, 100*time.Millisecond, time.Hour),
 		durationRange("watch-interval", *f.watch, 100*time.Millisecond, time.Hour),
@@ -333,6 +335,7 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 		Hooks:              p.hooks,
 		Faults:             p.faults,
 		ChunkSize:          *f.chunkSize,
+		Readers:            *f.readers,
 		MaxChunkBytes:      *f.maxChunkBytes,
 		CheckpointInterval: *f.interval,
 		AckCheckpoints:     true,

@@ -46,7 +46,8 @@ type Config struct {
 	Faults []string
 	// InTurn takes the faults in turn, in the order of Faults, instead of drawing each kind by
 	// its weight: a short run meets every one (the tests). The times between them stay drawn. The
-	// run goes on past Duration (up to three times it more) until each kind has taken effect once.
+	// run goes on past Duration (up to five times it more, plus the time its faults without
+	// effect took, eight times it at most) until each kind has taken effect once.
 	InTurn bool
 	// Source is a staging database to run against (its role must create schemas, slots and
 	// publications); empty: a throwaway PostgreSQL started for the run, which also allows the
@@ -66,6 +67,9 @@ type Config struct {
 	// MaxChunkBytes is the capture's bound on the bytes of a chunk; the workload writes now and
 	// then a value above it. Zero: 256 KiB.
 	MaxChunkBytes int
+	// Readers is how many tables the capture backfills at once (tidemark sync --readers, the
+	// connector's backfill_readers). Zero: drawn from the seed, 1, 2 or 3.
+	Readers int
 	// Watermarks is the watermark transport of the capture: "message" (logical messages) or
 	// "table" (a signal table in the run's schema). Empty: drawn from the seed, messages three
 	// times in four (the table on a server before PostgreSQL 14).
@@ -90,6 +94,7 @@ type Report struct {
 	Command      string
 	Schema       string        // the run's schema, slot and publication
 	Transport    string        // the watermark transport: message or table
+	Readers      int           // the capture's backfill readers
 	Duration     time.Duration // the whole run, setup and checks included
 	Transactions int64         // workload transactions committed
 	Faults       map[string]int
@@ -137,7 +142,7 @@ func (r *Report) Effective() map[string]int {
 
 // Write prints the report.
 func (r *Report) Write(w io.Writer) {
-	fmt.Fprintf(w, "tidemark chaos: mode=%s seed=%d duration=%s schema=%s watermarks=%s\n", r.Mode, r.Seed, r.Duration.Round(time.Second), r.Schema, r.Transport)
+	fmt.Fprintf(w, "tidemark chaos: mode=%s seed=%d duration=%s schema=%s watermarks=%s readers=%d\n", r.Mode, r.Seed, r.Duration.Round(time.Second), r.Schema, r.Transport, r.Readers)
 	if r.Command != "" {
 		fmt.Fprintf(w, "replay: %s\n", r.Command)
 	}
@@ -297,6 +302,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("chaos: the break %s is of mode(s) %v, not %s", cfg.Break, b.modes, cfg.Mode)
 		}
 	}
+	if cfg.Readers == 0 {
+		cfg.Readers = 1 + rand.New(rand.NewPCG(cfg.Seed, 4)).IntN(3) // apart from the rest, as the transport
+	}
 	switch cfg.Watermarks {
 	case "":
 		// Drawn from the seed, apart from the fault schedule and the workload.
@@ -431,9 +439,9 @@ func (r *run) prepare(ctx context.Context) error {
 		r.cfg.Watermarks = "table" // logical messages in transactions need PostgreSQL 14
 	}
 	r.transport = r.cfg.Watermarks
-	r.report.Transport, r.report.Command = r.transport, r.command()
+	r.report.Transport, r.report.Readers, r.report.Command = r.transport, r.cfg.Readers, r.command()
 	r.note("%s", r.report.Command)
-	r.note("schema, slot and publication %s; watermarks as %s", r.sch, r.transport)
+	r.note("schema, slot and publication %s; watermarks as %s; %d reader(s)", r.sch, r.transport, r.cfg.Readers)
 	collation, err := setup(ctx, conn, r.sch, r.schema.moved, r.cfg.Rows, r.ddl(), r.cfg.Mode == Postgres)
 	if err != nil {
 		return err
@@ -479,7 +487,7 @@ func (r *run) command() string {
 	c := r.cfg
 	parts := []string{"tidemark chaos", "--mode", string(c.Mode), "--seed", fmt.Sprint(c.Seed), "--duration", c.Duration.String(),
 		"--fault-every", c.FaultEvery.String(), "--rows", fmt.Sprint(c.Rows), "--chunk-size", fmt.Sprint(c.ChunkSize),
-		"--max-chunk-bytes", fmt.Sprint(c.MaxChunkBytes), "--faults", r.faultsArg, "--watermarks", r.transport}
+		"--max-chunk-bytes", fmt.Sprint(c.MaxChunkBytes), "--faults", r.faultsArg, "--watermarks", r.transport, "--readers", fmt.Sprint(c.Readers)}
 	if c.InTurn {
 		parts = append(parts, "--in-turn")
 	}

@@ -151,7 +151,8 @@ func TestChaos(t *testing.T) {
 		var cfgs []chaos.Config
 		for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
 			cfg := config(t, mode, seed)
-			cfg.Faults = []string{"default", "fence", "target"}
+			// Three readers: the tables are backfilled at once, each by a reader of its own.
+			cfg.Faults, cfg.Readers = []string{"default", "fence", "target"}, 3
 			cfgs = append(cfgs, cfg)
 		}
 		for _, rep := range concurrently(t, cfgs) {

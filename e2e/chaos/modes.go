@@ -77,7 +77,7 @@ func (c *syncCapture) args(final bool, remedy []string) (args []string, source, 
 	args = []string{"sync", "--slot", r.slot, "--publication", r.slot, "--tables", strings.Join(tabs, ","),
 		"--chunk-size", strconv.Itoa(r.cfg.ChunkSize), "--checkpoint-interval", "1s", "--quiet",
 		"--watermarks", r.transport, "--signal-table", r.sch + ".signal", "--watermark-timeout", "500ms", "--watch-interval", syncWatch.String(),
-		"--max-chunk-bytes", strconv.Itoa(r.cfg.MaxChunkBytes), "--control", r.controlPath()}
+		"--max-chunk-bytes", strconv.Itoa(r.cfg.MaxChunkBytes), "--control", r.controlPath(), "--readers", strconv.Itoa(r.cfg.Readers)}
 	if c.toPG {
 		args = append(args, "--audit")
 	}
@@ -475,7 +475,7 @@ func (c *airbyteCapture) prepare(ctx context.Context) error {
 		"host": pc.Host, "port": pc.Port, "database": pc.Database, "username": pc.User, "password": pc.Password,
 		"ssl_mode":            map[string]any{"mode": "disable"},
 		"replication_method":  map[string]any{"method": "CDC", "replication_slot": c.r.slot, "publication": c.r.slot},
-		"backfill_chunk_size": c.r.cfg.ChunkSize, "state_interval_seconds": 1,
+		"backfill_chunk_size": c.r.cfg.ChunkSize, "backfill_readers": c.r.cfg.Readers, "state_interval_seconds": 1,
 	}
 	if c.r.transport == "table" {
 		cfg["signal_table"] = c.r.sch + ".signal"

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
@@ -556,6 +557,9 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	return s.commit(ctx, b)
 }
 
+// apartGap is how long checkpointApart waits between the checkpoint's commit and its changes'.
+const apartGap = 300 * time.Millisecond
+
 // checkpointApart is Checkpoint broken on purpose (faults.CheckpointApart): the position is
 // committed on a connection of its own first, then the changes it covers are applied and
 // committed; a crash in between loses them, and the checkpoint says they were written.
@@ -567,7 +571,10 @@ func (s *Sink) checkpointApart(ctx context.Context, pos *merge.Position) error {
 	if _, err := s.apart.Exec(ctx, ForceCheckpointSQL(s.cpName), s.id, b, s.schema); err != nil {
 		return fmt.Errorf("write the target's checkpoint: %w", err)
 	}
-	// The checkpoint is committed already: whatever fails now, it stands.
+	// The checkpoint is committed already: whatever fails now, it stands. The gap is widened to
+	// what a slow target's round trips make of it, so that the chaos harness's kills meet it
+	// (on a loaded machine three seeds' 34 kills all missed the bare gap).
+	time.Sleep(apartGap)
 	if err := s.begin(ctx); err != nil {
 		return fmt.Errorf("%w: %w", merge.ErrCommitUnknown, err)
 	}
