@@ -272,6 +272,10 @@ type core struct {
 	txTime    time.Time
 	txSeq     int
 	txMarks   []watermark.Mark
+	// txRows: the open transaction changed or truncated a captured table. One that did not (a
+	// watermark's, another reader's among them) cannot hold a row a chunk misses by not seeing
+	// it: the visibility guard passes over it (I11, I23).
+	txRows bool
 	keyBuf    [][]byte
 	chunkCols map[*chunker.Table]*Columns
 
@@ -356,7 +360,7 @@ func (c *core) step(in any) error {
 		if c.inTxn {
 			return fmt.Errorf("begin of xid %d inside xid %d", v.XID, c.txXID)
 		}
-		c.inTxn, c.txXID, c.txLSN, c.txTime, c.txSeq, c.txMarks = true, v.XID, v.FinalLSN, v.Time, 0, c.txMarks[:0]
+		c.inTxn, c.txXID, c.txLSN, c.txTime, c.txSeq, c.txMarks, c.txRows = true, v.XID, v.FinalLSN, v.Time, 0, c.txMarks[:0], false
 	case *replicator.Relation:
 		return c.relation(v)
 	case *replicator.Change:
@@ -583,6 +587,7 @@ func (c *core) change(ch *replicator.Change) error {
 		return nil
 	}
 	c.changes++
+	c.txRows = true
 	if ts.rel != rel {
 		// Every change follows its Relation in the session; a change of an unseen relation
 		// would mean the stream skipped one.
@@ -773,6 +778,7 @@ func (c *core) truncate(t *replicator.Truncate) error {
 		if ts == nil {
 			continue
 		}
+		c.txRows = true
 		// Recorded even while the table starts over: the files it made are explained whenever
 		// they are looked at (storageCheck).
 		ts.progress.Truncated = c.txXID
@@ -832,7 +838,9 @@ func (c *core) commit(cm *replicator.Commit) error {
 		return fmt.Errorf("commit outside a transaction")
 	}
 	c.inTxn = false
-	c.guard.commit(c.txXID, c.txLSN)
+	if c.txRows {
+		c.guard.commit(c.txXID, c.txLSN)
+	}
 	for _, m := range c.txMarks {
 		switch m.Kind {
 		case watermark.Low:

@@ -527,7 +527,10 @@ func TestGuardKeepsCommitsForUnseenSnapshots(t *testing.T) {
 	r.must(toastRel)
 	r.must(probe{snap: chunker.Snapshot{Xmin: uint64(r.xid), Xmax: uint64(r.xid)}})
 	r.must(register{id: 7, table: "public.t"})
-	r.mustTxn() // X: streamed before L7, still invisible when chunk 7's snapshot is taken
+	row := func() *replicator.Change {
+		return &replicator.Change{Op: replicator.Insert, Rel: toastRel, New: replicator.Tuple{text("900"), text("x")}}
+	}
+	r.mustTxn(row()) // X: streamed before L7, still invisible when chunk 7's snapshot is taken
 	x := r.xid
 	r.mark(7, watermark.Low)
 	r.must(register{id: 8, table: "public.t"})
@@ -536,7 +539,7 @@ func TestGuardKeepsCommitsForUnseenSnapshots(t *testing.T) {
 	newer := chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}
 	r.must(handover{id: 8, chunk: &chunker.Chunk{Table: toastTable, Snapshot: newer, Done: true}, maxKey: []string{"1000"}, keys: [][]string{{"1"}}})
 	for range 3000 { // enough commits for the guard to prune
-		r.mustTxn()
+		r.mustTxn(row())
 	}
 	older := chunker.Snapshot{Xmin: uint64(x), Xmax: uint64(r.xid + 1), Xip: []uint64{uint64(x)}}
 	rows := []chunker.Row{{[]byte("5"), []byte("old")}}
@@ -563,4 +566,60 @@ func TestPendingXminsSkipRefreshWindows(t *testing.T) {
 	require.True(t, ok)
 	require.NotContains(t, xs, uint32(0), "a window without a snapshot has no xmin to keep")
 	require.Len(t, xs, 1, "the registered window's floor")
+}
+
+// TestGuardPassesOverMarkOnlyTransactions: with several readers, another reader's watermark
+// transaction can be streamed before this chunk's low watermark and still be invisible to its
+// snapshot (a synchronous standby that has not answered yet). It changed no captured row, so the
+// chunk misses nothing by not seeing it: it completes. A transaction that changed a captured row
+// is still checked.
+func TestGuardPassesOverMarkOnlyTransactions(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.must(register{id: 1, table: "public.t"})
+	r.must(register{id: 2, table: "public.t"})
+	r.mark(2, watermark.Low) // the other reader's mark, committed and streamed, not yet visible
+	x := r.xid
+	r.mark(1, watermark.Low)
+	snap := chunker.Snapshot{Xmin: uint64(x), Xmax: uint64(r.xid + 1), Xip: []uint64{uint64(x)}}
+	rows := []chunker.Row{{[]byte("5"), []byte("five")}}
+	r.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
+	r.mark(1, watermark.High)
+	require.Len(t, r.verdicts, 1)
+	require.True(t, r.verdicts[0].completed, "a mark-only transaction the snapshot does not see yet rejected the chunk: %v", r.verdicts[0].reason)
+
+	// The same with a row change in the invisible transaction: rejected.
+	r2 := newCoreRun(t, nil, toastTable)
+	r2.must(toastRel)
+	r2.must(register{id: 1, table: "public.t"})
+	r2.mustTxn(&replicator.Change{Op: replicator.Insert, Rel: toastRel, New: replicator.Tuple{text("9"), text("nine")}})
+	y := r2.xid
+	r2.mark(1, watermark.Low)
+	snap = chunker.Snapshot{Xmin: uint64(y), Xmax: uint64(r2.xid + 1), Xip: []uint64{uint64(y)}}
+	r2.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
+	r2.mark(1, watermark.High)
+	require.Len(t, r2.verdicts, 1)
+	require.False(t, r2.verdicts[0].completed, "a change before the low watermark the snapshot does not see")
+}
+
+// TestGuardChecksTruncateOnlyTransactions: a transaction that only truncated a captured table
+// changed its rows as much as one that deleted them: streamed before a chunk's low watermark and
+// invisible to its snapshot, it rejects the chunk (which would emit the rows it removed).
+func TestGuardChecksTruncateOnlyTransactions(t *testing.T) {
+	r := newCoreRun(t, nil, toastTable)
+	r.must(toastRel)
+	r.must(register{id: 1, table: "public.t"})
+	r.lsn += 0x100
+	r.xid++
+	r.must(&replicator.Begin{FinalLSN: r.lsn, XID: r.xid})
+	r.must(&replicator.Truncate{LSN: r.lsn, XID: r.xid, Rels: []*replicator.Relation{toastRel}})
+	r.must(&replicator.Commit{LSN: r.lsn, EndLSN: r.lsn + 1, XID: r.xid})
+	x := r.xid
+	r.mark(1, watermark.Low)
+	snap := chunker.Snapshot{Xmin: uint64(x), Xmax: uint64(r.xid + 1), Xip: []uint64{uint64(x)}}
+	rows := []chunker.Row{{[]byte("5"), []byte("five")}}
+	r.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
+	r.mark(1, watermark.High)
+	require.Len(t, r.verdicts, 1)
+	require.False(t, r.verdicts[0].completed, "a TRUNCATE before the low watermark the snapshot does not see")
 }

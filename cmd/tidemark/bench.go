@@ -47,7 +47,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	verbose := fs.Bool("v", false, "log the engine's progress")
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
 	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
-	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency; default all")
+	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two); default all")
 	memory := fs.Bool("memory", false, "instead of the default figures: the peak memory of tidemark sync for one very large source transaction and for wide rows")
 	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
@@ -165,7 +165,7 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
-	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency}
+	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency, "readers": b.readers}
 	if !b.groups["scan"] {
 		// The ratios of the other figures are to COPY's time, and memory's to the backfill's peak.
 		steps["scan"] = b.copyReference
@@ -222,7 +222,7 @@ func (b *bench) open(ctx context.Context) (conn *pgx.Conn, stop func(), err erro
 }
 
 // benchGroupNames are the groups of figures, in the order they run.
-var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency"}
+var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency", "readers"}
 
 // benchGroups parses --only: the groups to run (all when empty).
 func benchGroups(only string) (map[string]bool, error) {
@@ -476,7 +476,7 @@ func (b *bench) psqlCopy(ctx context.Context, sql string, mb *float64) (time.Dur
 // backfill runs one bounded backfill of bench_rows into sink, on a slot of its own; with live,
 // it captures the inserts into bench_live too.
 func (b *bench) backfill(ctx context.Context, sink merge.Sink, live bool) (time.Duration, error) {
-	return b.backfillOf(ctx, b.nextSlot(), "bench_rows", sink, live)
+	return b.backfillOf(ctx, b.nextSlot(), []string{"bench_rows"}, 1, sink, live)
 }
 
 // nextSlot names a new slot.
@@ -485,9 +485,13 @@ func (b *bench) nextSlot() string {
 	return fmt.Sprintf("bench_%d", b.slots)
 }
 
-// backfillOf runs one bounded backfill of table into sink, on a new slot, dropped after.
-func (b *bench) backfillOf(ctx context.Context, slot, table string, sink merge.Sink, live bool) (time.Duration, error) {
-	tables := []merge.TableConfig{{Schema: "public", Name: table}}
+// backfillOf runs one bounded backfill of names by readers readers into sink, on a new slot,
+// dropped after.
+func (b *bench) backfillOf(ctx context.Context, slot string, names []string, readers int, sink merge.Sink, live bool) (time.Duration, error) {
+	var tables []merge.TableConfig
+	for _, n := range names {
+		tables = append(tables, merge.TableConfig{Schema: "public", Name: n})
+	}
 	if live {
 		tables = append(tables, merge.TableConfig{Schema: "public", Name: "bench_live", NoBackfill: true})
 	}
@@ -495,6 +499,7 @@ func (b *bench) backfillOf(ctx context.Context, slot, table string, sink merge.S
 		// Status updates as often as tidemark sync sends them.
 		Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench", CreateSlot: true, StatusInterval: time.Second},
 		Tables:           tables,
+		Readers:          readers,
 		ChunkSize:        b.chunk,
 		AckCheckpoints:   true,
 		StopWhenCaughtUp: true,
@@ -717,7 +722,47 @@ func (b *bench) backfillTable(ctx context.Context, table string, chunk int, sink
 	saved := b.chunk
 	b.chunk = chunk
 	defer func() { b.chunk = saved }()
-	return b.backfillOf(ctx, b.nextSlot(), table, sink, false)
+	return b.backfillOf(ctx, b.nextSlot(), []string{table}, 1, sink, false)
+}
+
+// benchParts is how many tables the readers figures split bench_rows' rows into.
+const benchParts = 4
+
+// readers measures the backfill of bench_rows' rows split into benchParts tables (by id modulo
+// benchParts, each with the same key and columns), output encoded and discarded, by one reader
+// and by two (Config.Readers: the tables in parallel, each reader with its own backend), against
+// the COPY of bench_rows.
+func (b *bench) readers(ctx context.Context) error {
+	var names []string
+	stmts := []string{}
+	for i := range benchParts {
+		name := fmt.Sprintf("bench_part_%d", i+1)
+		names = append(names, name)
+		stmts = append(stmts,
+			fmt.Sprintf(`CREATE TABLE public.%s (LIKE public.bench_rows INCLUDING ALL)`, name),
+			fmt.Sprintf(`INSERT INTO public.%s SELECT * FROM public.bench_rows WHERE id %% %d = %d`, name, benchParts, i),
+			fmt.Sprintf(`VACUUM ANALYZE public.%s`, name),
+			fmt.Sprintf(`ALTER PUBLICATION bench ADD TABLE public.%s`, name))
+	}
+	start := time.Now()
+	if err := execAll(ctx, b.dsn, stmts...); err != nil {
+		return fmt.Errorf("readers: %w", err)
+	}
+	b.printf("# bench_part_1..%d: bench_rows' rows in %d tables, built in %s\n", benchParts, benchParts, time.Since(start).Round(time.Second))
+	for _, n := range []int{1, 2} {
+		var outMB float64
+		d, err := b.median(func() (time.Duration, error) {
+			s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+			d, err := b.backfillOf(ctx, b.nextSlot(), names, n, s, false)
+			outMB = float64(s.bytes.Load()) / 1e6
+			return d, err
+		})
+		if err != nil {
+			return err
+		}
+		b.line(fmt.Sprintf("readers.%d_of_%d_tables", n, benchParts), d, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/d.Seconds()))
+	}
+	return nil
 }
 
 // pgcopydb times `pgcopydb clone` of the bench database into a fresh one.

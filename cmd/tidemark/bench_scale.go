@@ -157,7 +157,7 @@ func (b *scaleBench) one(ctx context.Context, target, dir string) ([]scaleSample
 	start := time.Now()
 	wg.Go(func() { samples = b.sample(sctx, target, slot, start, m) })
 	before := b.measure()
-	d, err := b.backfillOf(ctx, slot, "bench_rows", m, true)
+	d, err := b.backfillOf(ctx, slot, []string{"bench_rows"}, 1, m, true)
 	cpu := b.measure().sub(before)
 	stopSampler()
 	wg.Wait()

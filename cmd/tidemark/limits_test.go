@@ -29,6 +29,7 @@ func TestFlagRanges(t *testing.T) {
 	}
 	limits := []limit{
 		{"sync", "chunk-size", 1, 1_000_000, false},
+		{"sync", "readers", 1, 64, false},
 		{"sync", "checkpoint-interval", int64(10 * time.Millisecond), int64(time.Hour), true},
 		{"sync", "watermark-timeout", int64(100 * time.Millisecond), int64(time.Hour), true},
 		{"demo", "rows", 1, 100_000_000, false},
@@ -42,6 +43,7 @@ func TestFlagRanges(t *testing.T) {
 		{"chaos", "fault-every", int64(10 * time.Millisecond), int64(time.Hour), true},
 		{"chaos", "rows", 1, 100_000_000, false},
 		{"chaos", "chunk-size", 1, 1_000_000, false},
+		{"chaos", "readers", 0, 64, false},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

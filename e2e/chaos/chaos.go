@@ -487,7 +487,10 @@ func (r *run) command() string {
 	c := r.cfg
 	parts := []string{"tidemark chaos", "--mode", string(c.Mode), "--seed", fmt.Sprint(c.Seed), "--duration", c.Duration.String(),
 		"--fault-every", c.FaultEvery.String(), "--rows", fmt.Sprint(c.Rows), "--chunk-size", fmt.Sprint(c.ChunkSize),
-		"--max-chunk-bytes", fmt.Sprint(c.MaxChunkBytes), "--faults", r.faultsArg, "--watermarks", r.transport, "--readers", fmt.Sprint(c.Readers)}
+		"--max-chunk-bytes", fmt.Sprint(c.MaxChunkBytes), "--faults", r.faultsArg, "--watermarks", r.transport}
+	if c.Readers > 0 {
+		parts = append(parts, "--readers", fmt.Sprint(c.Readers))
+	}
 	if c.InTurn {
 		parts = append(parts, "--in-turn")
 	}

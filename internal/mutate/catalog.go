@@ -194,6 +194,24 @@ var catalog = []Mutant{
 		Desc: "a registered window's floor no longer holds the guard's pruning: a newer snapshot handed over first forgets a commit the window's older snapshot misses",
 	},
 	{
+		ID: "merge/guard-empty-commits", Pkg: "merge", File: "merge/core.go",
+		From: "\tif c.txRows {\n\t\tc.guard.commit(c.txXID, c.txLSN)\n\t}\n",
+		To:   "\tc.guard.commit(c.txXID, c.txLSN)\n",
+		Desc: "the guard records transactions that changed no captured row: another reader's watermark not yet visible rejects a chunk that misses nothing",
+	},
+	{
+		ID: "merge/guard-rows-only-changes", Pkg: "merge", File: "merge/core.go",
+		From: "\t\t\tcontinue\n\t\t}\n\t\tc.txRows = true\n",
+		To:   "\t\t\tcontinue\n\t\t}\n",
+		Desc: "a transaction that only truncated a captured table is not recorded by the guard: a chunk whose snapshot misses the TRUNCATE keeps the rows it removed",
+	},
+	{
+		ID: "merge/guard-floor-refresh-zero", Pkg: "merge", File: "merge/core.go",
+		From: "\t\tcase w.chunk != nil && w.chunk.Snapshot.Xmin == 0:\n\t\t\t// A refresh's first window: no rows, no snapshot, nothing to check.\n",
+		To:   "",
+		Desc: "a refresh window's zero xmin is among the pending snapshots: the pruning's threshold drops to zero",
+	},
+	{
 		ID: "merge/evict-first-window-only", Pkg: "merge", File: "merge/core.go",
 		From: "\tfor _, w := range ts.open {\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
 		To:   "\tfor _, w := range ts.open[:min(1, len(ts.open))] {\n\t\tswitch {\n\t\tcase w.chunk != nil:\n",
