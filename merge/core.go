@@ -265,17 +265,17 @@ type core struct {
 	// deferred, those that came inside a transaction, to be taken at its end.
 	asked, deferred []rebackfillAsk
 
-	changes   uint64 // changes of captured tables processed (verdict.quiet)
-	inTxn     bool
-	txXID     uint32
-	txLSN     pglogrepl.LSN // commit LSN of the open transaction (its Begin's final LSN)
-	txTime    time.Time
-	txSeq     int
-	txMarks   []watermark.Mark
+	changes uint64 // changes of captured tables processed (verdict.quiet)
+	inTxn   bool
+	txXID   uint32
+	txLSN   pglogrepl.LSN // commit LSN of the open transaction (its Begin's final LSN)
+	txTime  time.Time
+	txSeq   int
+	txMarks []watermark.Mark
 	// txRows: the open transaction changed or truncated a captured table. One that did not (a
 	// watermark's, another reader's among them) cannot hold a row a chunk misses by not seeing
 	// it: the visibility guard passes over it (I11, I23).
-	txRows bool
+	txRows    bool
 	keyBuf    [][]byte
 	chunkCols map[*chunker.Table]*Columns
 
