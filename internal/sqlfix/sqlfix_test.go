@@ -114,7 +114,8 @@ func truncate(name string) string {
 
 // FuzzPrintedFixes runs every statement sqlfix prints, with a hostile name in it, as a DBA would
 // paste it (a superuser's session, standard_conforming_strings on and off, the simple protocol,
-// which runs every statement a string holds), and checks that the catalog changed only in the
+// which runs every statement a string holds; off only for a statement with a backslash, the one
+// thing the setting changes), and checks that the catalog changed only in the
 // lines of the object the statement names: no other role, slot, publication, table, grant or
 // row changed. A statement PostgreSQL refuses (a slot name it does not accept) must change
 // nothing. Seeds: quotes, backslashes, semicolons, dollar quotes, comments, unicode, a name of
@@ -137,6 +138,11 @@ func FuzzPrintedFixes(f *testing.F) {
 		ctx := context.Background()
 		for _, fx := range fixes(name) {
 			for _, scs := range []string{"on", "off"} {
+				if scs == "off" && !strings.Contains(fx.sql, `\`) {
+					// standard_conforming_strings changes only what a backslash in a string
+					// literal means: a statement without one reads the same under both.
+					continue
+				}
 				db.Exec(`DROP SCHEMA IF EXISTS fx CASCADE; DROP SCHEMA IF EXISTS fx_keep CASCADE; CREATE SCHEMA fx; CREATE SCHEMA fx_keep;
 					CREATE TABLE fx_keep.sentinel (id int); INSERT INTO fx_keep.sentinel VALUES (1)`)
 				cleanup(t, db, name)
