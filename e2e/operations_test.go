@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/chunker"
@@ -1240,4 +1241,93 @@ func TestWatchWhileWaitingForAVerdict(t *testing.T) {
 	err := runEngine(t, cfg, sink, nil)
 	require.ErrorIs(t, err, merge.ErrPublicationChanged)
 	require.ErrorContains(t, err, "no longer publishes truncate")
+}
+
+// TestVisibilityStallOfTableAddedLater: a transaction that changed only a table the first run
+// does not capture (but its publication holds) is streamed and checkpointed past while it is
+// still invisible (a synchronous standby that does not answer). The next run adds the table:
+// its stream will not show that transaction again, and the position's list of invisible
+// transactions does not hold it (the first run's guard checks only the tables it captures). A
+// run in which a table's capture starts takes every transaction running at its start as
+// possibly invisible, so the new table's chunks wait for it; without that its chunk emits the
+// row as it was before the update, for ever.
+func TestVisibilityStallOfTableAddedLater(t *testing.T) {
+	e2e.NeedsOwned(t, server, "changes synchronous_standby_names on the server")
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 30, 1)
+	db.Exec(`CREATE TABLE u (id int PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
+	db.Exec(`INSERT INTO u (id, v) SELECT g, 'v' || g FROM generate_series(1, 30) g`)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE u`)
+	admin := db.Connect()
+	ctx := context.Background()
+	setSync := func(names string) {
+		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { setSync("") })
+	var released atomic.Bool
+	release := func() {
+		if released.CompareAndSwap(false, true) {
+			setSync("")
+		}
+	}
+
+	// Run 1 captures t alone; the update of u stalls, is streamed and passed by a checkpoint.
+	app := db.Connect()
+	appDone := make(chan error, 1)
+	var flushed atomic.Uint64
+	cfg := engineConfig(db, "public.t")
+	cfg.StopWhenCaughtUp = false
+	cfg.WatermarkTimeout = 300 * time.Millisecond
+	cfg.Hooks.BeforeLow = onChunkFunc(1, func() {
+		setSync("nonexistent_standby")
+		time.Sleep(200 * time.Millisecond) // the reload reaches new sessions
+		go func() {
+			_, err := app.Exec(context.Background(), `UPDATE u SET v = 'new', ver = nextval('ver') WHERE id = 25`)
+			appDone <- err
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query LIKE 'UPDATE u %'`).Scan(&n); err == nil && n == 1 {
+				var lsn string
+				require.NoError(t, admin.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&lsn))
+				parsed, err := pglogrepl.ParseLSN(lsn)
+				require.NoError(t, err)
+				flushed.Store(uint64(parsed))
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Error("the update does not wait for the standby")
+	})
+	sink := newMemSink()
+	_, stop := backgroundEngine(t, cfg, sink, nil)
+	e2e.WaitFor(t, time.Minute, "a checkpoint past the stalled update", func() bool {
+		last := sink.last()
+		return flushed.Load() != 0 && last != nil && uint64(last.LSN) > flushed.Load()
+	})
+	require.ErrorIs(t, stop(), context.Canceled)
+
+	// Run 2 adds u; the stall goes on until its chunks have been rejected for it.
+	cfg2 := engineConfig(db, "public.u", "public.t")
+	cfg2.Source.CreateSlot = false
+	cfg2.WatermarkTimeout = 300 * time.Millisecond
+	var rejected atomic.Int32
+	cfg2.Hooks.ChunkAbandoned = func(context.Context, string, error) {
+		if rejected.Add(1) >= 2 {
+			release()
+		}
+	}
+	go func() {
+		time.Sleep(20 * time.Second) // a run that rejects nothing ends the stall anyway
+		release()
+	}()
+	require.NoError(t, runEngine(t, cfg2, sink, sink.last()))
+	release()
+	require.NoError(t, <-appDone)
+	verify(t, db, sink, "public.u", "id")
+	require.Positive(t, rejected.Load(), "chunks that may have missed the stalled update were rejected")
 }

@@ -279,11 +279,14 @@ type core struct {
 	keyBuf    [][]byte
 	chunkCols map[*chunker.Table]*Columns
 
-	out       []Event   // events to emit, in order
-	verdicts  []verdict // chunk outcomes for the worker
-	fences    []int64   // fence marks whose transaction committed
-	rereadGen int       // counts changes of any table's pending re-reads, for the idle worker
-	notices   []string  // things the merge loop logs (a renamed table followed)
+	out      []Event   // events to emit, in order
+	verdicts []verdict // chunk outcomes for the worker
+	fences   []int64   // fence marks whose transaction committed, since the last new work
+	// fencesSeen are the fence marks whose transaction committed, which new work does not clear:
+	// the merge loop takes them to count the readers that fenced (mergeLoop.noteFences).
+	fencesSeen []int64
+	rereadGen  int      // counts changes of any table's pending re-reads, for the idle worker
+	notices    []string // things the merge loop logs (a renamed table followed)
 
 	maxRereads    int  // maxRereads, lower in the model test
 	noGuard       bool // chaos switch: skip the visibility guard
@@ -859,6 +862,7 @@ func (c *core) commit(cm *replicator.Commit) error {
 			}
 		case watermark.Fence:
 			c.fences = append(c.fences, m.ID)
+			c.fencesSeen = append(c.fencesSeen, m.ID)
 		}
 	}
 	c.pos.LSN = cm.EndLSN
@@ -1213,7 +1217,7 @@ func (c *core) remove(w *window) {
 func (c *core) pendingXmins() (xs []uint32, ok bool) {
 	for _, w := range c.windows {
 		switch {
-		case w.chunk != nil && w.chunk.Snapshot.Xmin == 0:
+		case w.refresh:
 			// A refresh's first window: no rows, no snapshot, nothing to check.
 		case w.chunk != nil:
 			xs = append(xs, uint32(w.chunk.Snapshot.Xmin))

@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"testing"
@@ -622,4 +623,20 @@ func TestGuardChecksTruncateOnlyTransactions(t *testing.T) {
 	r.mark(1, watermark.High)
 	require.Len(t, r.verdicts, 1)
 	require.False(t, r.verdicts[0].completed, "a TRUNCATE before the low watermark the snapshot does not see")
+}
+
+// TestFenceOfIdleReaderCounted: with two readers, the fence of one that has nothing left can be
+// followed, in the batch the merge loop takes before it looks, by new work for the other's table
+// (a re-backfill, a row to read again), which clears the fences the core has seen. The idle
+// reader never fences again (it did no work since), so its fence must still count, or a bounded
+// run waits for it for ever.
+func TestFenceOfIdleReaderCounted(t *testing.T) {
+	r := newCoreRun(t, map[string]*TableProgress{"public.t": {Key: toastTable.KeyNames(), Done: true}}, toastTable)
+	r.must(toastRel)
+	m := &mergeLoop{core: r.c, verdicts: make([]chan verdict, 2), fenced: make([]bool, 2)}
+	r.mark(2, watermark.Fence) // reader 1 (ids 2, 4, ...) has nothing left
+	r.must(rebackfillAsk{ctx: context.Background(), tables: []string{"public.t"}, done: make(chan error, 1)})
+	m.noteFences() // the merge loop looks only now
+	require.True(t, m.fenced[1], "reader 1's fence counts although new work came after it")
+	require.Equal(t, 1, m.fencedReaders)
 }

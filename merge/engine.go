@@ -18,6 +18,7 @@ import (
 
 	"github.com/tidemark/tidemark/chunker"
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/watermark"
@@ -570,6 +571,7 @@ type runSetup struct {
 	tables  map[string]*chunker.Table
 	storage map[string]*storageCheck // the tables whose storage change the stream must explain
 	reader  *chunker.Reader
+	seed    bool // the guard starts with the transactions running at the start (worker.seed)
 }
 
 // prepareRun makes the watermarks' transport ready (the signal table in the publication, when it
@@ -605,7 +607,19 @@ func (e *Engine) prepareRun(ctx context.Context, conn *pgx.Conn, stream *replica
 	if err != nil {
 		return nil, err
 	}
-	return &runSetup{writer: writer, pos: pos, tables: tables, storage: storage, reader: reader}, nil
+	// The guard starts with every transaction running now when the position does not say which
+	// commits may still be invisible, and when a table's capture starts in this run: the list
+	// the position carries holds only the commits of the tables the run before captured (a
+	// commit of a table only its publication held, still invisible, is in neither the list nor
+	// this run's stream).
+	seed := pos.Invisible == nil
+	for _, tc := range e.cfg.Tables {
+		name := tc.Schema + "." + tc.Name
+		if p, now := progressOf(from, name), pos.Tables[name]; p == nil || p.Refresh || tc.Rebackfill || now == nil || now.Refresh {
+			seed = true
+		}
+	}
+	return &runSetup{writer: writer, pos: pos, tables: tables, storage: storage, reader: reader, seed: seed}, nil
 }
 
 // runGoroutines runs the stream, the chunk workers (one per reader) and the merge loop, each on
@@ -657,7 +671,7 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 			log = log.With().Int("reader", k+1).Logger()
 		}
 		workers[k] = &worker{cfg: &e.cfg, writer: s.writer, in: in, verdicts: verdicts[k], wake: wakes[k], log: log,
-			index: k, readers: n, nextID: int64(k + 1 - n), seeded: seeded, seedRunning: pos.Invisible == nil}
+			index: k, readers: n, nextID: int64(k + 1 - n), seeded: seeded, seedRunning: s.seed}
 	}
 	for i, t := range all.tables {
 		workers[i%n].tables = append(workers[i%n].tables, t)
@@ -685,9 +699,10 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 				w.conn = conn
 			}
 			err := w.run(ctx, gctx)
-			if err != nil && gctx.Err() != nil {
-				// Ended with the others (a query cancelled as the merge loop finished comes
+			if err != nil && gctx.Err() != nil && (errors.Is(err, context.Canceled) || pgerr.Canceled(err)) {
+				// Cancelled with the others (a query cancelled as the merge loop finished comes
 				// back as the server's 57014, not as the context's error): the cause is theirs.
+				// A failure of its own stands.
 				return context.Cause(gctx)
 			}
 			return err
@@ -712,8 +727,6 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	return err
 }
 
-// sendEvent queues a stream event for the merge loop. While the queue is full (a slow sink), it
-// keeps the replication connection alive with status updates, on the replicator's goroutine.
 func boolInt(b bool) int {
 	if b {
 		return 1
@@ -721,6 +734,8 @@ func boolInt(b bool) int {
 	return 0
 }
 
+// sendEvent queues a stream event for the merge loop. While the queue is full (a slow sink), it
+// keeps the replication connection alive with status updates, on the replicator's goroutine.
 func sendEvent(ctx context.Context, in chan<- any, ev replicator.Event, stream *replicator.Stream) error {
 	select {
 	case in <- ev:
@@ -815,12 +830,7 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 		m.wakeWorker()
 		// A bounded run ends at a fence with no work pending anywhere, once every reader has
 		// written one (each after its first look at its tables, so none is left unwatched).
-		for _, id := range m.core.fences {
-			if k := m.readerOf(id); !m.fenced[k] {
-				m.fenced[k] = true
-				m.fencedReaders++
-			}
-		}
+		m.noteFences()
 		finished := stopping || e.cfg.StopWhenCaughtUp && len(m.core.fences) > 0 && m.fencedReaders == len(m.verdicts) && !m.core.pendingWork()
 		if finished || m.checkpointDue() {
 			if err := m.checkpoint(gctx); err != nil {
@@ -854,6 +864,20 @@ func (m *mergeLoop) wakeWorker() {
 			wake <- wakeup{gen: m.core.rereadGen, tables: pending}
 		}
 	}
+}
+
+// noteFences counts the readers whose fence the stream showed. It takes the core's fencesSeen,
+// which new work does not clear (core.fences is): a fence followed by new work for another
+// reader's table in the batch taken before this look still counts, and the reader that wrote
+// it, with nothing to do, writes no other.
+func (m *mergeLoop) noteFences() {
+	for _, id := range m.core.fencesSeen {
+		if k := m.readerOf(id); !m.fenced[k] {
+			m.fenced[k] = true
+			m.fencedReaders++
+		}
+	}
+	m.core.fencesSeen = m.core.fencesSeen[:0]
 }
 
 // readerOf is the index of the reader whose chunk id is (worker.newID).

@@ -69,8 +69,9 @@ type worker struct {
 	rereading      bool          // a key-list chunk is in flight
 	lastWatch      time.Time
 	// seedRunning: the position does not say which commits may still be invisible (a first
-	// run, an older position), so the guard starts with every transaction invisible now, when
-	// the server has synchronous standbys (guard.seed).
+	// run, an older position, a table whose capture starts in this run), so the guard starts
+	// with every transaction invisible now, when the server has synchronous standbys
+	// (guard.seed).
 	seedRunning bool
 
 	// Where the backfill's time goes, for the log line at the end of a table.

@@ -207,7 +207,7 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "merge/guard-floor-refresh-zero", Pkg: "merge", File: "merge/core.go",
-		From: "\t\tcase w.chunk != nil && w.chunk.Snapshot.Xmin == 0:\n\t\t\t// A refresh's first window: no rows, no snapshot, nothing to check.\n",
+		From: "\t\tcase w.refresh:\n\t\t\t// A refresh's first window: no rows, no snapshot, nothing to check.\n",
 		To:   "",
 		Desc: "a refresh window's zero xmin is among the pending snapshots: the pruning's threshold drops to zero",
 	},
