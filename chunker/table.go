@@ -302,6 +302,11 @@ func (t *Table) chooseKey(ctx context.Context, conn *pgx.Conn, override []string
 	case t.ReplicaIdentity == 'n':
 		return fmt.Errorf("%w: %s has REPLICA IDENTITY NOTHING, so updates and deletes carry no key; run ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key) or REPLICA IDENTITY FULL",
 			ErrNoKey, t, t.Ident())
+	case len(identity) == 0 && t.ReplicaIdentity == 'i':
+		// Its index dropped (PostgreSQL then logs no key, as for NOTHING), or the identity
+		// changed between this read and the one before.
+		return fmt.Errorf("%w: the REPLICA IDENTITY USING INDEX of %s names no index (dropped, or the identity changed while it was read), so updates and deletes carry no key; run ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key), or USING INDEX with an existing unique index",
+			ErrNoKey, t, t.Ident())
 	case len(keyCols) == 0 && t.ReplicaIdentity == 'f':
 		return fmt.Errorf("%w: %s has no primary key; give a key override (--key %s=col1,col2: NOT NULL columns with a unique index), add a primary key, or leave the table out", ErrNoKey, t, t)
 	case len(keyCols) == 0:

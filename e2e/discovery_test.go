@@ -24,6 +24,11 @@ func TestDiscoverKeys(t *testing.T) {
 	db.Exec(`CREATE TABLE idx (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)`)
 	db.Exec(`ALTER TABLE idx REPLICA IDENTITY USING INDEX idx_email_key`)
 	db.Exec(`CREATE TABLE nokey (a int, b int)`)
+	// Its replica identity index dropped (or the identity changed while it was read): the
+	// identity says USING INDEX and no index is it, which PostgreSQL treats as NOTHING.
+	db.Exec(`CREATE TABLE lostidx (id int PRIMARY KEY, email text NOT NULL UNIQUE)`)
+	db.Exec(`ALTER TABLE lostidx REPLICA IDENTITY USING INDEX lostidx_email_key`)
+	db.Exec(`ALTER TABLE lostidx DROP CONSTRAINT lostidx_email_key`)
 	db.Exec(`CREATE TABLE full_nokey (a int NOT NULL, b int)`)
 	db.Exec(`ALTER TABLE full_nokey REPLICA IDENTITY FULL`)
 	db.Exec(`CREATE UNIQUE INDEX ON full_nokey (a)`)
@@ -35,7 +40,7 @@ func TestDiscoverKeys(t *testing.T) {
 	db.Exec(`CREATE TABLE nondet (k text COLLATE nocase PRIMARY KEY)`)
 	db.Exec(`CREATE TABLE cols (id int PRIMARY KEY, secret text, v text)`)
 	db.Exec(`CREATE TABLE unpublished (id int PRIMARY KEY)`)
-	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE pk, idx, nokey, full_nokey, nothing, gen, ci, nondet, cols (id, v)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE pk, idx, nokey, lostidx, full_nokey, nothing, gen, ci, nondet, cols (id, v)`)
 	ctx := context.Background()
 	discover := func(name string, override ...string) (*chunker.Table, error) {
 		return chunker.Discover(ctx, db.Conn, "public", name, override, db.Publication)
@@ -65,6 +70,12 @@ func TestDiscoverKeys(t *testing.T) {
 
 	_, err = discover("nothing")
 	require.ErrorContains(t, err, "REPLICA IDENTITY NOTHING")
+
+	_, err = discover("lostidx")
+	require.ErrorIs(t, err, chunker.ErrNoKey)
+	require.ErrorContains(t, err, "names no index")
+	require.ErrorContains(t, err, "REPLICA IDENTITY DEFAULT")
+	require.NotContains(t, err.Error(), "has no primary key", "it has one: the replica identity is what carries no key")
 
 	_, err = discover("pk", "c")
 	require.ErrorContains(t, err, "is not unique")

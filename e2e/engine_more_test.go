@@ -62,18 +62,26 @@ func TestVisibilityAnomaly(t *testing.T) {
 	}
 }
 
-func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejected bool) {
-	db := e2e.NewTestDB(t, server)
-	versionedTable(t, db, 30, 1)
-	admin := db.Connect()
-	ctx := context.Background()
-	setSync := func(names string) {
+// standbyNames returns a function that sets synchronous_standby_names on the server through
+// admin and reloads its configuration; the setting is cleared again when the test ends.
+func standbyNames(t *testing.T, admin *pgx.Conn) func(names string) {
+	set := func(names string) {
+		ctx := context.Background()
 		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
 		require.NoError(t, err)
 		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
 		require.NoError(t, err)
 	}
-	t.Cleanup(func() { setSync("") })
+	t.Cleanup(func() { set("") })
+	return set
+}
+
+func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejected bool) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 30, 1)
+	admin := db.Connect()
+	ctx := context.Background()
+	setSync := standbyNames(t, admin)
 
 	app := db.Connect()
 	t1Done := make(chan error, 1)

@@ -121,13 +121,7 @@ func TestVisibilityStallAcrossRestart(t *testing.T) {
 	versionedTable(t, db, 30, 1)
 	admin := db.Connect()
 	ctx := context.Background()
-	setSync := func(names string) {
-		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
-		require.NoError(t, err)
-		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() { setSync("") })
+	setSync := standbyNames(t, admin)
 
 	app := db.Connect()
 	appDone := make(chan error, 1)
@@ -654,13 +648,7 @@ func TestRefreshUpperBoundWhileStalled(t *testing.T) {
 	versionedTable(t, db, 30, 1)
 	admin := db.Connect()
 	ctx := context.Background()
-	setSync := func(names string) {
-		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
-		require.NoError(t, err)
-		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() { setSync("") })
+	setSync := standbyNames(t, admin)
 
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, engineConfig(db, "public.t"), sink, nil))
@@ -730,13 +718,7 @@ func TestFirstRunBesideIdleTransaction(t *testing.T) {
 	admin := db.Connect()
 	ctx := context.Background()
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET synchronous_commit = local`)
-	setSync := func(names string) {
-		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
-		require.NoError(t, err)
-		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() { setSync("") })
+	setSync := standbyNames(t, admin)
 	db.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, db.Slot)
 	idle := db.Connect()
 	_, err := idle.Exec(ctx, `BEGIN; INSERT INTO other VALUES (1)`)
@@ -1260,13 +1242,7 @@ func TestVisibilityStallOfTableAddedLater(t *testing.T) {
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE u`)
 	admin := db.Connect()
 	ctx := context.Background()
-	setSync := func(names string) {
-		_, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronous_standby_names = '%s'`, names))
-		require.NoError(t, err)
-		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() { setSync("") })
+	setSync := standbyNames(t, admin)
 	var released atomic.Bool
 	release := func() {
 		if released.CompareAndSwap(false, true) {

@@ -582,12 +582,8 @@ func TestGuardPassesOverMarkOnlyTransactions(t *testing.T) {
 	r.mark(2, watermark.Low) // the other reader's mark, committed and streamed, not yet visible
 	x := r.xid
 	r.mark(1, watermark.Low)
-	snap := chunker.Snapshot{Xmin: uint64(x), Xmax: uint64(r.xid + 1), Xip: []uint64{uint64(x)}}
-	rows := []chunker.Row{{[]byte("5"), []byte("five")}}
-	r.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
-	r.mark(1, watermark.High)
-	require.Len(t, r.verdicts, 1)
-	require.True(t, r.verdicts[0].completed, "a mark-only transaction the snapshot does not see yet rejected the chunk: %v", r.verdicts[0].reason)
+	v := r.closeMissing(1, x)
+	require.True(t, v.completed, "a mark-only transaction the snapshot does not see yet rejected the chunk: %v", v.reason)
 
 	// The same with a row change in the invisible transaction: rejected.
 	r2 := newCoreRun(t, nil, toastTable)
@@ -596,11 +592,7 @@ func TestGuardPassesOverMarkOnlyTransactions(t *testing.T) {
 	r2.mustTxn(&replicator.Change{Op: replicator.Insert, Rel: toastRel, New: replicator.Tuple{text("9"), text("nine")}})
 	y := r2.xid
 	r2.mark(1, watermark.Low)
-	snap = chunker.Snapshot{Xmin: uint64(y), Xmax: uint64(r2.xid + 1), Xip: []uint64{uint64(y)}}
-	r2.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
-	r2.mark(1, watermark.High)
-	require.Len(t, r2.verdicts, 1)
-	require.False(t, r2.verdicts[0].completed, "a change before the low watermark the snapshot does not see")
+	require.False(t, r2.closeMissing(1, y).completed, "a change before the low watermark the snapshot does not see")
 }
 
 // TestGuardChecksTruncateOnlyTransactions: a transaction that only truncated a captured table
@@ -617,12 +609,7 @@ func TestGuardChecksTruncateOnlyTransactions(t *testing.T) {
 	r.must(&replicator.Commit{LSN: r.lsn, EndLSN: r.lsn + 1, XID: r.xid})
 	x := r.xid
 	r.mark(1, watermark.Low)
-	snap := chunker.Snapshot{Xmin: uint64(x), Xmax: uint64(r.xid + 1), Xip: []uint64{uint64(x)}}
-	rows := []chunker.Row{{[]byte("5"), []byte("five")}}
-	r.must(handover{id: 1, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
-	r.mark(1, watermark.High)
-	require.Len(t, r.verdicts, 1)
-	require.False(t, r.verdicts[0].completed, "a TRUNCATE before the low watermark the snapshot does not see")
+	require.False(t, r.closeMissing(1, x).completed, "a TRUNCATE before the low watermark the snapshot does not see")
 }
 
 // TestFenceOfIdleReaderCounted: with two readers, the fence of one that has nothing left can be
@@ -639,4 +626,16 @@ func TestFenceOfIdleReaderCounted(t *testing.T) {
 	m.noteFences() // the merge loop looks only now
 	require.True(t, m.fenced[1], "reader 1's fence counts although new work came after it")
 	require.Equal(t, 1, m.fencedReaders)
+}
+
+// closeMissing hands over chunk id (one row of toastTable) read in a snapshot that does not see
+// transaction x, writes its high watermark, and returns its verdict, the run's only one.
+func (r *coreRun) closeMissing(id int64, x uint32) verdict {
+	r.t.Helper()
+	snap := chunker.Snapshot{Xmin: uint64(x), Xmax: uint64(r.xid + 1), Xip: []uint64{uint64(x)}}
+	rows := []chunker.Row{{[]byte("5"), []byte("five")}}
+	r.must(handover{id: id, chunk: &chunker.Chunk{Table: toastTable, Rows: rows, Last: []string{"5"}, Done: true, Snapshot: snap}, maxKey: []string{"1000"}})
+	r.mark(id, watermark.High)
+	require.Len(r.t, r.verdicts, 1)
+	return r.verdicts[0]
 }

@@ -231,8 +231,10 @@ func (r *run) columnFault(ctx context.Context) string {
 // identityFault changes a table's replica identity for d, then restores DEFAULT. FULL is
 // followed. USING INDEX on another unique index (ver's) makes the table's updates and deletes
 // carry ver instead of the key: the capture stops at the first one (merge.ErrUnplaceable), or,
-// started while the identity is the index, at start (merge.ErrKeyChanged). The remedy is the
-// one the error gives: restore the identity, then re-backfill the table (reset its stream).
+// started while the identity is the index, at start (merge.ErrKeyChanged; chunker.ErrNoKey when
+// the table's capture starts in that run and the identity is restored while it is read: the
+// identity still says USING INDEX, and no index is it any more). The remedy is the one the error
+// gives: restore the identity, then re-backfill the table (reset its stream).
 func (r *run) identityFault(ctx context.Context, d time.Duration) string {
 	t := r.pickTable(r.rng)
 	index, kill := r.rng.IntN(2) == 0, r.rng.IntN(2) == 0
@@ -253,7 +255,7 @@ func (r *run) identityFault(ctx context.Context, d time.Duration) string {
 		}
 		return what
 	}
-	e := r.expect("identity", r.sch+"."+t, true, undo, causeUnplaceable, causeKeyChanged)
+	e := r.expect("identity", r.sch+"."+t, true, undo, causeUnplaceable, causeKeyChanged, causeNoKey)
 	if err := r.ddlExec(ctx, `ALTER TABLE `+name+` REPLICA IDENTITY USING INDEX `+pgx.Identifier{t + "_ver_key"}.Sanitize()); err != nil {
 		r.forget(e)
 		return noEffect + err.Error()
