@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/chunker"
@@ -120,7 +121,6 @@ func TestVisibilityStallAcrossRestart(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	admin := db.Connect()
-	ctx := context.Background()
 	setSync := standbyNames(t, admin)
 
 	app := db.Connect()
@@ -137,19 +137,7 @@ func TestVisibilityStallAcrossRestart(t *testing.T) {
 	cfg.Hooks.BeforeLow = onChunkFunc(1, func() {
 		setSync("nonexistent_standby")
 		time.Sleep(200 * time.Millisecond) // the reload reaches new sessions
-		go func() {
-			_, err := app.Exec(context.Background(), fmt.Sprintf(upd, "new", 25))
-			appDone <- err
-		}()
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			var n int
-			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query LIKE 'UPDATE t %'`).Scan(&n); err == nil && n == 1 {
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Error("the update does not wait for the standby")
+		stallUpdate(t, admin, app, fmt.Sprintf(upd, "new", 25), "t", appDone)
 	})
 	sink := newMemSink()
 	_, stop := backgroundEngine(t, cfg, sink, nil)
@@ -177,6 +165,24 @@ func TestVisibilityStallAcrossRestart(t *testing.T) {
 	require.NoError(t, <-appDone)
 	verify(t, db, sink, "public.t", "id")
 	require.Positive(t, rejected.Load(), "chunks that missed the stalled update were rejected")
+}
+
+// stallUpdate runs sql (an UPDATE of table) on app in the background, its error to done, and
+// waits until its commit waits for the synchronous standby (flushed and streamed, not yet
+// visible); it reports whether it came to that within 10 s.
+func stallUpdate(t *testing.T, admin, app *pgx.Conn, sql, table string, done chan<- error) bool {
+	go func() {
+		_, err := app.Exec(context.Background(), sql)
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query LIKE $1`, "UPDATE "+table+" %").Scan(&n); err == nil && n == 1 {
+			return true
+		}
+	}
+	t.Error("the update does not wait for the standby")
+	return false
 }
 
 // onChunkFunc returns a hook that runs fn once, when chunk id reaches it.
@@ -1260,24 +1266,14 @@ func TestVisibilityStallOfTableAddedLater(t *testing.T) {
 	cfg.Hooks.BeforeLow = onChunkFunc(1, func() {
 		setSync("nonexistent_standby")
 		time.Sleep(200 * time.Millisecond) // the reload reaches new sessions
-		go func() {
-			_, err := app.Exec(context.Background(), `UPDATE u SET v = 'new', ver = nextval('ver') WHERE id = 25`)
-			appDone <- err
-		}()
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			var n int
-			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query LIKE 'UPDATE u %'`).Scan(&n); err == nil && n == 1 {
-				var lsn string
-				require.NoError(t, admin.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&lsn))
-				parsed, err := pglogrepl.ParseLSN(lsn)
-				require.NoError(t, err)
-				flushed.Store(uint64(parsed))
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !stallUpdate(t, admin, app, `UPDATE u SET v = 'new', ver = nextval('ver') WHERE id = 25`, "u", appDone) {
+			return
 		}
-		t.Error("the update does not wait for the standby")
+		var lsn string
+		require.NoError(t, admin.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&lsn))
+		parsed, err := pglogrepl.ParseLSN(lsn)
+		require.NoError(t, err)
+		flushed.Store(uint64(parsed))
 	})
 	sink := newMemSink()
 	_, stop := backgroundEngine(t, cfg, sink, nil)
