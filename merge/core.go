@@ -330,10 +330,14 @@ func (ts *tableState) indexRereads() {
 // rereadsChanged notes that some table's pending re-reads changed: the idle worker is told.
 func (c *core) rereadsChanged() { c.rereadGen++ }
 
+// hasWork reports whether the table has rows waiting to be read (again): its backfill, a
+// refresh, or re-reads.
+func (p *TableProgress) hasWork() bool { return len(p.Reread) > 0 || !p.Done || p.Refresh }
+
 // pendingWork reports whether a table has rows waiting to be read (again).
 func (c *core) pendingWork() bool {
 	for _, ts := range c.tables {
-		if p := ts.progress; len(p.Reread) > 0 || !p.Done || p.Refresh {
+		if ts.progress.hasWork() {
 			return true
 		}
 	}
@@ -345,8 +349,8 @@ func (c *core) pendingWork() bool {
 func (c *core) workByTable() map[string]TableProgress {
 	out := map[string]TableProgress{}
 	for name, ts := range c.tables {
-		if p := ts.progress; len(p.Reread) > 0 || !p.Done || p.Refresh {
-			out[name] = p.clone()
+		if ts.progress.hasWork() {
+			out[name] = ts.progress.clone()
 		}
 	}
 	return out

@@ -103,7 +103,8 @@ type Config struct {
 	ChunkGrowth int
 	// Readers is the most chunk readers that backfill at once, each on its own query connection
 	// (a short transaction per chunk, as one reader's): the tables are dealt to them in their
-	// configured order (table i to reader i mod Readers) and each reader backfills its own,
+	// configured order, those with work first (table i to reader i mod Readers), and each
+	// reader backfills its own,
 	// with its own windows, verdicts and re-reads (I23). More readers finish more tables at once
 	// and hold more connections, snapshots and chunks (three per reader, I21) on the source and
 	// in memory; a table is read by one reader. Zero: 1.
@@ -656,8 +657,7 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	}
 	all.order(e.cfg.Tables)
 	slices.SortStableFunc(all.tables, func(a, b *workTable) int {
-		idle := func(t *workTable) bool { return t.progress.Done && !t.progress.Refresh && len(t.progress.Reread) == 0 }
-		return cmp.Compare(boolInt(idle(a)), boolInt(idle(b)))
+		return cmp.Compare(boolInt(!a.progress.hasWork()), boolInt(!b.progress.hasWork()))
 	})
 	n := max(1, min(e.cfg.Readers, len(all.tables)))
 	seeded := make(chan struct{})
