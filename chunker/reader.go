@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -154,6 +155,88 @@ func (r *Reader) Next(ctx context.Context, t *Table, after, upper []string, limi
 	}
 	c.Done = len(c.Rows) < limit && !c.Capped
 	return c, nil
+}
+
+// splitPages is about how many of a table's pages Split samples, and splitSample the most keys
+// it reads from them.
+const (
+	splitPages  = 64
+	splitSample = 100000
+)
+
+// Split returns at most n-1 keys (text values, in key order) that cut the rows of t after the
+// exclusive bound after (nil: from the start) up to the inclusive bound upper into n ranges of
+// about as many rows, and an estimate of the rows in that span. It reads a sample of about
+// splitPages of the table's pages (TABLESAMPLE SYSTEM, the same pages each time), so its cost
+// does not grow with the table, in a transaction like a chunk's (inTx: under the table's ACCESS
+// SHARE lock and the chunk timeouts). The points are rows of the sample: a range can hold more
+// or fewer rows than another, never a key twice. Fewer points when the sample holds few keys;
+// none for a partitioned table, whose root has no pages of its own to sample.
+func (r *Reader) Split(ctx context.Context, t *Table, after, upper []string, n int) ([][]string, float64, error) {
+	if n < 2 || t.Kind != 'r' {
+		return nil, 0, nil
+	}
+	args, err := boundArgs(t, after, upper)
+	if err != nil {
+		return nil, 0, err
+	}
+	var pct float64
+	size := statement{sql: fmt.Sprintf("SELECT LEAST(100, 100.0 * %d / GREATEST(1, pg_relation_size(%d) / current_setting('block_size')::int))::float8", splitPages, t.OID),
+		each: func(rr *pgconn.ResultReader) error {
+			for rr.NextRow() {
+				if pct, err = strconv.ParseFloat(string(rr.Values()[0]), 64); err != nil {
+					return err
+				}
+			}
+			_, err := rr.Close()
+			return err
+		}}
+	var keys [][]string
+	err = r.inTx(ctx, t, &Chunk{Table: t}, []statement{size}, func(ctx context.Context) error {
+		if pct <= 0 {
+			return nil
+		}
+		from := fmt.Sprintf("%s TABLESAMPLE SYSTEM (%g) REPEATABLE (0)", t.From(), pct)
+		sample := statement{sql: KeysetSQL(keyList(t), from, t.KeyNames(), t.KeyOps, after != nil, upper != nil, splitSample), args: args,
+			each: func(rr *pgconn.ResultReader) error {
+				for rr.NextRow() {
+					k := make([]string, 0, len(t.Key))
+					for _, v := range rr.Values() {
+						k = append(k, string(v))
+					}
+					keys = append(keys, k)
+				}
+				_, err := rr.Close()
+				return err
+			}}
+		return r.batch(ctx, sample)
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("sample the keys of %s: %w", t, err)
+	}
+	if pct <= 0 {
+		return nil, 0, nil
+	}
+	est := float64(len(keys)) * 100 / pct
+	parts := min(n, len(keys)/2)
+	var points [][]string
+	for i := 1; i < parts; i++ {
+		p := keys[len(keys)*i/parts]
+		if upper != nil && slices.Equal(p, upper) {
+			break
+		}
+		points = append(points, p)
+	}
+	return points, est, nil
+}
+
+// keyList is the select list of t's key columns (as MaxKeySQL reads them).
+func keyList(t *Table) string {
+	cols := make([]string, len(t.Key))
+	for i, k := range t.Key {
+		cols[i] = quote(t.Columns[k].Name)
+	}
+	return strings.Join(cols, ", ")
 }
 
 // boundArgs are the parameters of a chunk query: the bounds' text values that are present.

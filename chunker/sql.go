@@ -167,11 +167,7 @@ func ChunkSQL(t *Table, after, upper bool, limit int) string {
 
 // MaxKeySQL is the query of the table's last key in key order.
 func MaxKeySQL(t *Table) string {
-	cols := make([]string, len(t.Key))
-	for i, k := range t.Key {
-		cols[i] = quote(t.Columns[k].Name)
-	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + t.From() + " ORDER BY " + orderBy(t.KeyNames(), " DESC") + " LIMIT 1"
+	return "SELECT " + keyList(t) + " FROM " + t.From() + " ORDER BY " + orderBy(t.KeyNames(), " DESC") + " LIMIT 1"
 }
 
 // KeysSQL is the query of the rows with n given keys (a key-list chunk): n×len(key) parameters,

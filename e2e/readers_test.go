@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/merge"
 )
 
 // windowSpans records, from the hooks, when each chunk's window was open (its low watermark
@@ -101,4 +103,60 @@ func TestReadersInParallel(t *testing.T) {
 	}
 	require.Greater(t, sink.count("update"), 20, "the workload ran during the backfill")
 	require.Positive(t, spans.overlaps(3), "windows of different readers were open at once")
+}
+
+// TestKeyRangeReaders: one table, three readers. Its backfill is split into key ranges after
+// its first chunk, from a sample of its pages, and the readers read them at once while a
+// workload writes the table; windows of different readers are open together. The run is
+// stopped in the middle and resumed with two readers from its last checkpoint, whose ranges
+// (three) are dealt to the two; the output replays to the source.
+func TestKeyRangeReaders(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 9000, 1)
+	db.Exec(`ANALYZE t`)
+	stop := workload(t, db, 3, 9500)
+	cfg := engineConfig(db, "public.t")
+	cfg.ChunkSize, cfg.ChunkGrowth, cfg.Readers = 100, 1, 3
+	cfg.StopWhenCaughtUp = false
+	spans := newWindowSpans()
+	cfg.Hooks.AfterLow, cfg.Hooks.AfterHigh = spans.opened, spans.closed
+	sink := newMemSink()
+	eng, err := merge.New(cfg, sink, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- eng.Run(ctx, nil) }()
+	var mid *merge.Position
+	e2e.WaitFor(t, 2*time.Minute, "a third of the ranges' rows", func() bool {
+		mid = sink.last()
+		return mid != nil && len(mid.Tables["public.t"].Ranges) == 3 && mid.Tables["public.t"].Rows >= 3000
+	})
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	mid = sink.last()
+	p := mid.Tables["public.t"]
+	require.False(t, p.Done, "stopped mid-backfill")
+	require.Len(t, p.Ranges, 3, "split into one range per reader")
+	moved := 0
+	for i, r := range p.Ranges {
+		require.NotNil(t, r.Cursor, "range %d", i)
+		if i > 0 && !slices.Equal(r.Cursor, p.Ranges[i-1].To) {
+			moved++
+		}
+	}
+	require.Positive(t, moved, "ranges after the first were read from their start")
+	require.Positive(t, spans.overlaps(3), "windows of different readers were open at once")
+
+	stop()
+	cfg.StopWhenCaughtUp, cfg.Readers = true, 2
+	cfg.Source.CreateSlot = false
+	cfg.Hooks = merge.Hooks{}
+	require.NoError(t, runEngine(t, cfg, sink, mid))
+	last := sink.last().Tables["public.t"]
+	require.True(t, last.Done)
+	for i, r := range last.Ranges {
+		require.True(t, r.Done, "range %d", i)
+	}
+	verify(t, db, sink, "public.t", "id")
+	require.Greater(t, sink.count("update"), 20, "the workload ran during the backfill")
 }

@@ -31,6 +31,10 @@ type (
 		maxKey  []string   // the backfill's upper bound
 		keys    [][]string // a key-list chunk's keys; nil for a range chunk
 		refresh bool       // a refresh's first window: no rows, it only places the Refresh event
+		// rng is the key range a range chunk of a split backfill read, as 1 + its index in
+		// TableProgress.Ranges, up to that range's bound to; 0 for a chunk of a backfill not split.
+		rng int
+		to  []string
 	}
 	// abandon withdraws chunk id (a mark could not be written); its verdict still comes.
 	abandon struct {
@@ -70,6 +74,17 @@ type (
 		id    int64
 		after pglogrepl.LSN
 	}
+	// split divides the rest of table's backfill into key ranges that several readers read at
+	// once (I23): at points (text keys in key order, after the cursor from, before the upper
+	// bound maxKey). It is taken only if the table's progress is still the one the points were
+	// computed on (not split, not done, no refresh, at cursor from under bound maxKey); the
+	// verdict of id carries the table's progress either way.
+	split struct {
+		id           int64
+		table        string
+		from, maxKey []string
+		points       [][]string
+	}
 )
 
 // verdict tells the chunk worker how chunk id ended.
@@ -103,6 +118,7 @@ var (
 	errStale      = errors.New("the high watermark did not come back through the stream")
 	errCrowded    = errors.New("too many keys changed inside the window before its rows arrived")
 	errRestarted  = errors.New("the table's backfill started again")
+	errSplitLate  = errors.New("the table's backfill moved on before its split arrived")
 )
 
 // maxEarly bounds the keys a window remembers before its chunk arrives (a transaction of millions
@@ -135,6 +151,8 @@ type window struct {
 	rowKeys [][]byte
 	tracked map[string]bool
 	keys    [][]string // a key-list chunk's keys (text values); nil for a range chunk
+	rng     int        // the key range of a split backfill the chunk read, 1-based (handover.rng); 0: not split
+	to      []string   // and that range's upper bound
 	dirty   error      // why the window cannot complete
 	// floor is the guard's newest xmin when the window was registered (floorKnown: it had
 	// one): its chunk's snapshot, taken later, has an xmin at least as high (pendingXmins).
@@ -239,6 +257,7 @@ type tableState struct {
 	oid           uint32
 	keyTypes      []uint32             // the key columns' types when the capture started: keys are encoded by type
 	table         *chunker.Table       // as last discovered (chunk side)
+	tableSnap     chunker.Snapshot     // the snapshot of the chunk that brought table (older)
 	rel           *replicator.Relation // as last described by the stream in this session
 	cols          *Columns             // Columns of stream events, from rel
 	keyIdx        []int                // indexes into rel.Columns of the key columns, in key order
@@ -428,6 +447,8 @@ func (c *core) step(in any) error {
 		if w := c.windows[v.id]; w != nil {
 			c.end(w, fmt.Errorf("%w: %w", errWithdrawn, v.reason), false)
 		}
+	case split:
+		c.split(v)
 	case emptyTable:
 		if ts := c.tables[v.table]; ts != nil {
 			ts.progress.Done = true
@@ -681,7 +702,7 @@ func (c *core) queueReread(ts *tableState, t replicator.Tuple, key []byte) {
 		c.notices = append(c.notices, fmt.Sprintf("%s: more than %d rows wait to be read again whole (changes that left TOASTed values out): its backfill starts again from the beginning instead; REPLICA IDENTITY FULL avoids this",
 			ts.name, c.maxRereads))
 		p := ts.progress
-		p.Reread, p.Cursor, p.MaxKey, p.Done = nil, nil, nil, false
+		p.Reread, p.Cursor, p.MaxKey, p.Done, p.Ranges = nil, nil, nil, false, nil
 		ts.indexRereads()
 		// Every window of the table, open or not yet (registered, its low watermark still to
 		// come), was asked for under the old progress.
@@ -813,8 +834,13 @@ func (c *core) handover(h handover) error {
 	if w.chunk != nil {
 		return fmt.Errorf("chunk %d handed over twice", h.id)
 	}
-	w.ts.table = h.chunk.Table
-	w.chunk, w.maxKey, w.keys, w.refresh = h.chunk, h.maxKey, h.keys, h.refresh
+	if h.chunk.Snapshot.Xmax != 0 && older(h.chunk.Snapshot, w.ts.tableSnap) {
+		// Another reader's chunk of the table, read earlier and handed over later (a split
+		// backfill, I23), does not take back a definition a newer snapshot read.
+	} else {
+		w.ts.table, w.ts.tableSnap = h.chunk.Table, h.chunk.Snapshot
+	}
+	w.chunk, w.maxKey, w.keys, w.refresh, w.rng, w.to = h.chunk, h.maxKey, h.keys, h.refresh, h.rng, h.to
 	// From now on only changes of the chunk's keys (and a key-list chunk's) matter: the set of
 	// them is built at the first such change (track).
 	t := h.chunk.Table
@@ -955,10 +981,10 @@ func (c *core) high(w *window) {
 		// The stream described the table anew inside the window, and not as the chunk read it.
 		c.end(w, errSchema, true)
 		return
-	case w.keys == nil && !slices.Equal(w.chunk.After, w.ts.progress.Cursor):
-		// A range chunk read from another cursor than the table's (its backfill started over
-		// after the chunk was asked for): completing it would move the cursor past rows the
-		// new backfill has not read.
+	case w.keys == nil && !continues(w):
+		// A range chunk read from another cursor than the table's, or its range's (its backfill
+		// started over, or was split, after the chunk was asked for): completing it would move
+		// the cursor past rows the new backfill has not read.
 		c.end(w, errRestarted, false)
 		return
 	case !c.noGuard && c.guardViolated(w):
@@ -1039,13 +1065,22 @@ func (c *core) high(w *window) {
 			w.ts.indexRereads()
 			c.rereadsChanged()
 		}
-		if w.chunk.Last != nil {
-			p.Cursor = w.chunk.Last
+		if w.rng > 0 {
+			r := &p.Ranges[w.rng-1]
+			if w.chunk.Last != nil {
+				r.Cursor = w.chunk.Last
+			}
+			r.Done = r.Done || w.chunk.Done
+			p.Done = p.rangesDone()
+		} else {
+			if w.chunk.Last != nil {
+				p.Cursor = w.chunk.Last
+			}
+			if p.MaxKey == nil {
+				p.MaxKey = w.maxKey
+			}
+			p.Done = p.Done || w.chunk.Done
 		}
-		if p.MaxKey == nil {
-			p.MaxKey = w.maxKey
-		}
-		p.Done = p.Done || w.chunk.Done
 		p.Chunks++
 	}
 	for _, k := range rereads {
@@ -1064,6 +1099,53 @@ func (c *core) high(w *window) {
 	p.Rows += int64(emitted)
 	c.remove(w)
 	c.verdicts = append(c.verdicts, verdict{id: w.id, completed: true, progress: p.clone(), emitted: emitted, gen: c.rereadGen, quiet: c.changes == w.changes})
+}
+
+// continues reports whether range chunk w was read from where its table's backfill is: the
+// table's cursor when the backfill is not split, its range's cursor under the same bound when it
+// is (a chunk asked for before a split, or under a split since replaced, does not continue it).
+func continues(w *window) bool {
+	p := w.ts.progress
+	if w.rng == 0 {
+		return p.Ranges == nil && slices.Equal(w.chunk.After, p.Cursor)
+	}
+	return w.rng <= len(p.Ranges) && slices.Equal(w.chunk.After, p.Ranges[w.rng-1].Cursor) && slices.Equal(w.to, p.Ranges[w.rng-1].To)
+}
+
+// split takes a split of a table's backfill into key ranges (the split message) when the
+// table's progress is the one it was computed on, and answers with a verdict either way. The
+// ranges start at the cursor and end at the upper bound, adjacent at the points: every key the
+// backfill has still to read is in exactly one of them, so the windows of different ranges never
+// hold the same key (I23). It emits nothing: a checkpoint may carry it at any point.
+func (c *core) split(s split) {
+	v := verdict{id: s.id, reason: errSplitLate}
+	ts := c.tables[s.table]
+	if ts == nil {
+		v.reason = fmt.Errorf("split of %s, which is not captured", s.table)
+		c.verdicts = append(c.verdicts, v)
+		return
+	}
+	p := ts.progress
+	if p.Ranges == nil && !p.Done && !p.Refresh && p.MaxKey != nil && len(s.points) > 0 && len(s.points) < MaxReaders &&
+		slices.Equal(p.Cursor, s.from) && slices.Equal(p.MaxKey, s.maxKey) {
+		from := p.Cursor
+		for _, pt := range s.points {
+			p.Ranges = append(p.Ranges, KeyRange{Cursor: from, To: pt})
+			from = pt
+		}
+		p.Ranges = append(p.Ranges, KeyRange{Cursor: from, To: p.MaxKey})
+		v.completed, v.reason = true, nil
+		c.rereadsChanged() // every reader learns of the ranges (wakeup)
+	}
+	v.progress, v.gen = p.clone(), c.rereadGen
+	c.verdicts = append(c.verdicts, v)
+}
+
+// older reports whether snapshot a was certainly taken before snapshot b: a transaction id
+// assigned before b was not yet assigned at a (xmax only grows), or, with the same xmax, a
+// transaction running at a had ended at b. Snapshots that cannot be told apart are not older.
+func older(a, b chunker.Snapshot) bool {
+	return a.Xmax < b.Xmax || a.Xmax == b.Xmax && len(a.Xip) > len(b.Xip)
 }
 
 // guardViolated ends w when a transaction that committed before its low watermark is invisible

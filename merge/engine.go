@@ -659,7 +659,8 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	slices.SortStableFunc(all.tables, func(a, b *workTable) int {
 		return cmp.Compare(boolInt(!a.progress.hasWork()), boolInt(!b.progress.hasWork()))
 	})
-	n := max(1, min(e.cfg.Readers, len(all.tables)))
+	// With more readers than tables, the others read key ranges of split backfills (I23).
+	n := max(1, e.cfg.Readers)
 	seeded := make(chan struct{})
 	workers := make([]*worker, n)
 	verdicts := make([]chan verdict, n)
@@ -674,7 +675,21 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 			index: k, readers: n, nextID: int64(k + 1 - n), seeded: seeded, seedRunning: s.seed}
 	}
 	for i, t := range all.tables {
+		t.mine, t.owner = true, i%n
 		workers[i%n].tables = append(workers[i%n].tables, t)
+	}
+	if n > 1 {
+		// Each reader also holds the others' tables, to read the key ranges of their split
+		// backfills that fall to it; their owners do everything else.
+		for i, t := range all.tables {
+			for k, w := range workers {
+				if k != i%n {
+					c := *t
+					c.mine = false
+					w.tables = append(w.tables, &c)
+				}
+			}
+		}
 	}
 	workers[0].conn, workers[0].reader = conn, s.reader
 	m := &mergeLoop{e: e, core: core, in: in, verdicts: verdicts, wake: wakes, stream: stream, fenced: make([]bool, n)}

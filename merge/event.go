@@ -2,6 +2,7 @@ package merge
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -234,6 +235,30 @@ type TableProgress struct {
 	// changed column since (ErrValuesRewritten) stops the capture. Absent from the positions of
 	// earlier versions: then the changes made before this run are not known.
 	Shape
+	// Ranges split the rest of the backfill into key ranges read by several readers at once
+	// (Config.Readers, I23): nil until the split, and again after the backfill starts over.
+	// Once split, Cursor is where the split was made and stays there; each range has its own
+	// cursor and Done, and Done above is set once every range is done.
+	Ranges []KeyRange `json:"ranges,omitempty"`
+}
+
+// KeyRange is one key range of a table's backfill split among readers: the rows after Cursor
+// (exclusive) up to To (inclusive). The ranges of a table are disjoint and adjacent, each To
+// the next one's first Cursor, the last To the backfill's upper bound (MaxKey).
+type KeyRange struct {
+	Cursor []string `json:"cursor"` // key of the last row read in the range (text values): its exclusive lower bound
+	To     []string `json:"to"`     // the range's inclusive upper bound
+	Done   bool     `json:"done"`   // nothing remains in the range
+}
+
+// rangesDone reports whether every range of a split backfill is done.
+func (p *TableProgress) rangesDone() bool {
+	for _, r := range p.Ranges {
+		if !r.Done {
+			return false
+		}
+	}
+	return true
 }
 
 // ColumnType is a column's catalog row as a Shape records it.
@@ -310,6 +335,24 @@ func (t *TableProgress) Check() error {
 			return fmt.Errorf("a key to read again of %d values for a key of %d columns", len(k), n)
 		}
 	}
+	if t.Ranges == nil {
+		return nil
+	}
+	switch {
+	case len(t.Ranges) > MaxReaders:
+		return fmt.Errorf("%d key ranges (at most %d)", len(t.Ranges), MaxReaders)
+	case t.MaxKey == nil:
+		return errors.New("key ranges without an upper bound")
+	case t.Done != t.rangesDone():
+		return fmt.Errorf("done is %v while its key ranges say %v", t.Done, t.rangesDone())
+	case !slices.Equal(t.Ranges[len(t.Ranges)-1].To, t.MaxKey):
+		return errors.New("the last key range does not end at the upper bound")
+	}
+	for i, r := range t.Ranges {
+		if len(r.Cursor) != n || len(r.To) != n {
+			return fmt.Errorf("key range %d: bounds of %d and %d values for a key of %d columns", i, len(r.Cursor), len(r.To), n)
+		}
+	}
 	return nil
 }
 
@@ -320,6 +363,7 @@ func (t *TableProgress) clone() TableProgress {
 	c.Storage = slices.Clone(t.Storage)
 	c.Columns = slices.Clone(t.Columns)
 	c.Files = slices.Clone(t.Files)
+	c.Ranges = slices.Clone(t.Ranges)
 	return c
 }
 

@@ -28,6 +28,12 @@ type guard struct {
 	// committed before every low watermark. Each goes once a snapshot shows it visible
 	// (visibility never goes back), or once this run's stream shows its commit after all.
 	before map[uint32]bool
+	// seeded are the transactions seed gave that a chunk still to be checked may miss: unlike
+	// before, a snapshot showing one visible does not end it (a chunk handed over earlier, or
+	// registered and not yet read, may hold an older snapshot that misses it); it goes once every
+	// such snapshot's xmin is past it (prune), as commits do, or once this run's stream shows its
+	// commit (it counts from there, as a commit).
+	seeded map[uint32]bool
 	// unconfirmed are the commits this run's stream showed that no snapshot has shown visible
 	// yet. A checkpoint hands them, with before, to the next run (Position.Invisible).
 	unconfirmed     map[uint32]struct{}
@@ -63,6 +69,7 @@ const maxUnconfirmed = 1 << 20
 
 func (g *guard) commit(xid uint32, lsn pglogrepl.LSN) {
 	delete(g.before, xid)
+	delete(g.seeded, xid)
 	if g.unconfirmed == nil {
 		g.unconfirmed = map[uint32]struct{}{}
 	}
@@ -106,10 +113,10 @@ func (g *guard) snapshot(s chunker.Snapshot) {
 // its start, which may include running ones that commit later (they only cost retries).
 func (g *guard) seed(xids []uint32) {
 	if g.before == nil {
-		g.before = map[uint32]bool{}
+		g.before, g.seeded = map[uint32]bool{}, map[uint32]bool{}
 	}
 	for _, x := range xids {
-		g.before[x] = true
+		g.before[x], g.seeded[x] = true, true
 	}
 }
 
@@ -124,7 +131,7 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) (bool, uint32
 	for _, x := range s.Xip {
 		running[uint32(x)] = struct{}{}
 	}
-	for x := range g.before {
+	for x := range g.seeded {
 		if invisibleTo(x, xmin, xmax, running) {
 			return true, x
 		}
@@ -143,13 +150,14 @@ func (g *guard) violated(s chunker.Snapshot, lowLSN pglogrepl.LSN) (bool, uint32
 	return false, 0
 }
 
-// prune forgets commits no snapshot still to be checked can need: those below the xmin of every
-// pending snapshot and of the newest snapshot (later ones have higher xmins). pending has a
-// floor for each window whose chunk has not come (core.pendingXmins): its snapshot may be older
-// than the newest one handed over (several readers). It runs when the
-// list has doubled since the last prune, so its cost is amortized.
+// prune forgets commits (and seeded transactions) no snapshot still to be checked can need:
+// those below the xmin of every pending snapshot and of the newest snapshot (later ones have
+// higher xmins). pending has a floor for each window whose chunk has not come
+// (core.pendingXmins): its snapshot may be older than the newest one handed over (several
+// readers). It runs when the list has doubled since the last prune, so its cost is amortized;
+// the seeded ones, few, go at every call.
 func (g *guard) prune(pending []uint32) {
-	if !g.haveXmin || len(g.commits) < 2*g.lastPrune+1024 {
+	if !g.haveXmin {
 		return
 	}
 	threshold := uint32(g.latestXmin)
@@ -157,6 +165,14 @@ func (g *guard) prune(pending []uint32) {
 		if precedes(x, threshold) {
 			threshold = x
 		}
+	}
+	for x := range g.seeded {
+		if precedes(x, threshold) {
+			delete(g.seeded, x)
+		}
+	}
+	if len(g.commits) < 2*g.lastPrune+1024 {
+		return
 	}
 	kept := g.commits[:0]
 	for _, c := range g.commits {

@@ -252,3 +252,101 @@ func TestChunksGrowWhileQuiet(t *testing.T) {
 	w.cfg.ChunkGrowth = 1
 	require.Equal(t, 10, step(full(10, 100), true), "ChunkGrowth 1: fixed")
 }
+
+// TestSplitTakenOnItsProgress: a split of a table's backfill is taken only on the progress it
+// was computed on, into ranges from the cursor to the upper bound, adjacent at the points; a
+// split of a backfill that moved on, is done, restarting, or split already is refused, and the
+// verdict carries the table's progress either way.
+func TestSplitTakenOnItsProgress(t *testing.T) {
+	name := toastTable.String()
+	r := newCoreRun(t, map[string]*TableProgress{name: {Key: []string{"id"}, Cursor: []string{"10"}, MaxKey: []string{"100"}}}, toastTable)
+	r.must(split{id: 1, table: name, from: []string{"5"}, maxKey: []string{"100"}, points: [][]string{{"50"}}})
+	require.False(t, r.verdicts[0].completed, "computed at another cursor")
+	require.ErrorIs(t, r.verdicts[0].reason, errSplitLate)
+	require.Nil(t, r.verdicts[0].progress.Ranges)
+	r.must(split{id: 2, table: name, from: []string{"10"}, maxKey: []string{"90"}, points: [][]string{{"50"}}})
+	require.False(t, r.verdicts[1].completed, "under another upper bound")
+	gen := r.c.rereadGen
+	r.must(split{id: 3, table: name, from: []string{"10"}, maxKey: []string{"100"}, points: [][]string{{"40"}, {"70"}}})
+	require.True(t, r.verdicts[2].completed)
+	require.Equal(t, []KeyRange{{Cursor: []string{"10"}, To: []string{"40"}}, {Cursor: []string{"40"}, To: []string{"70"}}, {Cursor: []string{"70"}, To: []string{"100"}}},
+		r.verdicts[2].progress.Ranges)
+	require.Greater(t, r.c.rereadGen, gen, "the other readers are woken to take their ranges")
+	require.NoError(t, r.verdicts[2].progress.Check())
+	r.must(split{id: 4, table: name, from: []string{"10"}, maxKey: []string{"100"}, points: [][]string{{"20"}}})
+	require.False(t, r.verdicts[3].completed, "split already")
+	require.Len(t, r.verdicts[3].progress.Ranges, 3)
+
+	for _, p := range []*TableProgress{
+		{Key: []string{"id"}, Cursor: []string{"10"}, MaxKey: []string{"100"}, Done: true},
+		{Key: []string{"id"}, Cursor: []string{"10"}, MaxKey: []string{"100"}, Refresh: true},
+	} {
+		r := newCoreRun(t, map[string]*TableProgress{name: p}, toastTable)
+		r.must(split{id: 1, table: name, from: []string{"10"}, maxKey: []string{"100"}, points: [][]string{{"50"}}})
+		require.False(t, r.verdicts[0].completed, "%+v", p)
+		require.Nil(t, r.verdicts[0].progress.Ranges)
+	}
+}
+
+// TestRangeChunkContinuesItsRange: a chunk of a key range completes only from that range's
+// cursor under that range's bound, and moves that range alone; the table is done once every
+// range is. A chunk of the backfill as it was before the split, or of a range as another split
+// drew it, does not complete.
+func TestRangeChunkContinuesItsRange(t *testing.T) {
+	name := toastTable.String()
+	r := newCoreRun(t, map[string]*TableProgress{name: {Key: []string{"id"}, Cursor: []string{"1"}, MaxKey: []string{"9"},
+		Ranges: []KeyRange{{Cursor: []string{"1"}, To: []string{"5"}}, {Cursor: []string{"5"}, To: []string{"9"}}}}}, toastTable)
+	r.must(toastRel)
+	chunk := func(id int64, rng int, after, to []string, done bool, ids ...string) verdict {
+		r.must(register{id: id, table: name})
+		r.mark(id, watermark.Low)
+		c := &chunker.Chunk{Table: toastTable, After: after, Rows: chunkRows(ids...), Done: done,
+			Snapshot: chunker.Snapshot{Xmin: uint64(r.xid + 1), Xmax: uint64(r.xid + 1)}}
+		if len(ids) > 0 {
+			c.Last = []string{ids[len(ids)-1]}
+		}
+		r.must(handover{id: id, chunk: c, maxKey: []string{"9"}, rng: rng, to: to})
+		r.mark(id, watermark.High)
+		return r.verdicts[len(r.verdicts)-1]
+	}
+	v := chunk(1, 0, []string{"1"}, nil, false, "2", "3")
+	require.ErrorIs(t, v.reason, errRestarted, "a chunk of the backfill before its split")
+	v = chunk(2, 2, []string{"5"}, []string{"8"}, true, "6", "7")
+	require.ErrorIs(t, v.reason, errRestarted, "the range's cursor, another bound")
+	v = chunk(3, 3, []string{"5"}, []string{"9"}, true, "6")
+	require.ErrorIs(t, v.reason, errRestarted, "no such range")
+	v = chunk(4, 2, []string{"5"}, []string{"9"}, true, "6", "7", "8")
+	require.True(t, v.completed)
+	require.Equal(t, []KeyRange{{Cursor: []string{"1"}, To: []string{"5"}}, {Cursor: []string{"8"}, To: []string{"9"}, Done: true}}, v.progress.Ranges)
+	require.False(t, v.progress.Done, "the first range is not done")
+	require.Equal(t, []string{"1"}, v.progress.Cursor, "the table's cursor stays where the split was made")
+	v = chunk(5, 1, []string{"1"}, []string{"5"}, false, "2", "3")
+	require.True(t, v.completed)
+	require.False(t, v.progress.Done)
+	v = chunk(6, 1, []string{"3"}, []string{"5"}, true, "4", "5")
+	require.True(t, v.completed)
+	require.True(t, v.progress.Done, "every range is done")
+	require.Equal(t, int64(3), v.progress.Chunks)
+	require.Equal(t, int64(7), v.progress.Rows)
+	require.NoError(t, v.progress.Check())
+}
+
+// TestCheckRanges: a state's key ranges are checked like its cursor: bounds of as many values as
+// the key has columns, the last range ending at the upper bound, a table done exactly when
+// every range is.
+func TestCheckRanges(t *testing.T) {
+	ok := TableProgress{Key: []string{"id"}, Cursor: []string{"1"}, MaxKey: []string{"9"},
+		Ranges: []KeyRange{{Cursor: []string{"1"}, To: []string{"5"}}, {Cursor: []string{"5"}, To: []string{"9"}, Done: true}}}
+	require.NoError(t, ok.Check())
+	for want, edit := range map[string]func(p *TableProgress){
+		"without an upper bound":          func(p *TableProgress) { p.MaxKey = nil },
+		"done is true":                    func(p *TableProgress) { p.Done = true },
+		"does not end at the upper bound": func(p *TableProgress) { p.Ranges[1].To = []string{"8"} },
+		"bounds of 2 and 1 values":        func(p *TableProgress) { p.Ranges[0].Cursor = []string{"1", "2"} },
+		"key ranges (at most":             func(p *TableProgress) { p.Ranges = make([]KeyRange, MaxReaders+1) },
+	} {
+		p := ok.clone()
+		edit(&p)
+		require.ErrorContains(t, p.Check(), want)
+	}
+}

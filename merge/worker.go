@@ -35,6 +35,20 @@ type workTable struct {
 	// waiting, that a rewrite waits for RewriteRebackfillEvery to pass since (said once).
 	lastAuto time.Time
 	waiting  bool
+	// mine: the table was dealt to this reader, which alone refreshes it, reads its rows again,
+	// looks at it in watch and splits its backfill; the other readers hold it to read the key
+	// ranges of a split backfill that fall to them (range i to reader (owner+i) mod readers).
+	mine  bool
+	owner int
+	// splitTried: this run looked at splitting the table's backfill already.
+	splitTried bool
+}
+
+// span is which part of its table's backfill a range chunk reads: rng is 1 + the index of its
+// key range in TableProgress.Ranges, up to that range's bound to; 0 for a backfill not split.
+type span struct {
+	rng int
+	to  []string
 }
 
 // worker runs the chunk protocol: register, low watermark, SELECT, hand over, high watermark,
@@ -90,6 +104,7 @@ type worker struct {
 type opened struct {
 	id     int64
 	t      *workTable
+	span   span     // prev's key range, which this chunk continues
 	after  []string // prev's last key: this chunk's exclusive lower bound
 	maxKey []string // the backfill's upper bound prev was read with
 	prev   int64
@@ -137,12 +152,12 @@ func (w *worker) run(stop, ctx context.Context) error {
 	for {
 		worked := false
 		for _, t := range w.tables {
-			if t.progress.Refresh || !t.progress.Done {
-				w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Bool("refresh", t.progress.Refresh).Msg("backfill started")
+			if w.hasWork(t) && (t.progress.Refresh || !t.progress.Done) {
+				w.log.Info().Str("table", t.name).Strs("cursor", t.progress.Cursor).Bool("refresh", t.progress.Refresh).Int("ranges", len(t.progress.Ranges)).Msg("backfill started")
 			}
 			w.markTime, w.selectTime, w.waitTime = 0, 0, 0
 			lastReread := false
-			for t.progress.Refresh || !t.progress.Done || len(t.progress.Reread) > 0 {
+			for w.hasWork(t) {
 				if stop.Err() != nil {
 					return nil
 				}
@@ -160,13 +175,13 @@ func (w *worker) run(stop, ctx context.Context) error {
 				default:
 				}
 				for _, u := range w.tables {
-					if u != t && u.progress.Refresh {
+					if u != t && u.mine && u.progress.Refresh {
 						if err := w.refresh(ctx, u); err != nil {
 							return err
 						}
 					}
 				}
-				reread := len(t.progress.Reread) > 0 && (t.progress.Done || !lastReread)
+				reread := t.mine && len(t.progress.Reread) > 0 && (!w.backfills(t) || !lastReread)
 				if w.opened != nil && (t.progress.Refresh || reread) {
 					// The window opened ahead serves only the table's next range chunk. Its
 					// predecessor's verdict first, so that the choice is made on the table's
@@ -222,6 +237,36 @@ func (w *worker) run(stop, ctx context.Context) error {
 			return context.Cause(ctx)
 		}
 	}
+}
+
+// hasWork reports whether this reader has work on t: its refresh, rows to read again or backfill
+// when t is its own, and the key ranges of a split backfill that fall to it.
+func (w *worker) hasWork(t *workTable) bool {
+	if t.mine && (t.progress.Refresh || len(t.progress.Reread) > 0) {
+		return true
+	}
+	return !t.progress.Refresh && w.backfills(t)
+}
+
+// backfills reports whether this reader has rows of t's backfill to read: a backfill not split
+// of its own table, or a key range of a split one that falls to it and is not done.
+func (w *worker) backfills(t *workTable) bool {
+	if t.progress.Ranges == nil {
+		return t.mine && !t.progress.Done
+	}
+	return w.nextRange(t) >= 0
+}
+
+// nextRange is the index of the first key range of t's split backfill that falls to this reader
+// and is not done, -1 when none is.
+func (w *worker) nextRange(t *workTable) int {
+	n := max(1, w.readers)
+	for i, r := range t.progress.Ranges {
+		if !r.Done && (t.owner+i)%n == w.index {
+			return i
+		}
+	}
+	return -1
 }
 
 // seed gives the guard, before any chunk, every transaction invisible now when the position
@@ -329,25 +374,87 @@ func (w *worker) hook(ctx context.Context, h func(context.Context, int64), id in
 // already is read from the last chunk's end, before that chunk's verdict.
 func (w *worker) chunk(ctx context.Context, t *workTable) error {
 	if o := w.opened; o != nil && o.t == t {
-		return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
-			return w.reader.Next(ctx, t.table, o.after, o.maxKey, w.limit)
+		upper := o.maxKey
+		if o.span.rng > 0 {
+			upper = o.span.to
+		}
+		return w.window(ctx, t, nil, false, o.span, func(ctx context.Context) (*chunker.Chunk, error) {
+			return w.reader.Next(ctx, t.table, o.after, upper, w.limit)
 		})
 	}
 	if t.progress.MaxKey == nil {
-		return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
+		return w.window(ctx, t, nil, false, span{}, func(ctx context.Context) (*chunker.Chunk, error) {
 			return w.reader.First(ctx, t.table, w.limit)
 		})
 	}
-	return w.window(ctx, t, nil, false, func(ctx context.Context) (*chunker.Chunk, error) {
+	if w.splitDue(t) {
+		t.splitTried = true
+		if err := w.split(ctx, t); err != nil {
+			return err
+		}
+		if !w.hasWork(t) {
+			return nil
+		}
+	}
+	if t.progress.Ranges != nil {
+		i := w.nextRange(t)
+		if i < 0 {
+			return nil
+		}
+		r := t.progress.Ranges[i]
+		return w.window(ctx, t, nil, false, span{rng: i + 1, to: r.To}, func(ctx context.Context) (*chunker.Chunk, error) {
+			return w.reader.Next(ctx, t.table, r.Cursor, r.To, w.limit)
+		})
+	}
+	return w.window(ctx, t, nil, false, span{}, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Next(ctx, t.table, t.progress.Cursor, t.progress.MaxKey, w.limit)
 	})
+}
+
+// splitDue reports whether t's backfill is to be split before its next chunk: several readers,
+// a backfill of this reader's own table past its first chunk and not split, not tried yet in
+// this run.
+func (w *worker) splitDue(t *workTable) bool {
+	return w.readers > 1 && t.mine && t.progress.Ranges == nil && t.progress.MaxKey != nil && !t.progress.Done && !t.splitTried
+}
+
+// split splits the rest of t's backfill into key ranges, one per reader, when it holds enough
+// rows for each reader to read a few chunks of (I23): from a sample of the table's pages
+// (chunker.Reader.Split), taken by the core only if t's progress is still the one the sample
+// was taken on. A failed sample is no failure: the backfill goes on unsplit.
+func (w *worker) split(ctx context.Context, t *workTable) error {
+	p := t.progress
+	points, est, err := w.reader.Split(ctx, t.table, p.Cursor, p.MaxKey, w.readers)
+	if err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		w.log.Warn().Err(err).Str("table", t.name).Msg("the backfill's key ranges could not be sampled: one reader reads it")
+		return nil
+	}
+	if len(points) == 0 || est < float64(2*w.readers*w.cfg.ChunkSize) {
+		return nil
+	}
+	id := w.newID()
+	if err := w.send(ctx, split{id: id, table: t.name, from: p.Cursor, maxKey: p.MaxKey, points: points}); err != nil {
+		return err
+	}
+	v, err := w.wait(ctx, id)
+	if err != nil {
+		return err
+	}
+	t.take(v)
+	if v.completed {
+		w.log.Info().Str("table", t.name).Int("ranges", len(t.progress.Ranges)).Float64("rows_estimate", est).Msg("backfill split into key ranges, read by the readers at once")
+	}
+	return nil
 }
 
 // refresh runs the first window of a refresh of t: no rows, its low watermark places the Refresh
 // event (core.refresh); the backfill then starts from the beginning.
 func (w *worker) refresh(ctx context.Context, t *workTable) error {
 	w.log.Info().Str("table", t.name).Msg("the table's output starts over: re-backfill")
-	return w.window(ctx, t, nil, true, func(context.Context) (*chunker.Chunk, error) {
+	return w.window(ctx, t, nil, true, span{}, func(context.Context) (*chunker.Chunk, error) {
 		return &chunker.Chunk{Table: t.table}, nil
 	})
 }
@@ -376,7 +483,7 @@ func (w *worker) reread(ctx context.Context, t *workTable) error {
 	keys := t.progress.Reread[:min(len(t.progress.Reread), w.limit, 1000)]
 	w.log.Debug().Str("table", t.name).Int("keys", len(keys)).Msg("re-reading rows whose TOASTed values a change did not carry")
 	w.rereading = true
-	err := w.window(ctx, t, keys, false, func(ctx context.Context) (*chunker.Chunk, error) {
+	err := w.window(ctx, t, keys, false, span{}, func(ctx context.Context) (*chunker.Chunk, error) {
 		return w.reader.Keys(ctx, t.table, keys)
 	})
 	w.rereading = false
@@ -422,7 +529,7 @@ func (w *worker) writeMarks(ctx context.Context, marks ...watermark.Mark) (pglog
 // itself when that one did not leave the table's cursor where this one starts. A range chunk
 // that is not the table's last (and no other work waits) writes its high watermark with the
 // next chunk's low one, and returns without its verdict: the next call takes it.
-func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refresh bool, read func(context.Context) (*chunker.Chunk, error)) error {
+func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refresh bool, sp span, read func(context.Context) (*chunker.Chunk, error)) error {
 	var id int64
 	prev := w.opened
 	if prev != nil && (prev.t != t || keys != nil || refresh) {
@@ -465,7 +572,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	if maxKey == nil {
 		maxKey = c.Upper
 	}
-	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: maxKey, keys: keys, refresh: refresh}); err != nil {
+	if err := w.send(ctx, handover{id: id, chunk: c, maxKey: maxKey, keys: keys, refresh: refresh, rng: sp.rng, to: sp.to}); err != nil {
 		return err
 	}
 	w.hook(ctx, w.cfg.Hooks.AfterSelect, id)
@@ -521,7 +628,7 @@ func (w *worker) window(ctx context.Context, t *workTable, keys [][]string, refr
 	w.hook(ctx, w.cfg.Hooks.AfterHigh, id)
 	if next != 0 {
 		w.hook(ctx, w.cfg.Hooks.AfterLow, next)
-		w.opened = &opened{id: next, t: t, after: c.Last, maxKey: maxKey, prev: id, chunk: c}
+		w.opened = &opened{id: next, t: t, span: sp, after: c.Last, maxKey: maxKey, prev: id, chunk: c}
 		return nil
 	}
 	start = time.Now()
@@ -544,6 +651,9 @@ func (w *worker) pipelines(t *workTable, c *chunker.Chunk, keys [][]string, refr
 	if keys != nil || refresh || c.Done || c.Last == nil || c.Bytes > w.cfg.MaxChunkBytes || w.stop.Err() != nil || len(t.progress.Reread) > 0 {
 		return false
 	}
+	if w.splitDue(t) {
+		return false // the next step samples the table for its split
+	}
 	return !slices.ContainsFunc(w.tables, func(u *workTable) bool { return u.progress.Refresh })
 }
 
@@ -560,7 +670,13 @@ func (w *worker) previous(ctx context.Context, prev *opened) (bool, error) {
 		return false, err
 	}
 	p := prev.t.progress
-	return v.completed && !p.Refresh && slices.Equal(p.Cursor, prev.after), nil
+	if !v.completed || p.Refresh {
+		return false, nil
+	}
+	if r := prev.span.rng; r > 0 {
+		return r <= len(p.Ranges) && slices.Equal(p.Ranges[r-1].Cursor, prev.after) && slices.Equal(p.Ranges[r-1].To, prev.span.to), nil
+	}
+	return p.Ranges == nil && slices.Equal(p.Cursor, prev.after), nil
 }
 
 // settle ends a pipelined window that the next step does not use (another table, a key-list
@@ -737,6 +853,9 @@ func (w *worker) watch(ctx context.Context) error {
 		return err
 	}
 	for _, t := range w.tables {
+		if !t.mine {
+			continue // its owner looks at it
+		}
 		schema, name, err := chunker.NameOf(ctx, w.conn, t.table.OID)
 		if errors.Is(err, chunker.ErrGone) {
 			return fmt.Errorf("%w: %s (OID %d) was dropped; take it out of the capture (or, if it was created again, re-backfill it)", chunker.ErrGone, t.name, t.table.OID)

@@ -120,17 +120,27 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 		schema, table, _ := strings.Cut(name, ".")
 		var est *float64
 		_ = conn.QueryRow(ctx, estimateSQL, pgx.Identifier{schema, table}.Sanitize()).Scan(&est)
+		reached := fmt.Sprintf("after key %v", p.Cursor)
+		if n := len(p.Ranges); n > 0 {
+			done := 0
+			for _, r := range p.Ranges {
+				if r.Done {
+					done++
+				}
+			}
+			reached = fmt.Sprintf("in %d key ranges read at once, %d done", n, done)
+		}
 		switch {
 		case p.Done && len(p.Reread) == 0:
 			fmt.Fprintf(w, "  %s: backfill done (%d rows, %d chunks)\n", name, p.Rows, p.Chunks)
 		case p.Done:
 			fmt.Fprintf(w, "  %s: backfill done, %d rows to read again\n", name, len(p.Reread))
 		case est == nil || *est <= 0:
-			fmt.Fprintf(w, "  %s: backfill in progress: %d rows so far of an unknown total (%d chunks, after key %v)\n", name, p.Rows, p.Chunks, p.Cursor)
+			fmt.Fprintf(w, "  %s: backfill in progress: %d rows so far of an unknown total (%d chunks, %s)\n", name, p.Rows, p.Chunks, reached)
 		case float64(p.Rows) >= *est:
-			fmt.Fprintf(w, "  %s: backfill in progress: %d rows so far, past the estimate of ~%.0f (%d chunks, after key %v)\n", name, p.Rows, *est, p.Chunks, p.Cursor)
+			fmt.Fprintf(w, "  %s: backfill in progress: %d rows so far, past the estimate of ~%.0f (%d chunks, %s)\n", name, p.Rows, *est, p.Chunks, reached)
 		default:
-			fmt.Fprintf(w, "  %s: backfill %.0f%% (%d of ~%.0f rows, %d chunks, after key %v)\n", name, 100*float64(p.Rows) / *est, p.Rows, *est, p.Chunks, p.Cursor)
+			fmt.Fprintf(w, "  %s: backfill %.0f%% (%d of ~%.0f rows, %d chunks, %s)\n", name, 100*float64(p.Rows) / *est, p.Rows, *est, p.Chunks, reached)
 		}
 	}
 	return nil

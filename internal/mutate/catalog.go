@@ -194,6 +194,30 @@ var catalog = []Mutant{
 		Desc: "a registered window's floor no longer holds the guard's pruning: a newer snapshot handed over first forgets a commit the window's older snapshot misses",
 	},
 	{
+		ID: "merge/guard-seeded-forgotten", Pkg: "merge", File: "merge/guard.go",
+		From: "\tfor x := range g.seeded {\n\t\tif invisibleTo(x, xmin, xmax, running) {\n\t\t\treturn true, x\n",
+		To:   "\tfor x := range g.before {\n\t\tif invisibleTo(x, xmin, xmax, running) {\n\t\t\treturn true, x\n",
+		Desc: "a transaction the last run left invisible is forgotten once any snapshot shows it visible: a chunk in flight whose older snapshot misses it goes through",
+	},
+	{
+		ID: "merge/range-bound-ignored", Pkg: "merge", File: "merge/core.go",
+		From: "slices.Equal(w.chunk.After, p.Ranges[w.rng-1].Cursor) && slices.Equal(w.to, p.Ranges[w.rng-1].To)",
+		To:   "slices.Equal(w.chunk.After, p.Ranges[w.rng-1].Cursor)",
+		Desc: "a key range's chunk completes from its cursor under another split's bound: rows up to the range's bound left unread, or read twice",
+	},
+	{
+		ID: "merge/range-done-early", Pkg: "merge", File: "merge/core.go",
+		From: "\t\t\tr.Done = r.Done || w.chunk.Done\n",
+		To:   "\t\t\tr.Done = true\n",
+		Desc: "a key range is done after its first chunk: the rest of its rows are never read",
+	},
+	{
+		ID: "merge/split-gap", Pkg: "merge", File: "merge/core.go",
+		From: "\t\t\tp.Ranges = append(p.Ranges, KeyRange{Cursor: from, To: pt})\n\t\t\tfrom = pt\n",
+		To:   "\t\t\tp.Ranges = append(p.Ranges, KeyRange{Cursor: from, To: pt})\n",
+		Desc: "the ranges of a split all start at the cursor: keys read twice and, at the last range, rows between the points left to one range only",
+	},
+	{
 		ID: "merge/guard-empty-commits", Pkg: "merge", File: "merge/core.go",
 		From: "\tif c.txRows {\n\t\tc.guard.commit(c.txXID, c.txLSN)\n\t}\n",
 		To:   "\tc.guard.commit(c.txXID, c.txLSN)\n",
