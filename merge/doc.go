@@ -23,12 +23,14 @@
 //     commit in one transaction, and the next chunk is read while the first one's verdict comes;
 //     the worker takes that verdict before the next high watermark and withdraws the next chunk
 //     when the first did not leave the table's cursor where it starts (I22). One window is open
-//     at a time per reader. Several readers (Config.Readers) backfill different tables at once,
-//     each with its own connection and windows (I23): the reconciliation does not rely on one
-//     window (each stands on its own snapshot and marks, and a change evicts its key from every
-//     open window of its table); the bookkeeping around it is per reader: chunk ids unique
-//     across readers (strided), verdicts routed by id, wakeups to every reader, each table read
-//     by one reader only (its progress, definition and re-reads have one writer), the guard
+//     at a time per reader. Several readers (Config.Readers) backfill different tables, and key
+//     ranges of one table, at once, each with its own connection and windows (I23): the
+//     reconciliation does not rely on one window (each stands on its own snapshot and marks,
+//     and a change evicts its key from every open window of its table); the bookkeeping around
+//     it is per reader: chunk ids unique across readers (strided), verdicts routed by id,
+//     wakeups to every reader, each table owned by one reader (its refresh, re-reads, watch and
+//     split), a split backfill's progress per key range (TableProgress.Ranges: a range chunk
+//     completes only from its range's cursor under its range's bound), the guard
 //     seeded before any reader registers a window, and a fence from each reader that has
 //     nothing left (a bounded run ends at a fence once every reader wrote one and no table has
 //     work pending). Chunks grow, up to 4 times the chunk size and within the byte bound, while

@@ -103,11 +103,11 @@ type Config struct {
 	ChunkGrowth int
 	// Readers is the most chunk readers that backfill at once, each on its own query connection
 	// (a short transaction per chunk, as one reader's): the tables are dealt to them in their
-	// configured order, those with work first (table i to reader i mod Readers), and each
-	// reader backfills its own,
-	// with its own windows, verdicts and re-reads (I23). More readers finish more tables at once
-	// and hold more connections, snapshots and chunks (three per reader, I21) on the source and
-	// in memory; a table is read by one reader. Zero: 1.
+	// configured order, those with work first (table i to reader i mod Readers), each reader
+	// owning its own, with its own windows, verdicts and re-reads; and a table's backfill with
+	// two chunks per reader or more is split into key ranges, one per reader, read at once
+	// (I23). More readers finish sooner and hold more connections, snapshots and chunks (three
+	// per reader, I21) on the source and in memory. Zero: 1.
 	Readers int
 	// MaxChunkBytes bounds the bytes a chunk holds: a chunk read stops at it (chunker
 	// Config.MaxBytes, unless set), and the chunk size shrinks to fit it. It bounds the engine's

@@ -47,7 +47,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	verbose := fs.Bool("v", false, "log the engine's progress")
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
 	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
-	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two); default all")
+	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two; and the one table by two readers of key ranges); default all")
 	memory := fs.Bool("memory", false, "instead of the default figures: the peak memory of tidemark sync for one very large source transaction and for wide rows")
 	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
@@ -761,6 +761,21 @@ func (b *bench) readers(ctx context.Context) error {
 			return err
 		}
 		b.line(fmt.Sprintf("readers.%d_of_%d_tables", n, benchParts), d, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/d.Seconds()))
+	}
+	// One table, by one reader, and by two: its backfill split into key ranges, one per reader
+	// (I23).
+	for _, n := range []int{1, 2} {
+		var outMB float64
+		d, err := b.median(func() (time.Duration, error) {
+			s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+			d, err := b.backfillOf(ctx, b.nextSlot(), []string{"bench_rows"}, n, s, false)
+			outMB = float64(s.bytes.Load()) / 1e6
+			return d, err
+		})
+		if err != nil {
+			return err
+		}
+		b.line(fmt.Sprintf("readers.%d_of_1_table", n), d, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/d.Seconds()))
 	}
 	return nil
 }
