@@ -954,9 +954,9 @@ func (s *sim) row(id int) chunker.Row {
 // each with its own windows open beside the range readers': concurrent windows of one table, a
 // key-list window over a range one (I23).
 type simReader struct {
-	s       *sim
-	n       int  // its number: the range readers come first
-	ranges  bool // a range reader, of table tab
+	s      *sim
+	n      int  // its number: the range readers come first
+	ranges bool // a range reader, of table tab
 	// part: a range reader's share of a split backfill, the key ranges whose index has its parity
 	// (the second, 1, reads only those); rng is 1 + the index of the range of the chunk in flight
 	// (0: not split), from rngAfter up to rngTo as it was when the chunk started; splitting: the
@@ -970,7 +970,7 @@ type simReader struct {
 	// reader can start a chunk under ranges the core has replaced since.
 	view    []KeyRange
 	viewGen int
-	tab     int  // its table; a key-list reader's, of the chunk in flight
+	tab     int // its table; a key-list reader's, of the chunk in flight
 	wstate  int
 	wid     int64
 	chunk   *chunker.Chunk
