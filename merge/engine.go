@@ -653,7 +653,9 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 	all := &worker{}
 	for name, t := range tables {
 		p := pos.Tables[name]
-		all.tables = append(all.tables, &workTable{name: name, table: t, progress: *p, parts: t.Partitions, storage: p.Storage, shape: p.Shape, member: p.Publication})
+		// A copy of its own: the core writes the position's progress (a split's ranges in place)
+		// on the merge loop's goroutine.
+		all.tables = append(all.tables, &workTable{name: name, table: t, progress: p.clone(), parts: t.Partitions, storage: p.Storage, shape: p.Shape, member: p.Publication})
 	}
 	all.order(e.cfg.Tables)
 	slices.SortStableFunc(all.tables, func(a, b *workTable) int {
@@ -685,7 +687,7 @@ func (e *Engine) runGoroutines(ctx context.Context, conn *pgx.Conn, stream *repl
 			for k, w := range workers {
 				if k != i%n {
 					c := *t
-					c.mine = false
+					c.mine, c.progress = false, t.progress.clone()
 					w.tables = append(w.tables, &c)
 				}
 			}

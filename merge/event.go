@@ -339,6 +339,8 @@ func (t *TableProgress) Check() error {
 		return nil
 	}
 	switch {
+	case len(t.Ranges) == 0:
+		return errors.New("an empty list of key ranges")
 	case len(t.Ranges) > MaxReaders:
 		return fmt.Errorf("%d key ranges (at most %d)", len(t.Ranges), MaxReaders)
 	case t.MaxKey == nil:

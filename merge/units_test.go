@@ -344,6 +344,7 @@ func TestCheckRanges(t *testing.T) {
 		"does not end at the upper bound": func(p *TableProgress) { p.Ranges[1].To = []string{"8"} },
 		"bounds of 2 and 1 values":        func(p *TableProgress) { p.Ranges[0].Cursor = []string{"1", "2"} },
 		"key ranges (at most":             func(p *TableProgress) { p.Ranges = make([]KeyRange, MaxReaders+1) },
+		"an empty list of key ranges":     func(p *TableProgress) { p.Ranges, p.Done = []KeyRange{}, true },
 	} {
 		p := ok.clone()
 		edit(&p)

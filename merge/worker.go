@@ -181,6 +181,11 @@ func (w *worker) run(stop, ctx context.Context) error {
 						}
 					}
 				}
+				if !w.hasWork(t) {
+					// A wakeup took this reader's work on t away: a refresh or a restarted
+					// backfill of a table another reader owns.
+					continue
+				}
 				reread := t.mine && len(t.progress.Reread) > 0 && (!w.backfills(t) || !lastReread)
 				if w.opened != nil && (t.progress.Refresh || reread) {
 					// The window opened ahead serves only the table's next range chunk. Its
@@ -383,6 +388,7 @@ func (w *worker) chunk(ctx context.Context, t *workTable) error {
 		})
 	}
 	if t.progress.MaxKey == nil {
+		t.splitTried = false // a backfill from the start: split again once it has its bound
 		return w.window(ctx, t, nil, false, span{}, func(ctx context.Context) (*chunker.Chunk, error) {
 			return w.reader.First(ctx, t.table, w.limit)
 		})
