@@ -196,7 +196,7 @@ func (r *Reader) Split(ctx context.Context, t *Table, after, upper []string, n i
 		if pct <= 0 {
 			return nil
 		}
-		from := fmt.Sprintf("%s TABLESAMPLE SYSTEM (%g) REPEATABLE (0)", t.From(), pct)
+		from := fmt.Sprintf("%s TABLESAMPLE pg_catalog.system (%g) REPEATABLE (0)", t.From(), pct)
 		sample := statement{sql: KeysetSQL(keyList(t), from, t.KeyNames(), t.KeyOps, after != nil, upper != nil, splitSample), args: args,
 			each: func(rr *pgconn.ResultReader) error {
 				for rr.NextRow() {

@@ -43,6 +43,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	rows := fs.Int("rows", 5_000_000, "rows of the backfill table")
 	reps := fs.Int("reps", 3, "repetitions of each figure (the median is reported)")
 	chunk := fs.Int("chunk-size", 10000, "backfill chunk size")
+	encoders := fs.Int("encoders", 0, "goroutines that encode a batch's JSON lines at once in the figures that encode them (0: one per core past the first, at most 8)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	verbose := fs.Bool("v", false, "log the engine's progress")
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
@@ -62,7 +63,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	if err := usageProblems(fs, outOfRange(intRange("rows", *rows, 1, 1_000_000_000), intRange("reps", *reps, 1, 100),
-		intRange("chunk-size", *chunk, 1, 1_000_000), intRange("changes", *changes, 1, 1_000_000_000),
+		intRange("chunk-size", *chunk, 1, 1_000_000), intRange("encoders", *encoders, 0, jsonl.MaxEncoders), intRange("changes", *changes, 1, 1_000_000_000),
 		intRange("tx-rows", *txRows, 1, 1_000_000_000), intRange("wide-rows", *wideRows, 1, 1_000_000), intRange("wide-mb", *wideMB, 1, 512), intRange("message-mb", *msgMB, 1, 900))); err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return usageProblems(fs, []string{err.Error()})
 	}
-	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel)}
+	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, encoders: *encoders, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel)}
 	if *verbose {
 		b.log = e.log
 	}
@@ -131,6 +132,7 @@ type bench struct {
 	rows      int
 	reps      int
 	chunk     int
+	encoders  int             // the discarding sinks' encoders (jsonl.NewPool)
 	groups    map[string]bool // the groups of figures to run (benchGroups)
 	log       zerolog.Logger
 	srv       *pgserver.Server
@@ -155,7 +157,7 @@ func (b *bench) machine() {
 }
 
 func (b *bench) run(ctx context.Context) error {
-	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk)
+	b.printf("# tidemark bench %s rows=%d reps=%d chunk=%d encoders=%d\n", time.Now().UTC().Format(time.RFC3339), b.rows, b.reps, b.chunk, jsonl.NewPool(nil, b.encoders).Encoders())
 	b.machine()
 	conn, stop, err := b.open(ctx)
 	if err != nil {
@@ -291,7 +293,7 @@ func (b *bench) scans(ctx context.Context) error {
 	// Tidemark's backfill of the same table, output encoded as JSON lines and discarded.
 	var outMB float64
 	tmS, err := b.median(func() (time.Duration, error) {
-		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+		s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
 		d, err := b.backfill(ctx, s, false)
 		outMB, b.peak = float64(s.bytes.Load())/1e6, s.peakHeap
 		return d, err
@@ -352,7 +354,7 @@ func (b *bench) memory(ctx context.Context) error {
 	}
 	var fifthPeak uint64
 	if _, err := b.median(func() (time.Duration, error) {
-		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+		s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
 		d, err := b.backfillTable(ctx, "bench_fifth", b.chunk, s)
 		fifthPeak = max(fifthPeak, s.peakHeap)
 		return d, err
@@ -397,7 +399,7 @@ func (b *bench) sweep(ctx context.Context) error {
 // latency measures live-change latency while a backfill runs: single-row inserts at 200/s,
 // commit to output.
 func (b *bench) latency(ctx context.Context) error {
-	lat := &latencySink{discardSink: discardSink{enc: jsonl.NewEncoder(b.types)}}
+	lat := &latencySink{discardSink: discardSink{pool: jsonl.NewPool(b.types, b.encoders)}}
 	stop := b.writer(ctx, 200)
 	d, err := b.backfill(ctx, lat, true)
 	stop()
@@ -641,19 +643,17 @@ func (nullSink) Checkpoint(context.Context, *merge.Position) error { return nil 
 
 // discardSink encodes every event as the JSON lines sink does and discards it.
 type discardSink struct {
-	buf      []byte
-	enc      *jsonl.Encoder
+	pool     *jsonl.Pool
 	bytes    atomic.Int64
 	peakHeap uint64
 }
 
 func (s *discardSink) Emit(ctx context.Context, evs []merge.Event) error {
-	for i := range evs {
-		var err error
-		if s.buf, err = s.enc.Append(ctx, s.buf[:0], &evs[i]); err != nil {
-			return err
-		}
-		s.bytes.Add(int64(len(s.buf)))
+	if err := s.pool.Encode(ctx, evs, func(b []byte) error {
+		s.bytes.Add(int64(len(b)))
+		return nil
+	}); err != nil {
+		return err
 	}
 	// The heap at its highest: a chunk is emitted in a few calls, so each is sampled.
 	var ms runtime.MemStats
@@ -752,7 +752,7 @@ func (b *bench) readers(ctx context.Context) error {
 	for _, n := range []int{1, 2} {
 		var outMB float64
 		d, err := b.median(func() (time.Duration, error) {
-			s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+			s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
 			d, err := b.backfillOf(ctx, b.nextSlot(), names, n, s, false)
 			outMB = float64(s.bytes.Load()) / 1e6
 			return d, err
@@ -767,7 +767,7 @@ func (b *bench) readers(ctx context.Context) error {
 	for _, n := range []int{1, 2} {
 		var outMB float64
 		d, err := b.median(func() (time.Duration, error) {
-			s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+			s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
 			d, err := b.backfillOf(ctx, b.nextSlot(), []string{"bench_rows"}, n, s, false)
 			outMB = float64(s.bytes.Load()) / 1e6
 			return d, err
@@ -936,7 +936,7 @@ func (b *bench) streaming(ctx context.Context) (recv, tm time.Duration, recvCPU,
 	tm, err = b.median(func() (time.Duration, error) {
 		slot := tmSlots[j]
 		j++
-		s := &discardSink{enc: jsonl.NewEncoder(b.types)}
+		s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
 		cfg := merge.Config{
 			Source:           replicator.Config{DSN: b.dsn, Slot: slot, Publication: "bench_stream"},
 			Tables:           []merge.TableConfig{{Schema: "public", Name: "bench_stream", NoBackfill: true}},

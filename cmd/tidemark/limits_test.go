@@ -30,6 +30,7 @@ func TestFlagRanges(t *testing.T) {
 	limits := []limit{
 		{"sync", "chunk-size", 1, 1_000_000, false},
 		{"sync", "readers", 1, 64, false},
+		{"sync", "encoders", 0, 64, false},
 		{"sync", "checkpoint-interval", int64(10 * time.Millisecond), int64(time.Hour), true},
 		{"sync", "watermark-timeout", int64(100 * time.Millisecond), int64(time.Hour), true},
 		{"demo", "rows", 1, 100_000_000, false},
@@ -38,6 +39,7 @@ func TestFlagRanges(t *testing.T) {
 		{"bench", "rows", 1, 1_000_000_000, false},
 		{"bench", "reps", 1, 100, false},
 		{"bench", "chunk-size", 1, 1_000_000, false},
+		{"bench", "encoders", 0, 64, false},
 		{"bench", "changes", 1, 1_000_000_000, false},
 		{"chaos", "duration", int64(time.Second), int64(30 * 24 * time.Hour), true},
 		{"chaos", "fault-every", int64(10 * time.Millisecond), int64(time.Hour), true},

@@ -154,7 +154,7 @@ type syncFlags struct {
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
 	control, onSlotLoss, onRewrite                                              *string
 	audit, stopCaughtUp, noBackfill, quiet                                      *bool
-	chunkSize, maxChunkBytes, readers                                           *int
+	chunkSize, maxChunkBytes, readers, encoders                                 *int
 	interval, wmTimeout, watch                                                  *time.Duration
 	testing                                                                     testingFlags
 	keys                                                                        *[]string
@@ -172,7 +172,8 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.slot = slotFlag(fs, "logical replication slot (pgoutput); created when missing")
 	f.pub = publicationFlag(fs, "publication; created for --tables when missing")
 	f.chunkSize = fs.Int("chunk-size", merge.DefaultChunkSize, "rows per backfill chunk")
-	f.readers = fs.Int("readers", 1, "tables backfilled at once, each by a reader on its own connection to the source (1 to 64): more finish sooner and hold more connections and snapshots on the source")
+	f.readers = fs.Int("readers", 1, "backfill readers, each on its own connection to the source (1 to 64): tables read at once, and key ranges of a large table; more finish sooner and hold more connections and snapshots on the source")
+	f.encoders = fs.Int("encoders", 0, "--to a file or -: goroutines that encode a batch's lines at once (0: one per core past the first, at most 8; 1: on the merge loop's own)")
 	f.interval = fs.Duration("checkpoint-interval", time.Second, "longest time between checkpoints (each is a durable commit on the target)")
 	f.stopCaughtUp = fs.Bool("stop-when-caught-up", false, "exit once every backfill is done and the stream has caught up")
 	f.noBackfill = fs.Bool("no-backfill", false, "capture changes only: do not read existing rows")
@@ -209,7 +210,7 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	var p syncPlan
 	problems := outOfRange(
 		intRange("chunk-size", *f.chunkSize, 1, 1_000_000),
-		intRange("readers", *f.readers, 1, merge.MaxReaders),
+		intRange("readers", *f.readers, 1, merge.MaxReaders), intRange("encoders", *f.encoders, 0, jsonl.MaxEncoders),
 		durationRange("checkpoint-interval", *f.interval, 10*time.Millisecond, time.Hour),
 		durationRange("watermark-timeout", *f.wmTimeout, 100*time.Millisecond, time.Hour),
 		durationRange("watch-interval", *f.watch, 100*time.Millisecond, time.Hour),
@@ -281,6 +282,7 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		js.SetEncoders(*f.encoders)
 		return js, pos, func() { _ = js.Close(context.WithoutCancel(ctx)) }, nil
 	}
 	tgt, err := pgconf.OpenDefaultSSL(ctx, *f.to, "tidemark")

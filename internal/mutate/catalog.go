@@ -194,6 +194,12 @@ var catalog = []Mutant{
 		Desc: "a registered window's floor no longer holds the guard's pruning: a newer snapshot handed over first forgets a commit the window's older snapshot misses",
 	},
 	{
+		ID: "sink/jsonl/pool-parts-reversed", Pkg: "sink/jsonl", File: "sink/jsonl/pool.go",
+		From: "\tfor k := range n {\n\t\tif len(p.bufs[k]) > 0 {\n",
+		To:   "\tfor k := n - 1; k >= 0; k-- {\n\t\tif len(p.bufs[k]) > 0 {\n",
+		Desc: "the ordered pool writes a round's parts last first: lines out of the events' order",
+	},
+	{
 		ID: "merge/guard-seeded-forgotten", Pkg: "merge", File: "merge/guard.go",
 		From: "\tfor x := range g.seeded {\n\t\tif invisibleTo(x, xmin, xmax, running) {\n\t\t\treturn true, x\n",
 		To:   "\tfor x := range g.before {\n\t\tif invisibleTo(x, xmin, xmax, running) {\n\t\t\treturn true, x\n",

@@ -27,4 +27,9 @@
 //     highest (lsn, seq), which increases along the output (docs/invariants.md I13).
 //   - Values have their type's JSON form (internal/pgjson, docs/types.md); a TOASTed value the
 //     server did not send is never written as a value: its column is listed in "unchanged".
+//   - The lines are written in the events' order whatever encodes them: Pool splits a large
+//     batch (a chunk's rows, a large transaction's changes) into contiguous parts encoded at once
+//     by encoders of their own, and writes the parts in order; each line is the one a single
+//     Encoder writes (its caches only save work), and the batch's column types are looked up
+//     before the parts start, so no encoder queries the source.
 package jsonl

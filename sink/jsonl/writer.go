@@ -32,8 +32,7 @@ type Writer struct {
 	w          *bufio.Writer
 	checkpoint string // path of the checkpoint file; "" for none
 	offset     int64  // bytes written to out
-	buf        []byte
-	enc        *Encoder
+	pool       *Pool  // encodes the lines (SetEncoders)
 }
 
 // CheckpointFile is the checkpoint file's content.
@@ -73,7 +72,7 @@ func Open(path, checkpoint string, types *pgjson.Registry, ready func() error) (
 			}
 			return nil, nil, err
 		}
-		s := &Writer{lock: lock, w: bufio.NewWriterSize(dst, 1<<16), checkpoint: checkpoint, enc: NewEncoder(types), stream: stream}
+		s := &Writer{lock: lock, w: bufio.NewWriterSize(dst, 1<<16), checkpoint: checkpoint, pool: NewPool(types, 0), stream: stream}
 		pos, _, _, err := readCheckpoint(checkpoint)
 		if err == nil {
 			err = ready()
@@ -94,7 +93,7 @@ func Open(path, checkpoint string, types *pgjson.Registry, ready func() error) (
 	if err != nil {
 		return nil, nil, err
 	}
-	s := &Writer{lock: lock, checkpoint: checkpoint, enc: NewEncoder(types)}
+	s := &Writer{lock: lock, checkpoint: checkpoint, pool: NewPool(types, 0)}
 	pos, err := s.open(path, ready)
 	if err != nil {
 		s.unlock()
@@ -256,20 +255,20 @@ func readCheckpointFile(path string, owned bool) (CheckpointFile, error) {
 	return cp, nil
 }
 
-// Emit writes one JSON line per event.
+// SetEncoders sets how many encoders encode a large batch's lines at once (NewPool: 0 is one
+// per core past the first, at most 8; 1 encodes on the caller's goroutine).
+func (s *Writer) SetEncoders(n int) { s.pool = NewPool(s.pool.types, n) }
+
+// Emit writes one JSON line per event, in order.
 func (s *Writer) Emit(ctx context.Context, evs []merge.Event) error {
-	for i := range evs {
-		var err error
-		if s.buf, err = s.enc.Append(ctx, s.buf[:0], &evs[i]); err != nil {
-			return err
-		}
-		n, err := s.w.Write(s.buf)
+	return s.pool.Encode(ctx, evs, func(b []byte) error {
+		n, err := s.w.Write(b)
 		s.offset += int64(n)
 		if err != nil {
 			return fmt.Errorf("write output: %w", err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Checkpoint makes the output durable, then the checkpoint file (written to a temporary file,
