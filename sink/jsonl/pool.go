@@ -30,7 +30,7 @@ const minParallel = 256
 // caller's goroutine, so the encoders find them in the registry and none of them queries the
 // source. The goroutines of a round are started and waited for by Encode: none outlives it.
 type Pool struct {
-	types *pgjson.Registry
+	types  *pgjson.Registry
 	one    *Encoder   // the caller's: small batches, and the lookups of a batch's types
 	single []byte     // its line buffer
 	encs   []*Encoder // one per part of a round, when more than one
