@@ -220,6 +220,8 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	}
 	if *f.to == "" {
 		problems = append(problems, "--to (or $TIDEMARK_TARGET) is required")
+	} else if isDSN(*f.to) && *f.encoders != 0 {
+		problems = append(problems, "--encoders is for JSON lines (--to a file or -): a PostgreSQL target writes rows, not lines")
 	}
 	var err error
 	if p.tables, err = parseTables(*f.tables); err != nil {
