@@ -21,6 +21,21 @@ import (
 // TestFailureText: the error a capture process stopped with is what it printed last, not its
 // exit status: tidemark's "tidemark sync: ..." line with its hint (after JSON log lines that do
 // not say "error"), the Airbyte connector's TRACE ERROR.
+// TestUnavailableIsNotStuck: a capture that fails at once, again and again, because the source
+// or the target is restarting (a fault that ended with the run; a 5-minute run outside CI, seed
+// 2026, postgres, every family: 30 failures in 16 s, "the capture could not resume" though the
+// final catch-up then succeeded) is not a capture that cannot resume; the same error about its
+// own state is.
+func TestUnavailableIsNotStuck(t *testing.T) {
+	for _, f := range []string{
+		`tidemark sync: connect to database "chaos" on 127.0.0.1:36973 as user "postgres": failed to connect to ` + "`user=postgres database=chaos`" + `: 127.0.0.1:36973 (127.0.0.1): server error: FATAL: the database system is not yet accepting connections (SQLSTATE 57P03)`,
+		`tidemark sync: target: failed to connect: dial tcp 127.0.0.1:5432: connect: connection refused`,
+	} {
+		require.True(t, unavailable(f), f)
+	}
+	require.False(t, unavailable(`tidemark sync: the position is behind the replication slot`))
+}
+
 func TestFailureText(t *testing.T) {
 	syncErr := `{"level":"info","message":"starting"}` + "\n" +
 		`{"level":"warn","table":"tidemark_chaos.notes","message":"chunk abandoned"}` + "\n" +

@@ -656,7 +656,12 @@ func (s *supervisor) run(ctx context.Context) {
 		case p.err != nil:
 			s.failures++
 			s.last = p.failure()
-			if time.Since(p.started) < 3*time.Second && s.last == s.lastQuick {
+			if unavailable(s.last) {
+				// A server the faults restart or restore is not up yet: the capture cannot
+				// start, which says nothing of whether it can resume (the final catch-up,
+				// once the server is back, says that).
+				s.quickFails = 0
+			} else if time.Since(p.started) < 3*time.Second && s.last == s.lastQuick {
 				s.quickFails++
 			} else {
 				s.quickFails = 1
@@ -757,6 +762,17 @@ func (t *tail) holding() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.streams.last > max(t.reconnects.last, t.reruns.last)
+}
+
+// unavailable reports whether a capture's failure is a server that does not accept
+// connections yet (starting up, in recovery, shutting down) or at all (refused).
+func unavailable(failure string) bool {
+	for _, s := range []string{"SQLSTATE 57P03", "SQLSTATE 57P01", "connection refused"} {
+		if strings.Contains(failure, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // stuck reports that the capture kept failing at once with the same error: it cannot resume.
