@@ -1104,13 +1104,7 @@ func (c *core) high(w *window) {
 // continues reports whether range chunk w was read from where its table's backfill is: the
 // table's cursor when the backfill is not split, its range's cursor under the same bound when it
 // is (a chunk asked for before a split, or under a split since replaced, does not continue it).
-func continues(w *window) bool {
-	p := w.ts.progress
-	if w.rng == 0 {
-		return p.Ranges == nil && slices.Equal(w.chunk.After, p.Cursor)
-	}
-	return w.rng <= len(p.Ranges) && slices.Equal(w.chunk.After, p.Ranges[w.rng-1].Cursor) && slices.Equal(w.to, p.Ranges[w.rng-1].To)
-}
+func continues(w *window) bool { return w.ts.progress.continuesAt(w.rng, w.chunk.After, w.to) }
 
 // split takes a split of a table's backfill into key ranges (the split message) when the
 // table's progress is the one it was computed on, and answers with a verdict either way. The

@@ -251,6 +251,15 @@ type KeyRange struct {
 	Done   bool     `json:"done"`   // nothing remains in the range
 }
 
+// continuesAt reports whether a range chunk read after the key after continues p's backfill:
+// rng 0, p not split, at its cursor; or range rng (1-based) at its cursor, under bound to.
+func (p *TableProgress) continuesAt(rng int, after, to []string) bool {
+	if rng == 0 {
+		return p.Ranges == nil && slices.Equal(after, p.Cursor)
+	}
+	return rng <= len(p.Ranges) && slices.Equal(after, p.Ranges[rng-1].Cursor) && slices.Equal(to, p.Ranges[rng-1].To)
+}
+
 // rangesDone reports whether every range of a split backfill is done.
 func (p *TableProgress) rangesDone() bool {
 	for _, r := range p.Ranges {

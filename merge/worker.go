@@ -676,13 +676,7 @@ func (w *worker) previous(ctx context.Context, prev *opened) (bool, error) {
 		return false, err
 	}
 	p := prev.t.progress
-	if !v.completed || p.Refresh {
-		return false, nil
-	}
-	if r := prev.span.rng; r > 0 {
-		return r <= len(p.Ranges) && slices.Equal(p.Ranges[r-1].Cursor, prev.after) && slices.Equal(p.Ranges[r-1].To, prev.span.to), nil
-	}
-	return p.Ranges == nil && slices.Equal(p.Cursor, prev.after), nil
+	return v.completed && !p.Refresh && p.continuesAt(prev.span.rng, prev.after, prev.span.to), nil
 }
 
 // settle ends a pipelined window that the next step does not use (another table, a key-list

@@ -206,9 +206,9 @@ var catalog = []Mutant{
 		Desc: "a transaction the last run left invisible is forgotten once any snapshot shows it visible: a chunk in flight whose older snapshot misses it goes through",
 	},
 	{
-		ID: "merge/range-bound-ignored", Pkg: "merge", File: "merge/core.go",
-		From: "slices.Equal(w.chunk.After, p.Ranges[w.rng-1].Cursor) && slices.Equal(w.to, p.Ranges[w.rng-1].To)",
-		To:   "slices.Equal(w.chunk.After, p.Ranges[w.rng-1].Cursor)",
+		ID: "merge/range-bound-ignored", Pkg: "merge", File: "merge/event.go",
+		From: "slices.Equal(after, p.Ranges[rng-1].Cursor) && slices.Equal(to, p.Ranges[rng-1].To)",
+		To:   "slices.Equal(after, p.Ranges[rng-1].Cursor)",
 		Desc: "a key range's chunk completes from its cursor under another split's bound: rows up to the range's bound left unread, or read twice",
 	},
 	{
