@@ -2,7 +2,7 @@
 // end-to-end scenarios as its tests. It imports `testing`, testcontainers-go and a Docker client,
 // so nothing the products link imports it: the server launcher is internal/pgserver (which this
 // package re-exports as Server, Start, Options and so on, for the tests) and the oracle with the
-// JSON lines reader is e2e/oracle (re-exported as Record, Oracle, Diff and so on).
+// JSON lines reader is chaos/oracle (re-exported as Record, Oracle, Diff and so on).
 //
 // # Servers
 //

@@ -4,11 +4,11 @@ import (
 	"context"
 	"io"
 
-	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/chaos/oracle"
 	"github.com/tidemark/tidemark/internal/pgjson"
 )
 
-// The oracle and the JSON lines reader live in e2e/oracle, which links no test code (the chaos
+// The oracle and the JSON lines reader live in chaos/oracle, which links no test code (the chaos
 // harness, in the product, uses them); these names let the tests keep writing e2e.Record,
 // e2e.Diff and so on.
 

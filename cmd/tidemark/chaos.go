@@ -12,12 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tidemark/tidemark/e2e/chaos"
+	"github.com/tidemark/tidemark/chaos"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/merge"
 )
 
-// runChaos runs the chaos harness (e2e/chaos) in one mode or all, and prints a report per mode;
+// runChaos runs the chaos harness (chaos) in one mode or all, and prints a report per mode;
 // any violation makes the exit code 1.
 func runChaos(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("chaos", "chaos [--mode jsonl|postgres|airbyte|all] [--seed N] [--duration 10m] [flags]", e)

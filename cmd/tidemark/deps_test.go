@@ -13,7 +13,7 @@ import (
 )
 
 // testCode matches the packages of test code and test-only libraries: none may be linked into a
-// binary (the test harness, e2e, imports them; the binaries use internal/pgserver and e2e/oracle).
+// binary (the test harness, e2e, imports them; the binaries use internal/pgserver and chaos/oracle).
 var testCode = regexp.MustCompile(`^testing(/|$)|^github\.com/stretchr/testify/|^github\.com/santhosh-tekuri/jsonschema/|^github\.com/testcontainers/|docker|^github\.com/moby/|^github\.com/tidemark/tidemark/e2e$`)
 
 // TestBinariesLinkNoTestCode checks, with `go list -deps`, that neither binary links `testing`,

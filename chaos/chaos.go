@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/chaos/oracle"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgserver"

@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark/tidemark/e2e/oracle"
+	"github.com/tidemark/tidemark/chaos/oracle"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/sink/jsonl/line"
 )

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
-	"github.com/tidemark/tidemark/e2e/chaos"
+	"github.com/tidemark/tidemark/chaos"
 	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "the chaos tests build the binaries with the go command:", err)
 		os.Exit(1)
 	}
-	for bin, pkg := range map[string]string{tidemarkBin: "../../cmd/tidemark", connectorBin: "../../cmd/source-postgres"} {
+	for bin, pkg := range map[string]string{tidemarkBin: "../cmd/tidemark", connectorBin: "../cmd/source-postgres"} {
 		if out, err := exec.Command(gobin, "build", "-tags", "tidemark_faults", "-o", bin, pkg).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
 			os.Exit(1)
