@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/chaos"
+	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/pgserver"
 )
 
