@@ -70,22 +70,10 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 	b = append(b, ec.table...)
 	e.nulled = e.nulled[:0]
 	if ev.Op != merge.Truncate && ev.Op != merge.Refresh {
-		b = append(b, `,"key":{`...)
-		for i, k := range cols.Key {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, ec.names[k]...)
-			var lossy bool
-			if b, lossy, err = e.appendValue(ctx, b, ec.types[k], ev.Col(k)); err != nil {
-				return b, fmt.Errorf("key column %s of %s.%s: %w", cols.Names[k], cols.Schema, cols.Table, err)
-			}
-			if lossy && ev.Op == merge.Delete {
-				// A delete has no "after" whose original would carry the key whole.
-				e.nulled = append(e.nulled, k)
-			}
+		b = append(b, `,"key":`...)
+		if b, err = e.appendKey(ctx, b, ec, ev); err != nil {
+			return b, err
 		}
-		b = append(b, '}')
 	}
 	if ev.Op != merge.Delete && ev.Op != merge.Truncate && ev.Op != merge.Refresh {
 		b = append(b, `,"after":{`...)
@@ -152,6 +140,42 @@ func (e *Encoder) Append(ctx context.Context, b []byte, ev *merge.Event) ([]byte
 		b = append(b, e.timeJSON...)
 	}
 	return append(b, '}', '\n'), nil
+}
+
+// AppendKey appends the JSON object of ev's key columns ({"id":1}, the line's "key") to b. A
+// Truncate or a Refresh has no key: it appends nothing.
+func (e *Encoder) AppendKey(ctx context.Context, b []byte, ev *merge.Event) ([]byte, error) {
+	if ev.Op == merge.Truncate || ev.Op == merge.Refresh {
+		return b, nil
+	}
+	ec, err := e.columns(ctx, ev.Columns)
+	if err != nil {
+		return b, err
+	}
+	e.nulled = e.nulled[:0]
+	return e.appendKey(ctx, b, ec, ev)
+}
+
+// appendKey appends ev's key object, noting in e.nulled the key columns of a Delete whose JSON
+// form is lossy (a delete has no "after" whose original would carry the key whole).
+func (e *Encoder) appendKey(ctx context.Context, b []byte, ec *encodedColumns, ev *merge.Event) ([]byte, error) {
+	cols := ev.Columns
+	b = append(b, '{')
+	for i, k := range cols.Key {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, ec.names[k]...)
+		var lossy bool
+		var err error
+		if b, lossy, err = e.appendValue(ctx, b, ec.types[k], ev.Col(k)); err != nil {
+			return b, fmt.Errorf("key column %s of %s.%s: %w", cols.Names[k], cols.Schema, cols.Table, err)
+		}
+		if lossy && ev.Op == merge.Delete {
+			e.nulled = append(e.nulled, k)
+		}
+	}
+	return append(b, '}'), nil
 }
 
 func (e *Encoder) appendValue(ctx context.Context, b []byte, t *pgjson.Type, v replicator.Value) ([]byte, bool, error) {

@@ -1,0 +1,4 @@
+package kafka
+
+// Murmur2 is the partitioner's hash, for the tests.
+var Murmur2 = murmur2
