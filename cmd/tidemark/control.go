@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/sink/kafka"
 )
 
 // The control channel: a running sync listens on a Unix socket of its own (--control; by default
@@ -256,6 +257,12 @@ func runRebackfill(ctx context.Context, args []string, e *env) error {
 // describeOutput names a sync's --to without its secrets: a file's path, or a PostgreSQL
 // target's host, port and database.
 func describeOutput(to string) string {
+	if kafka.IsURL(to) {
+		if a, err := kafka.ParseURL(to); err == nil {
+			return a.String()
+		}
+		return kafka.Redact(to)
+	}
 	if !isDSN(to) {
 		return to
 	}

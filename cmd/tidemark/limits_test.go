@@ -26,26 +26,31 @@ func TestFlagRanges(t *testing.T) {
 		cmd, flag string
 		lo, hi    int64 // inclusive; durations in nanoseconds
 		duration  bool
+		extra     []string // more arguments (a Kafka --to for the Kafka flags)
 	}
+	kafkaTo := []string{"--to", "kafka://127.0.0.1:1/p"}
 	limits := []limit{
-		{"sync", "chunk-size", 1, 1_000_000, false},
-		{"sync", "readers", 1, 64, false},
-		{"sync", "encoders", 0, 64, false},
-		{"sync", "checkpoint-interval", int64(10 * time.Millisecond), int64(time.Hour), true},
-		{"sync", "watermark-timeout", int64(100 * time.Millisecond), int64(time.Hour), true},
-		{"demo", "rows", 1, 100_000_000, false},
-		{"demo", "live", 0, int64(24 * time.Hour), true},
-		{"demo", "rate", 1, 100_000, false},
-		{"bench", "rows", 1, 1_000_000_000, false},
-		{"bench", "reps", 1, 100, false},
-		{"bench", "chunk-size", 1, 1_000_000, false},
-		{"bench", "encoders", 0, 64, false},
-		{"bench", "changes", 1, 1_000_000_000, false},
-		{"chaos", "duration", int64(time.Second), int64(30 * 24 * time.Hour), true},
-		{"chaos", "fault-every", int64(10 * time.Millisecond), int64(time.Hour), true},
-		{"chaos", "rows", 1, 100_000_000, false},
-		{"chaos", "chunk-size", 1, 1_000_000, false},
-		{"chaos", "readers", 0, 64, false},
+		{"sync", "chunk-size", 1, 1_000_000, false, nil},
+		{"sync", "readers", 1, 64, false, nil},
+		{"sync", "encoders", 0, 64, false, nil},
+		{"sync", "checkpoint-interval", int64(10 * time.Millisecond), int64(time.Hour), true, nil},
+		{"sync", "watermark-timeout", int64(100 * time.Millisecond), int64(time.Hour), true, nil},
+		{"demo", "rows", 1, 100_000_000, false, nil},
+		{"demo", "live", 0, int64(24 * time.Hour), true, nil},
+		{"demo", "rate", 1, 100_000, false, nil},
+		{"bench", "rows", 1, 1_000_000_000, false, nil},
+		{"bench", "reps", 1, 100, false, nil},
+		{"bench", "chunk-size", 1, 1_000_000, false, nil},
+		{"bench", "encoders", 0, 64, false, nil},
+		{"bench", "changes", 1, 1_000_000_000, false, nil},
+		{"chaos", "duration", int64(time.Second), int64(30 * 24 * time.Hour), true, nil},
+		{"chaos", "fault-every", int64(10 * time.Millisecond), int64(time.Hour), true, nil},
+		{"chaos", "rows", 1, 100_000_000, false, nil},
+		{"chaos", "chunk-size", 1, 1_000_000, false, nil},
+		{"chaos", "readers", 0, 64, false, nil},
+		{"sync", "kafka-partitions", 1, 10000, false, kafkaTo},
+		{"sync", "kafka-replication", -1, 100, false, kafkaTo},
+		{"sync", "kafka-transaction-timeout", int64(time.Second), int64(time.Hour), true, kafkaTo},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -68,7 +73,7 @@ func TestFlagRanges(t *testing.T) {
 		for _, v := range bad {
 			t.Run(l.cmd+"/"+l.flag+"="+v, func(t *testing.T) {
 				e, _, errOut := testEnv(t)
-				code := run(ctx, append(append([]string{l.cmd}, base[l.cmd]...), "--"+l.flag, v), e)
+				code := run(ctx, append(append(append([]string{l.cmd}, base[l.cmd]...), l.extra...), "--"+l.flag, v), e)
 				require.Equal(t, 2, code, "a usage error:\n%s", errOut.String())
 				require.Contains(t, errOut.String(), "-"+l.flag)
 			})
@@ -76,7 +81,7 @@ func TestFlagRanges(t *testing.T) {
 		for _, v := range []int64{l.lo, l.hi} {
 			t.Run(l.cmd+"/"+l.flag+"="+show(l, v)+" accepted", func(t *testing.T) {
 				e, _, errOut := testEnv(t)
-				code := run(ctx, append(append([]string{l.cmd}, base[l.cmd]...), "--"+l.flag, show(l, v)), e)
+				code := run(ctx, append(append(append([]string{l.cmd}, base[l.cmd]...), l.extra...), "--"+l.flag, show(l, v)), e)
 				require.NotEqual(t, 2, code, "within the range:\n%s", errOut.String())
 			})
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/sqlfix"
@@ -162,6 +163,26 @@ func TestNoSecretInOutput(t *testing.T) {
 	}
 	check(t, "tidemark -h", run(t, bin, []string{"TIDEMARK_SOURCE=" + dsns["valid"]}, "-h"))
 	check(t, "tidemark nope", run(t, bin, []string{"TIDEMARK_SOURCE=" + dsns["valid"]}, "nope", "--source", dsns["valid"]))
+
+	// Kafka: the SASL password in the URL and in $TIDEMARK_KAFKA_PASSWORD, with a usage error,
+	// no broker, and a broker that refuses the password.
+	kf, err := kfake.NewCluster(kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "admin", "not-the-password"))
+	require.NoError(t, err)
+	defer kf.Close()
+	for kind, to := range map[string]string{
+		"usage error":      fmt.Sprintf("kafka://app:%s@127.0.0.1:%d/shop?sasl=plain", url.PathEscape(pw), free),
+		"no broker":        fmt.Sprintf("kafka://app:%s@127.0.0.1:%d/shop?sasl=scram-sha-512", url.PathEscape(pw), free),
+		"password refused": fmt.Sprintf("kafka://admin:%s@%s/shop?sasl=scram-sha-512", url.PathEscape(pw), kf.ListenAddrs()[0]),
+		"password in env":  fmt.Sprintf("kafka://admin@%s/shop?sasl=scram-sha-512", kf.ListenAddrs()[0]),
+	} {
+		t.Run("kafka/"+kind, func(t *testing.T) {
+			args := []string{"sync", "--source", dsns["valid"], "--tables", "public.t", "--to", to, "--stop-when-caught-up", "--quiet",
+				"--slot", "pw_slot_" + db.Name, "--publication", "pw_pub_" + db.Name}
+			out := run(t, bin, []string{"TIDEMARK_KAFKA_PASSWORD=" + pw}, args...)
+			require.NotEmpty(t, out)
+			check(t, "tidemark sync --to "+kind, out)
+		})
+	}
 
 	// The connector: its password in the config, in the same failures.
 	for kind, edit := range map[string]func(m map[string]any){

@@ -19,12 +19,13 @@ import (
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink"
 	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/kafka"
 	"github.com/tidemark/tidemark/sink/postgres"
 	"github.com/tidemark/tidemark/watermark"
 )
 
 func runSync(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("sync", "sync --source DSN --tables SCHEMA.TABLE[,...] --to FILE|- [flags]", e)
+	fs := newFlags("sync", "sync --source DSN --tables SCHEMA.TABLE[,...] --to FILE|-|postgres://...|kafka://... [flags]", e)
 	f := defineSyncFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -153,7 +154,9 @@ type syncFlags struct {
 	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub       *string
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
 	control, onSlotLoss, onRewrite                                              *string
-	audit, stopCaughtUp, noBackfill, quiet                                      *bool
+	audit, stopCaughtUp, noBackfill, quiet, kafkaCompact                        *bool
+	kafkaPartitions, kafkaReplication                                           *int
+	kafkaTxnTimeout                                                             *time.Duration
 	chunkSize, maxChunkBytes, readers, encoders                                 *int
 	interval, wmTimeout, watch                                                  *time.Duration
 	testing                                                                     testingFlags
@@ -164,7 +167,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f := &syncFlags{source: sourceFlag(fs)}
 	f.tables = fs.String("tables", "", "comma-separated tables to capture, as schema.table")
 	f.keys = keyFlag(fs)
-	f.to = envFlag(fs, "to", "TIDEMARK_TARGET", nil, "where to write, a `TARGET`: a PostgreSQL connection string (postgres://...), a JSON lines file, or - for standard output")
+	f.to = envFlag(fs, "to", "TIDEMARK_TARGET", nil, "where to write, a `TARGET`: a PostgreSQL connection string (postgres://...), Kafka (kafka://HOST:PORT[,HOST:PORT...]/PREFIX: a topic PREFIX.SCHEMA.TABLE per table), a JSON lines file, or - for standard output")
 	f.targetSchema = fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
 	f.checkpointID = fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
 	f.audit = fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
@@ -190,6 +193,10 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.wmTimeout = fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
 	f.watch = fs.Duration("watch-interval", 10*time.Second, "time between two looks at what the stream does not carry (a table renamed, dropped or out of the publication, its partitions, UNLOGGED or rewritten, the publish option): a change undone within one interval is not seen")
 	f.testing = newTestingFlags(fs)
+	f.kafkaPartitions = fs.Int("kafka-partitions", 1, "Kafka: partitions of each topic the sync creates (a key's changes stay in one partition, in order)")
+	f.kafkaReplication = fs.Int("kafka-replication", -1, "Kafka: replication factor of each topic the sync creates (-1: the brokers' default)")
+	f.kafkaCompact = fs.Bool("kafka-compact", false, "Kafka: create the tables' topics compacted (cleanup.policy=compact: a key's last record stays, a deleted key goes)")
+	f.kafkaTxnTimeout = fs.Duration("kafka-transaction-timeout", time.Minute, "Kafka: the transaction timeout; the records between two checkpoints (a source transaction's, at least) must be written within it, and the brokers cap it (transaction.max.timeout.ms, 15 minutes by default)")
 	f.maxChunkBytes = fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	return f
 }
@@ -214,7 +221,9 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		durationRange("checkpoint-interval", *f.interval, 10*time.Millisecond, time.Hour),
 		durationRange("watermark-timeout", *f.wmTimeout, 100*time.Millisecond, time.Hour),
 		durationRange("watch-interval", *f.watch, 100*time.Millisecond, time.Hour),
-		intRange("max-chunk-bytes", *f.maxChunkBytes, 1<<10, 1<<30))
+		intRange("max-chunk-bytes", *f.maxChunkBytes, 1<<10, 1<<30),
+		intRange("kafka-partitions", *f.kafkaPartitions, 1, 10000), intRange("kafka-replication", *f.kafkaReplication, -1, 100),
+		durationRange("kafka-transaction-timeout", *f.kafkaTxnTimeout, time.Second, time.Hour))
 	if *f.source == "" {
 		problems = append(problems, "--source is required")
 	}
@@ -222,6 +231,23 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		problems = append(problems, "--to (or $TIDEMARK_TARGET) is required")
 	} else if isDSN(*f.to) && *f.encoders != 0 {
 		problems = append(problems, "--encoders is for JSON lines (--to a file or -): a PostgreSQL target writes rows, not lines")
+	} else if kafka.IsURL(*f.to) {
+		if _, err := kafka.ParseURL(*f.to); err != nil {
+			problems = append(problems, err.Error())
+		}
+		if *f.encoders != 0 {
+			problems = append(problems, "--encoders is for JSON lines (--to a file or -), not Kafka")
+		}
+		if *f.checkpoint != "" {
+			problems = append(problems, "--checkpoint is for JSON lines: a Kafka output keeps its checkpoint in its topic PREFIX.tidemark-checkpoint")
+		}
+	}
+	if !kafka.IsURL(*f.to) {
+		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-transaction-timeout"} {
+			if flagGiven(fs, name) {
+				problems = append(problems, fmt.Sprintf("--%s is for a Kafka output (--to kafka://...)", name))
+			}
+		}
 	}
 	var err error
 	if p.tables, err = parseTables(*f.tables); err != nil {
@@ -279,6 +305,23 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 // openOutput opens (locks, cuts back to its checkpoint) the output --to names, and returns the
 // position to resume from and what closes it (the output, then its connection).
 func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, plan syncPlan) (sink.Output, *merge.Position, func(), error) {
+	if kafka.IsURL(*f.to) {
+		addr, err := kafka.ParseURL(*f.to)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var names []string
+		for _, t := range plan.tables {
+			names = append(names, t.Schema+"."+t.Name)
+		}
+		ks, pos, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions),
+			Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout,
+			Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, func() error { return slotIdle(ctx, srcConn, *f.slot) })
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return ks, pos, func() { _ = ks.Close(context.WithoutCancel(ctx)) }, nil
+	}
 	if !isDSN(*f.to) {
 		js, pos, err := jsonl.Open(*f.to, *f.checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *f.slot) })
 		if err != nil {

@@ -93,7 +93,11 @@ func replay(t *testing.T, db *e2e.TestDB, addr kafka.Address, tables ...string) 
 	}
 	lines, err := kafka.ReadLines(context.Background(), addr, names)
 	require.NoError(t, err)
-	recs, err := e2e.ParseJSONL(bytes.NewReader(append(bytes.Join(lines, []byte("\n")), '\n')), keys)
+	var text []byte
+	for _, l := range lines {
+		text = append(append(text, l...), '\n')
+	}
+	recs, err := e2e.ParseJSONL(bytes.NewReader(text), keys)
 	require.NoError(t, err)
 	o := e2e.NewOracle("ver")
 	for _, r := range recs {

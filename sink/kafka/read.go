@@ -11,16 +11,20 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// ReadCommitted reads what the partitions of topics hold up to their ends at the call, as a
-// read_committed consumer sees it (records of aborted transactions left out), and hands each
-// committed record to fn in its partition's order (partitions one after another are not in any
-// order between them). It returns once every partition was read to the end it had at the call:
-// it keeps the transactions' control records (commit and abort markers) to see how far it got,
-// since the last offset of a partition is a marker whenever its last transaction ended.
-// A transaction still open holds it until the transaction ends.
+// ReadCommitted reads what the partitions of topics hold up to their last stable offsets at
+// the call, as a read_committed consumer sees it (records of aborted transactions left out),
+// and hands each committed record to fn in its partition's order (partitions one after another
+// are not in any order between them). The last stable offset is the first offset of the oldest
+// transaction still open (a writer killed in the middle of one leaves it open until the next
+// writer of its transactional id aborts it, or it times out): what lies before it is decided.
+// It returns once every partition was read to that offset: it keeps the transactions' control
+// records (commit and abort markers) to see how far it got, since the last offset before it is
+// a committed record or a marker when the transactions do not interleave, which holds for a
+// Tidemark output (one transactional producer at a time).
 func ReadCommitted(ctx context.Context, addr Address, topics []string, fn func(r *kgo.Record) error) error {
 	opts, err := addr.clientOpts()
 	if err != nil {
@@ -31,7 +35,7 @@ func ReadCommitted(ctx context.Context, addr Address, topics []string, fn func(r
 		return err
 	}
 	defer adm.Close()
-	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topics...)
+	ends, err := kadm.NewClient(adm).ListCommittedOffsets(ctx, topics...)
 	if err != nil {
 		return fmt.Errorf("list the end offsets of %v: %w", topics, err)
 	}
@@ -44,6 +48,9 @@ func ReadCommitted(ctx context.Context, addr Address, topics []string, fn func(r
 	n := 0
 	var listErr error
 	ends.Each(func(o kadm.ListedOffset) {
+		if errors.Is(o.Err, kerr.UnknownTopicOrPartition) {
+			return // no such topic (yet): nothing to read
+		}
 		if o.Err != nil {
 			listErr = fmt.Errorf("topic %s partition %d: %w", o.Topic, o.Partition, o.Err)
 			return

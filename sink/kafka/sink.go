@@ -194,7 +194,7 @@ func (s *Sink) checkOwner(ck *Checkpoint) error {
 func (s *Sink) ensureCheckpointTopic(ctx context.Context, topic string) error {
 	td, err := s.adm.ListTopics(ctx, topic)
 	if err != nil {
-		return unavailable(fmt.Errorf("reach %s: %w", s.o.Address, err))
+		return unavailable(fmt.Errorf("reach %s: %w%s", s.o.Address, err, s.o.Address.hint(err)))
 	}
 	if t, ok := td[topic]; ok && t.Err == nil {
 		if len(t.Partitions) != 1 {

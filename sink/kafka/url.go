@@ -3,13 +3,16 @@ package kafka
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
 	"regexp"
 	"strings"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -124,6 +127,19 @@ func Redact(s string) string {
 // String is the address without its password.
 func (a Address) String() string {
 	return "kafka://" + strings.Join(a.Brokers, ",") + "/" + a.Prefix
+}
+
+// hint says what an error of reaching the brokers may mean for this address.
+func (a Address) hint(err error) string {
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
+		return fmt.Sprintf(" (the brokers refused user %s: check the password, in the URL or $%s, and the mechanism, sasl=%s)", a.User, PasswordEnv, a.SASL)
+	case errors.Is(err, io.EOF) && a.SASL != "":
+		return fmt.Sprintf(" (the broker closed the connection: it may have refused user %s, whose password is in the URL or $%s, or the mechanism sasl=%s; or its listener wants TLS: tls=true)", a.User, PasswordEnv, a.SASL)
+	case errors.Is(err, io.EOF) && !a.TLS:
+		return " (the broker closed the connection: its listener may want TLS (tls=true) or SASL (sasl=...))"
+	}
+	return ""
 }
 
 // clientOpts are the connection options of every client of the address.
