@@ -1,13 +1,14 @@
 // Package sink names what every output of the engine implements (Sink), and what the outputs
 // share. Each output is a package of its own: sink/jsonl (JSON lines in a file or on standard
-// output) and sink/postgres (another PostgreSQL, exactly once); the Airbyte connector's record
-// writer (cmd/source-postgres) implements the same interface. A new output (a message broker,
-// say) is a new package beside them, and nothing else changes.
+// output), sink/postgres (another PostgreSQL, exactly once) and sink/kafka (Kafka topics, exactly
+// once for read_committed consumers); the Airbyte connector's record writer (cmd/source-postgres)
+// implements the same interface. A new output is a new package beside them, and nothing else
+// changes.
 //
 // What an output must guarantee, whatever it writes to (docs/invariants.md):
 //
 //   - One writer per output. Opening an output takes its lock first (a lock file, a session
-//     advisory lock on the target) and holds it for the whole run; a second run on the same
+//     advisory lock on the target, a Kafka transactional id's epoch) and holds it for the whole run; a second run on the same
 //     output fails before reading or touching anything. (The Airbyte connector's records go to
 //     standard output, owned by the platform that runs it; its slot is its lock: a second read
 //     finds the slot in use.)

@@ -442,7 +442,11 @@ func (s *Sink) promise(r *kgo.Record, err error) {
 	}
 	s.mu.Lock()
 	if s.err == nil {
-		s.err = fmt.Errorf("write to topic %s: %w", r.Topic, err)
+		hint := ""
+		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+			hint = fmt.Sprintf(" (a record of %d bytes: raise the topic's max.message.bytes, and the brokers' message.max.bytes)", len(r.Key)+len(r.Value))
+		}
+		s.err = fmt.Errorf("write to topic %s: %w%s", r.Topic, err, hint)
 	}
 	s.mu.Unlock()
 }
