@@ -22,6 +22,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgserver"
+	"github.com/tidemark/tidemark/sink/kafka"
 )
 
 // Mode is what captures.
@@ -32,6 +33,7 @@ const (
 	JSONL    Mode = "jsonl"    // tidemark sync to a JSON lines file
 	Postgres Mode = "postgres" // tidemark sync to another PostgreSQL database, exactly once
 	Airbyte  Mode = "airbyte"  // the Airbyte connector, in sync rounds from state to state
+	Kafka    Mode = "kafka"    // tidemark sync to Kafka topics, exactly once for read_committed consumers
 )
 
 // Config configures a run.
@@ -58,6 +60,14 @@ type Config struct {
 	// tables). Empty: a second database of the throwaway server, or a server of its own when the
 	// faults restart the source's or the target's server.
 	Target string
+	// Kafka are the brokers (HOST:PORT) the kafka mode writes to; each run writes topics of a
+	// prefix of its own (its schema's name), which it leaves behind.
+	Kafka []string
+	// BrokerFault, when set, is the kafka mode's broker fault (the "broker" kind): it disturbs
+	// the brokers for about d (a test's in-process cluster fails requests, drops connections)
+	// and says what it did. Without it the kind has no effect: the harness does not control a
+	// real cluster.
+	BrokerFault func(ctx context.Context, seed uint64, d time.Duration) string
 	// Tidemark and Connector are the tidemark and source-postgres binaries.
 	Tidemark, Connector string
 	// Rows is the number of rows of the main table before the run. Zero: 20000.
@@ -282,16 +292,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.MaxChunkBytes = 256 << 10
 	}
 	switch cfg.Mode {
-	case JSONL, Postgres:
+	case JSONL, Postgres, Kafka:
 		if cfg.Tidemark == "" {
 			return nil, errors.New("chaos: the tidemark binary is needed")
+		}
+		if cfg.Mode == Kafka && len(cfg.Kafka) == 0 {
+			return nil, errors.New("chaos: the kafka mode needs a Kafka cluster: its brokers (tidemark chaos --kafka HOST:PORT,...)")
 		}
 	case Airbyte:
 		if cfg.Connector == "" {
 			return nil, errors.New("chaos: the source-postgres binary is needed")
 		}
 	default:
-		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte)", cfg.Mode)
+		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte, kafka)", cfg.Mode)
 	}
 	if cfg.Break != "" {
 		b, ok := breakOf(cfg.Break)
@@ -564,6 +577,8 @@ func (r *run) execute(ctx context.Context) error {
 		capt = &syncCapture{r: r, out: filepath.Join(r.cfg.Dir, "out.jsonl")}
 	case Postgres:
 		capt = &syncCapture{r: r, toPG: true}
+	case Kafka:
+		capt = &syncCapture{r: r, kafka: &kafka.Address{Brokers: r.cfg.Kafka, Prefix: r.sch}}
 	case Airbyte:
 		capt = newAirbyteCapture(r)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark/tidemark/chaos"
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/internal/pgserver"
+	"github.com/tidemark/tidemark/sink/kafka"
 )
 
 // Each run starts its own PostgreSQL (the faults restart and reconfigure it), so the runs go in
@@ -69,9 +70,15 @@ func config(t *testing.T, mode chaos.Mode, seed uint64) chaos.Config {
 	w := zerolog.MultiLevelWriter(
 		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: zerolog.NewTestWriter(t)}, Level: zerolog.WarnLevel},
 		zerolog.LevelWriterAdapter{Writer: f})
-	return chaos.Config{Mode: mode, Seed: seed, Duration: 25 * time.Second, FaultEvery: 2 * time.Second,
+	cfg := chaos.Config{Mode: mode, Seed: seed, Duration: 25 * time.Second, FaultEvery: 2 * time.Second,
 		Source: os.Getenv(e2e.EnvDSN), Tidemark: tidemarkBin, Connector: connectorBin, Dir: dir,
 		Log: zerolog.New(w).Level(zerolog.InfoLevel).With().Timestamp().Logger()}
+	if mode == chaos.Kafka {
+		var addr kafka.Address
+		addr, cfg.BrokerFault = e2e.KafkaWithFaults(t)
+		cfg.Kafka = addr.Brokers
+	}
+	return cfg
 }
 
 // harnessLog ends the name of the file, beside a run's directory, of every event the harness
@@ -149,7 +156,7 @@ func TestChaos(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		var cfgs []chaos.Config
-		for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte} {
+		for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte, chaos.Kafka} {
 			cfg := config(t, mode, seed)
 			// Three readers: the tables are backfilled at once, each by a reader of its own.
 			cfg.Faults, cfg.Readers = []string{"default", "fence", "target"}, 3

@@ -47,21 +47,26 @@ var faultKinds = []faultKind{
 	{"rewrite", 5, false, "ddl", nil},            // ALTER COLUMN v TYPE text USING v || ...: every value changed, no row event
 	// The publication's publish option narrowed (truncate left out) for 5 s, then put back;
 	// OWNER TO before it must stop nothing.
-	{"publish", 4, false, "ddl", []Mode{JSONL, Postgres}},
+	{"publish", 4, false, "ddl", []Mode{JSONL, Postgres, Kafka}},
 	// A table UNLOGGED for 5 s (12 s: Airbyte) under a schema publication, written to, then
 	// LOGGED again.
 	{"persist", 4, false, "ddl", nil},
 	// tidemark rebackfill asked of the running sync: a table's output starts over mid-run.
-	{"rebackfill", 5, false, "ddl", []Mode{JSONL, Postgres}},
+	{"rebackfill", 5, false, "ddl", []Mode{JSONL, Postgres, Kafka}},
 	{"standby-restart", 5, true, "ddl", nil}, // a commit kept invisible across a kill -9 and restart of the capture
 	{"restore", 3, true, "ddl", nil},         // the source restored to a base backup taken seconds before, on a new timeline
 	// A second capture against the slot and output of the running one, which is frozen and
 	// loses its walsender meanwhile: the second must be refused (fence.go).
-	{"second-capture", 6, false, "fence", nil},
+	// Kafka: a second writer of a prefix takes it over (the transactional id's epoch fences the
+	// first); sink/kafka's and e2e's tests check that, not this fault.
+	{"second-capture", 6, false, "fence", []Mode{JSONL, Postgres, Airbyte}},
 	// The PostgreSQL target: an immediate restart of its server (one of its own), its
 	// connections dropped by its proxy.
 	{"target-restart", 5, false, "target", []Mode{Postgres}},
 	{"target-drop", 8, false, "target", []Mode{Postgres}},
+	// Kafka: the brokers disturbed for 1-4 s (Config.BrokerFault: requests failed, connections
+	// dropped); without it, no effect.
+	{"broker", 10, false, "default", []Mode{Kafka}},
 }
 
 // FaultFamilies are the names that stand for a family of faults in Config.Faults.
@@ -133,6 +138,9 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 		}
 		if k == "target-restart" && r.targetSrv == nil {
 			return false // the target is not a server of the harness's own
+		}
+		if k == "broker" && r.cfg.BrokerFault == nil {
+			return false // the brokers are not the harness's to disturb
 		}
 		return (!embedded || r.srv != nil) && slices.Contains(r.cfg.Faults, k)
 	}
@@ -255,6 +263,11 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		return r.commitStall(ctx, d*3/4, false)
 	case "slow-consumer":
 		return capt.slow(ctx, d)
+	case "broker":
+		if r.cfg.BrokerFault == nil {
+			return noEffect + "no control of the brokers"
+		}
+		return r.cfg.BrokerFault(ctx, r.cfg.Seed+uint64(time.Now().UnixNano()), d)
 	case "standby-restart":
 		return r.commitStall(ctx, d*3/4, true)
 	}

@@ -22,13 +22,15 @@ import (
 	"github.com/tidemark/tidemark/chaos/oracle"
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/sink/jsonl/line"
+	"github.com/tidemark/tidemark/sink/kafka"
 )
 
-// syncCapture runs `tidemark sync` to a JSON lines file or to PostgreSQL.
+// syncCapture runs `tidemark sync` to a JSON lines file, to PostgreSQL or to Kafka.
 type syncCapture struct {
-	r    *run
-	toPG bool
-	out  string // the JSON lines file
+	r     *run
+	toPG  bool
+	out   string         // the JSON lines file
+	kafka *kafka.Address // the Kafka output
 
 	mu      sync.Mutex
 	seen    map[string]time.Time // txlog id → when its insert first appeared in the output
@@ -40,7 +42,7 @@ type syncCapture struct {
 
 func (c *syncCapture) prepare(ctx context.Context) error {
 	c.seen, c.at, c.pending = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
-	if !c.toPG {
+	if !c.toPG && c.kafka == nil {
 		// Live changes are timed as they reach the file.
 		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		c.stop = cancel
@@ -90,7 +92,12 @@ func (c *syncCapture) args(final bool, remedy []string) (args []string, source, 
 	if len(remedy) > 0 {
 		args = append(args, "--rebackfill", remedyArg(remedy))
 	}
-	if !c.toPG {
+	switch {
+	case c.kafka != nil:
+		// Three partitions: a key's changes must stay in order in its own; a transaction timeout
+		// short enough that one left open by a kill without a next run (the end) goes soon.
+		args, target = append(args, "--to", c.kafka.String(), "--kafka-partitions", "3", "--kafka-transaction-timeout", "20s"), ""
+	case !c.toPG:
 		args, target = append(args, "--to", c.out), ""
 	}
 	return args, source, target
@@ -172,6 +179,17 @@ func (c *syncCapture) remedied(tables []string) {
 
 // checkpoint reads the durable checkpoint: the JSON lines output's file, the target's row.
 func (c *syncCapture) checkpoint(ctx context.Context) (*checkpointInfo, error) {
+	if c.kafka != nil {
+		ck, err := kafka.ReadCheckpoint(ctx, *c.kafka)
+		if err != nil || ck == nil || ck.Position == nil {
+			return nil, err
+		}
+		raw, err := json.Marshal(ck.Position)
+		if err != nil {
+			return nil, err
+		}
+		return parsePosition(raw)
+	}
 	if !c.toPG {
 		b, err := os.ReadFile(c.out + ".checkpoint")
 		if errors.Is(err, os.ErrNotExist) {
@@ -272,6 +290,9 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 	if c.toPG {
 		return c.verifyPG(ctx, rep)
 	}
+	if c.kafka != nil {
+		return c.verifyKafka(ctx, rep)
+	}
 	b, err := os.ReadFile(c.out + ".checkpoint")
 	if err != nil {
 		return err
@@ -319,6 +340,45 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 	}
 	slices.Sort(rep.Latency)
 	return nil
+}
+
+// verifyKafka reads the tables' topics as a read_committed consumer of every partition does, in
+// the output's order ((LSN, seq), which kafka.ReadLines merges the partitions by), and checks
+// them as the JSON lines output is checked: each change once, positions growing.
+func (c *syncCapture) verifyKafka(ctx context.Context, rep *Report) error {
+	var tables []string
+	for name := range c.r.keys() {
+		tables = append(tables, name)
+	}
+	lines, err := kafka.ReadLines(ctx, *c.kafka, tables)
+	if err != nil {
+		return err
+	}
+	o := oracle.NewOracle("ver")
+	o.ExactlyOnce, o.Order = true, oracle.ByLSNSeq
+	c.r.mu.Lock()
+	o.Resets = c.r.restores
+	c.r.mu.Unlock()
+	var text []byte
+	for _, l := range lines {
+		text = append(append(text, l...), '\n')
+	}
+	var damaged []string
+	err = oracle.ReadJSONL(bytes.NewReader(text), c.r.keys(), o.Apply, func(line int, err error) {
+		if len(damaged) < 5 {
+			damaged = append(damaged, fmt.Sprintf("record %d: %v", line, err))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if len(damaged) > 0 {
+		rep.Violations = append(rep.Violations, "output: records that cannot be read: "+strings.Join(damaged, "; "))
+	}
+	return c.r.checkOracle(ctx, o, rep, func(txn string) (uint32, bool) {
+		x, err := strconv.ParseUint(txn, 10, 64)
+		return uint32(x), err == nil
+	})
 }
 
 // verifyPG compares the target's tables with the source's, and checks the audit ledger: every

@@ -20,8 +20,9 @@ import (
 // runChaos runs the chaos harness (chaos) in one mode or all, and prints a report per mode;
 // any violation makes the exit code 1.
 func runChaos(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("chaos", "chaos [--mode jsonl|postgres|airbyte|all] [--seed N] [--duration 10m] [flags]", e)
-	mode := fs.String("mode", "all", "what captures: jsonl (tidemark sync to a file), postgres (tidemark sync to PostgreSQL), airbyte (the connector in sync rounds), or all")
+	fs := newFlags("chaos", "chaos [--mode jsonl|postgres|airbyte|kafka|all] [--seed N] [--duration 10m] [flags]", e)
+	mode := fs.String("mode", "all", "what captures: jsonl (tidemark sync to a file), postgres (tidemark sync to PostgreSQL), airbyte (the connector in sync rounds), kafka (tidemark sync to Kafka: needs --kafka), or all (kafka too when --kafka is given)")
+	kafkaBrokers := fs.String("kafka", "", "kafka mode: the brokers of a Kafka cluster to write to (HOST:PORT,...); each run writes topics of a prefix of its own (tidemark_chaos_SEED_ID.*), which it leaves behind")
 	seed := fs.Uint64("seed", 0, "the seed of the workload and the fault schedule; 0: a random one, printed")
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
@@ -56,10 +57,18 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 		if *breakEngine != "" {
 			modes = chaos.BreakModes(*breakEngine)
 		}
+		if *kafkaBrokers != "" && *breakEngine == "" {
+			modes = append(modes, chaos.Kafka)
+		}
 	case "jsonl", "postgres", "airbyte":
 		modes = []chaos.Mode{chaos.Mode(*mode)}
+	case "kafka":
+		if *kafkaBrokers == "" {
+			return fmt.Errorf("%w: --mode kafka needs a Kafka cluster to write to: --kafka HOST:PORT,...", errUsage)
+		}
+		modes = []chaos.Mode{chaos.Kafka}
 	default:
-		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte or all", errUsage)
+		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte, kafka or all", errUsage)
 	}
 	// A staging database's connection strings get the sslmode rule of every other command.
 	for _, dsn := range []*string{source, target} {
@@ -89,6 +98,9 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
 			Tidemark: self, Rows: *rows, Faults: faultList, InTurn: *inTurn, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log,
 			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks, Readers: *readers}
+		if m == chaos.Kafka {
+			cfg.Kafka = strings.Split(*kafkaBrokers, ",")
+		}
 		if *dir != "" {
 			cfg.Dir = filepath.Join(*dir, string(m))
 			if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {

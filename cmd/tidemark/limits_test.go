@@ -50,7 +50,8 @@ func TestFlagRanges(t *testing.T) {
 		{"chaos", "readers", 0, 64, false, nil},
 		{"sync", "kafka-partitions", 1, 10000, false, kafkaTo},
 		{"sync", "kafka-replication", -1, 100, false, kafkaTo},
-		{"sync", "kafka-transaction-timeout", int64(time.Second), int64(time.Hour), true, kafkaTo},
+		{"sync", "kafka-transaction-timeout", int64(2 * time.Second), int64(time.Hour), true, kafkaTo},
+		{"sync", "kafka-max-record-bytes", 1 << 10, 1 << 30, false, kafkaTo},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -155,7 +155,7 @@ type syncFlags struct {
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
 	control, onSlotLoss, onRewrite                                              *string
 	audit, stopCaughtUp, noBackfill, quiet, kafkaCompact                        *bool
-	kafkaPartitions, kafkaReplication                                           *int
+	kafkaPartitions, kafkaReplication, kafkaMaxRecord                           *int
 	kafkaTxnTimeout                                                             *time.Duration
 	chunkSize, maxChunkBytes, readers, encoders                                 *int
 	interval, wmTimeout, watch                                                  *time.Duration
@@ -196,6 +196,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.kafkaPartitions = fs.Int("kafka-partitions", 1, "Kafka: partitions of each topic the sync creates (a key's changes stay in one partition, in order)")
 	f.kafkaReplication = fs.Int("kafka-replication", -1, "Kafka: replication factor of each topic the sync creates (-1: the brokers' default)")
 	f.kafkaCompact = fs.Bool("kafka-compact", false, "Kafka: create the tables' topics compacted (cleanup.policy=compact: a key's last record stays, a deleted key goes)")
+	f.kafkaMaxRecord = fs.Int("kafka-max-record-bytes", 1000012, "Kafka: the largest batch of records, and so record, the producer sends (its batch.max.bytes); raise it with the topics' max.message.bytes for rows larger than about 1 MB")
 	f.kafkaTxnTimeout = fs.Duration("kafka-transaction-timeout", time.Minute, "Kafka: the transaction timeout; the records between two checkpoints (a source transaction's, at least) must be written within it, and the brokers cap it (transaction.max.timeout.ms, 15 minutes by default)")
 	f.maxChunkBytes = fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	return f
@@ -223,7 +224,8 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		durationRange("watch-interval", *f.watch, 100*time.Millisecond, time.Hour),
 		intRange("max-chunk-bytes", *f.maxChunkBytes, 1<<10, 1<<30),
 		intRange("kafka-partitions", *f.kafkaPartitions, 1, 10000), intRange("kafka-replication", *f.kafkaReplication, -1, 100),
-		durationRange("kafka-transaction-timeout", *f.kafkaTxnTimeout, time.Second, time.Hour))
+		intRange("kafka-max-record-bytes", *f.kafkaMaxRecord, 1<<10, 1<<30),
+		durationRange("kafka-transaction-timeout", *f.kafkaTxnTimeout, 2*time.Second, time.Hour))
 	if *f.source == "" {
 		problems = append(problems, "--source is required")
 	}
@@ -241,9 +243,12 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		if *f.checkpoint != "" {
 			problems = append(problems, "--checkpoint is for JSON lines: a Kafka output keeps its checkpoint in its topic PREFIX.tidemark-checkpoint")
 		}
+		if *f.interval*2 > *f.kafkaTxnTimeout {
+			problems = append(problems, fmt.Sprintf("--checkpoint-interval %s: each checkpoint commits a Kafka transaction, which must end within --kafka-transaction-timeout (%s): give an interval of half the timeout at most", *f.interval, *f.kafkaTxnTimeout))
+		}
 	}
 	if !kafka.IsURL(*f.to) {
-		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-transaction-timeout"} {
+		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-transaction-timeout", "kafka-max-record-bytes"} {
 			if flagGiven(fs, name) {
 				problems = append(problems, fmt.Sprintf("--%s is for a Kafka output (--to kafka://...)", name))
 			}
@@ -315,7 +320,7 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 			names = append(names, t.Schema+"."+t.Name)
 		}
 		ks, pos, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions),
-			Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout,
+			Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout, MaxRecordBytes: int32(*f.kafkaMaxRecord),
 			Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, func() error { return slotIdle(ctx, srcConn, *f.slot) })
 		if err != nil {
 			return nil, nil, nil, err
@@ -397,6 +402,9 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 		ResyncInvalidPosition: p.refreshAll,
 		ResyncLostSlot:        *f.onSlotLoss == "rebackfill",
 		RebackfillRewrites:    *f.onRewrite == "rebackfill",
+		// A compacted topic keeps a key's last record only: it must be the whole row, so an
+		// update without its unchanged TOASTed values is replaced by the row read again.
+		RereadPartial: kafka.IsURL(*f.to) && *f.kafkaCompact,
 	}
 }
 

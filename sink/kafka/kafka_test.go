@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -30,6 +31,7 @@ type failAfter struct {
 	*kafka.Sink
 	n, seen int
 	emitted *int
+	pause   time.Duration // before each checkpoint
 }
 
 func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
@@ -40,6 +42,7 @@ func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
 var errStop = errors.New("stopped by the test")
 
 func (f *failAfter) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	time.Sleep(f.pause)
 	if f.seen++; f.n > 0 && f.seen >= f.n {
 		// What was emitted reaches the brokers, in the transaction the run leaves open.
 		if err := f.Sink.Flush(ctx); err != nil {
@@ -59,6 +62,11 @@ func capture(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, table
 
 // captureCount is capture, and returns the events emitted.
 func captureCount(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, tables ...string) (int, error) {
+	return captureWith(t, db, addr, failAt, 0, 0, tables...)
+}
+
+// captureWith is captureCount with a transaction timeout and a pause before each checkpoint.
+func captureWith(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, timeout, pause time.Duration, tables ...string) (int, error) {
 	t.Helper()
 	ctx := context.Background()
 	conn := db.Connect()
@@ -66,7 +74,7 @@ func captureCount(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, 
 	for _, name := range tables {
 		names = append(names, "public."+name)
 	}
-	s, from, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: 3, Slot: db.Slot,
+	s, from, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: 3, Slot: db.Slot, TransactionTimeout: timeout,
 		Types: pgjson.NewRegistry(conn), Log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)}, func() error { return nil })
 	require.NoError(t, err)
 	defer s.Close(ctx)
@@ -76,7 +84,7 @@ func captureCount(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, 
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: name})
 	}
 	var emitted int
-	eng, err := merge.New(cfg, &failAfter{Sink: s, n: failAt, emitted: &emitted}, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	eng, err := merge.New(cfg, &failAfter{Sink: s, n: failAt, emitted: &emitted, pause: pause}, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
 	require.NoError(t, err)
 	err = eng.Run(ctx, from)
 	return emitted, err
@@ -221,6 +229,20 @@ func TestTopicsRefused(t *testing.T) {
 	_, _, err = kafka.Open(ctx, opts(addr, db.Slot), func() error { return nil })
 	require.ErrorContains(t, err, "has 6 partitions, but had 3")
 
+	// A topic the output wrote, deleted: refused, not created again empty.
+	_, err = kadm.NewClient(client(addr)).DeleteTopic(ctx, kafka.TopicOf(addr.Prefix, "public", "a"))
+	require.NoError(t, err)
+	_, _, err = kafka.Open(ctx, opts(addr, db.Slot), func() error { return nil })
+	require.ErrorContains(t, err, "which this output wrote, is gone")
+
+	// A first run's checkpoint, before any position, names its slot too.
+	addr1 := e2e.Kafka(t)
+	s, _, err := kafka.Open(ctx, opts(addr1, "first_slot"), func() error { return nil })
+	require.NoError(t, err)
+	require.NoError(t, s.Close(ctx))
+	_, _, err = kafka.Open(ctx, opts(addr1, "second_slot"), func() error { t.Fatal("ready called"); return nil })
+	require.ErrorContains(t, err, "holds the checkpoint of slot first_slot")
+
 	// Another slot's checkpoint: refused before ready (the slot check) runs.
 	addr2 := e2e.Kafka(t)
 	require.NoError(t, capture(t, db, addr2, 0, "a"))
@@ -265,4 +287,18 @@ func TestParseURL(t *testing.T) {
 	}
 	require.Equal(t, "kafka://app:xxxxx@b1:9092/shop", kafka.Redact("kafka://app:s3cret@b1:9092/shop"))
 	require.False(t, strings.Contains(kafka.Redact("kafka://app:s3cret@b1:9092,b2:9092/shop"), "s3cret"))
+}
+
+// TestTransactionTimeout: a transaction kept open longer than the transaction timeout is aborted
+// by the brokers; the sync stops saying so and how to fix it, not as if another sync had taken
+// the output over.
+func TestTransactionTimeout(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	addr := e2e.Kafka(t)
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY, ver int)`)
+	db.Exec(`INSERT INTO a SELECT g, g FROM generate_series(1, 20) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
+	_, err := captureWith(t, db, addr, 0, 2*time.Second, 5*time.Second, "a")
+	require.ErrorContains(t, err, "longer than the transaction timeout")
+	require.NotContains(t, err.Error(), "took over")
 }

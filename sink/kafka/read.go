@@ -80,8 +80,8 @@ func ReadCommitted(ctx context.Context, addr Address, topics []string, fn func(r
 	defer cl.Close()
 	for n > 0 {
 		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
@@ -154,7 +154,7 @@ func ReadLines(ctx context.Context, addr Address, tables []string) ([][]byte, er
 			// A tombstone: the delete of its key.
 			l = fmt.Appendf(nil, `{"op":%q,"table":%q,"key":%s,"lsn":%q,"seq":%d}`, h[HeaderOp], h[HeaderTable], r.Key, lsn.String(), seq)
 		}
-		recs = append(recs, rec{lsn: lsn, seq: seq, partition: r.Partition, keyless: r.Key == nil, line: l})
+		recs = append(recs, rec{lsn: lsn, seq: seq, partition: r.Partition, keyless: string(r.Key) == BroadcastKey, line: l})
 		return nil
 	})
 	if err != nil {

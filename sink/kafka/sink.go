@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +41,10 @@ type Options struct {
 	// TransactionTimeout is the Kafka transaction timeout: one checkpoint's records must be
 	// written within it. The broker caps it (transaction.max.timeout.ms, 15 minutes by default).
 	TransactionTimeout time.Duration
+	// MaxRecordBytes bounds a batch of records, and so a record (the producer's
+	// ProducerBatchMaxBytes): it must not pass the topics' max.message.bytes. Zero: 1000012,
+	// Kafka's default.
+	MaxRecordBytes int32
 	// Slot is the replication slot of the capture: a checkpoint of another slot is refused
 	// before this output takes over the prefix.
 	Slot  string
@@ -55,6 +60,7 @@ const CheckpointVersion = 1
 type Checkpoint struct {
 	Version  int              `json:"version"`
 	Output   string           `json:"output"`   // the prefix
+	Slot     string           `json:"slot"`     // the capture's slot, also before its first position
 	Position *merge.Position  `json:"position"` // nil: none yet (the topics were created)
 	Topics   map[string]int32 `json:"topics"`
 	Time     time.Time        `json:"time"`
@@ -67,6 +73,11 @@ const (
 	HeaderSeq   = "tidemark.seq"   // its order among the events of that LSN
 	HeaderTable = "tidemark.table" // schema.table, as the source names it
 )
+
+// BroadcastKey is the key of a record that concerns every key of its table (a truncate, a
+// refresh), sent to every partition: no row's key is an empty object (a table has a key of one
+// column at least), and a compacted topic takes no record without a key.
+const BroadcastKey = "{}"
 
 // CheckpointTopic is the name of the output's checkpoint topic.
 func CheckpointTopic(prefix string) string { return prefix + ".tidemark-checkpoint" }
@@ -99,8 +110,11 @@ type Sink struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu  sync.Mutex
-	err error // the first record that failed since the transaction began
+	txnStart time.Time // when the open transaction's first record was produced
+
+	mu    sync.Mutex
+	err   error // the first record that failed since the transaction began
+	epoch int64 // the producer id and epoch of the transaction's first acknowledged record, +1; 0: none yet
 }
 
 // Open opens (or resumes) the Kafka output: it reads the checkpoint the prefix holds, checks
@@ -111,6 +125,9 @@ type Sink struct {
 func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Position, error) {
 	if o.TransactionTimeout == 0 {
 		o.TransactionTimeout = time.Minute
+	}
+	if o.MaxRecordBytes == 0 {
+		o.MaxRecordBytes = 1000012
 	}
 	opts, err := o.Address.clientOpts()
 	if err != nil {
@@ -145,7 +162,8 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	s.cl, err = kgo.NewClient(append(opts,
 		kgo.TransactionalID(TransactionalID(o.Address.Prefix)),
 		kgo.TransactionTimeout(o.TransactionTimeout),
-		kgo.RecordPartitioner(partitioner()),
+		kgo.RecordPartitioner(s.partitioner()),
+		kgo.ProducerBatchMaxBytes(o.MaxRecordBytes),
 		kgo.RecordDeliveryTimeout(o.TransactionTimeout),
 		kgo.ProducerLinger(5*time.Millisecond),
 	)...)
@@ -183,11 +201,18 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 }
 
 func (s *Sink) checkOwner(ck *Checkpoint) error {
-	if ck == nil || ck.Position == nil || ck.Position.Slot == "" || s.o.Slot == "" || ck.Position.Slot == s.o.Slot {
+	if ck == nil || s.o.Slot == "" {
+		return nil
+	}
+	slot := ck.Slot
+	if ck.Position != nil && ck.Position.Slot != "" {
+		slot = ck.Position.Slot
+	}
+	if slot == "" || slot == s.o.Slot {
 		return nil
 	}
 	return fmt.Errorf("%s holds the checkpoint of slot %s, not %s: it is another capture's output; give this capture another prefix, or run it with --slot %s",
-		s.o.Address, ck.Position.Slot, s.o.Slot, ck.Position.Slot)
+		s.o.Address, slot, s.o.Slot, slot)
 }
 
 // ensureCheckpointTopic creates the checkpoint topic (one partition, compacted) if it is missing.
@@ -214,10 +239,26 @@ func (s *Sink) ensureCheckpointTopic(ctx context.Context, topic string) error {
 
 // readCheckpoint reads the prefix's last committed checkpoint record (nil: none).
 func (s *Sink) readCheckpoint(ctx context.Context) (*Checkpoint, error) {
+	ctx, cancel := s.readDeadline(ctx)
+	defer cancel()
+	return ReadCheckpoint(ctx, s.o.Address)
+}
+
+// readDeadline bounds a read at open: a transaction another writer holds open ends within the
+// transaction timeout (the brokers abort it then), so a read still waiting well after that is
+// stuck.
+func (s *Sink) readDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := s.o.TransactionTimeout + time.Minute
+	return context.WithTimeoutCause(ctx, d, fmt.Errorf("%w: could not read %s to its last stable offset within %s (a transaction held open longer than the transaction timeout, or records deleted under the read)", pgerr.ErrTimeout, s.o.Address, d))
+}
+
+// ReadCheckpoint reads the last committed checkpoint record of the output at addr (nil: none),
+// as a read_committed consumer sees it.
+func ReadCheckpoint(ctx context.Context, addr Address) (*Checkpoint, error) {
 	var last []byte
-	topic := CheckpointTopic(s.o.Address.Prefix)
-	err := ReadCommitted(ctx, s.o.Address, []string{topic}, func(r *kgo.Record) error {
-		if string(r.Key) == s.o.Address.Prefix {
+	topic := CheckpointTopic(addr.Prefix)
+	err := ReadCommitted(ctx, addr, []string{topic}, func(r *kgo.Record) error {
+		if string(r.Key) == addr.Prefix {
 			last = r.Value
 		}
 		return nil
@@ -230,10 +271,10 @@ func (s *Sink) readCheckpoint(ctx context.Context) (*Checkpoint, error) {
 	}
 	var ck Checkpoint
 	if err := json.Unmarshal(last, &ck); err != nil {
-		return nil, fmt.Errorf("checkpoint topic %s: the last checkpoint of %s is damaged (%v): start over with another prefix", topic, s.o.Address.Prefix, err)
+		return nil, fmt.Errorf("checkpoint topic %s: the last checkpoint of %s is damaged (%v): start over with another prefix", topic, addr.Prefix, err)
 	}
-	if ck.Version != CheckpointVersion || ck.Output != s.o.Address.Prefix {
-		return nil, fmt.Errorf("checkpoint topic %s: the last checkpoint is version %d of output %q; this is version %d of %q", topic, ck.Version, ck.Output, CheckpointVersion, s.o.Address.Prefix)
+	if ck.Version != CheckpointVersion || ck.Output != addr.Prefix {
+		return nil, fmt.Errorf("checkpoint topic %s: the last checkpoint is version %d of output %q; this is version %d of %q", topic, ck.Version, ck.Output, CheckpointVersion, addr.Prefix)
 	}
 	return &ck, nil
 }
@@ -264,6 +305,10 @@ func (s *Sink) ensureTopics(ctx context.Context, known map[string]int32) (bool, 
 	for _, topic := range names {
 		t, ok := td[topic]
 		if !ok || errors.Is(t.Err, kerr.UnknownTopicOrPartition) {
+			if _, wrote := known[topic]; wrote {
+				return false, fmt.Errorf("topic %s, which this output wrote, is gone: the changes it held are lost to its consumers; start the output over (delete the topics %s.* and the checkpoint topic %s, or give another prefix)",
+					topic, s.o.Address.Prefix, CheckpointTopic(s.o.Address.Prefix))
+			}
 			missing = append(missing, topic)
 			continue
 		}
@@ -281,14 +326,23 @@ func (s *Sink) ensureTopics(ctx context.Context, known map[string]int32) (bool, 
 		}
 		s.topics[topic] = n
 	}
+	// The topics of tables this run does not capture stay in the checkpoint: a table captured
+	// again later finds its topic the output's.
+	for topic, n := range known {
+		if _, ok := s.topics[topic]; !ok && !slices.Contains(names, topic) {
+			s.topics[topic] = n
+		}
+	}
 	if len(unlisted) > 0 {
 		// Topics this output did not create: only empty ones are taken (what a run killed before
 		// its first checkpoint left holds aborted records only).
 		held := map[string]bool{}
-		err := ReadCommitted(ctx, s.o.Address, unlisted, func(r *kgo.Record) error {
+		rctx, cancel := s.readDeadline(ctx)
+		err := ReadCommitted(rctx, s.o.Address, unlisted, func(r *kgo.Record) error {
 			held[r.Topic] = true
 			return nil
 		})
+		cancel()
 		if err != nil {
 			return false, unavailable(err)
 		}
@@ -383,7 +437,7 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 			}
 			line = line[:len(line)-1]
 			for p := range s.topics[topic] {
-				s.produce(ctx, &kgo.Record{Topic: topic, Partition: p, Value: line, Headers: headers})
+				s.produce(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte(BroadcastKey), Value: line, Headers: headers})
 			}
 			continue
 		case merge.Delete:
@@ -406,24 +460,27 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 		value := slices.Clone(s.buf[:len(s.buf)-1])
 		s.produce(ctx, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers})
 	}
-	return s.failed()
+	return s.classify(s.failed())
 }
 
 func (s *Sink) begin() error {
 	if s.inTxn {
-		return s.failed()
+		return s.classify(s.failed())
 	}
 	if err := s.cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("begin a Kafka transaction: %w", err)
 	}
-	s.inTxn = true
+	s.inTxn, s.txnStart = true, time.Time{}
 	s.mu.Lock()
-	s.err = nil
+	s.err, s.epoch = nil, 0
 	s.mu.Unlock()
 	return nil
 }
 
 func (s *Sink) produce(_ context.Context, r *kgo.Record) {
+	if s.txnStart.IsZero() {
+		s.txnStart = time.Now() // the brokers time a transaction from its first record
+	}
 	s.cl.Produce(s.ctx, r, s.promise)
 }
 
@@ -437,24 +494,56 @@ func (s *Sink) Flush(ctx context.Context) error {
 }
 
 func (s *Sink) promise(r *kgo.Record, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err == nil {
+		// Every record of a transaction must be acknowledged under one producer id and epoch: a
+		// producer that reloaded its id within the transaction (which franz-go does by itself on
+		// some errors) aborted what it had written before, and the commit would cover only the
+		// rest.
+		e := r.ProducerID<<16 | int64(uint16(r.ProducerEpoch)) + 1
+		if s.epoch == 0 {
+			s.epoch = e
+		} else if s.epoch != e && s.err == nil {
+			s.err = fmt.Errorf("%w: the producer's id or epoch changed within a transaction (records of it were aborted); resuming from the last checkpoint", pgerr.ErrTimeout)
+		}
 		return
 	}
-	s.mu.Lock()
 	if s.err == nil {
 		hint := ""
 		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
 			hint = fmt.Sprintf(" (a record of %d bytes: raise the topic's max.message.bytes, and the brokers' message.max.bytes)", len(r.Key)+len(r.Value))
 		}
-		s.err = fmt.Errorf("write to topic %s: %w%s", r.Topic, err, hint)
+		if strings.Contains(err.Error(), "invalid record partitioning choice") {
+			hint = fmt.Sprintf(" (the topic has other partitions than the %d this output writes it with: partitions added while the sync ran move keys; give the topic its partitions back, or start the output over with another prefix)", s.topics[r.Topic])
+		}
+		s.err = unavailable(fmt.Errorf("write to topic %s: %w%s", r.Topic, err, hint))
 	}
-	s.mu.Unlock()
 }
 
 func (s *Sink) failed() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.fenced(s.err)
+	return s.err
+}
+
+// classify names the cause of an error of the open transaction: the transaction timed out, or
+// another writer took the prefix over.
+func (s *Sink) classify(err error) error {
+	if t := s.timedOut(err); t != err {
+		return t
+	}
+	return s.fenced(err)
+}
+
+// timedOut says, when the open transaction has run longer than the transaction timeout, that
+// the brokers aborted it (and fenced this producer for it): not another writer's doing.
+func (s *Sink) timedOut(err error) error {
+	if err == nil || s.txnStart.IsZero() || time.Since(s.txnStart) < s.o.TransactionTimeout {
+		return err
+	}
+	return fmt.Errorf("the Kafka transaction ran %s, longer than the transaction timeout (%s), and the brokers aborted it: a source transaction is written in one Kafka transaction with what came since the last checkpoint; raise --kafka-transaction-timeout (and the brokers' transaction.max.timeout.ms, 15 minutes by default, which bounds it): %w",
+		time.Since(s.txnStart).Round(time.Second), s.o.TransactionTimeout, err)
 }
 
 // Checkpoint writes pos to the checkpoint topic in the open transaction and commits it: the
@@ -468,7 +557,7 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	for t, n := range s.topics {
 		topics[t] = n
 	}
-	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Position: pos, Topics: topics, Time: time.Now().UTC()})
+	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Slot: s.o.Slot, Position: pos, Topics: topics, Time: time.Now().UTC()})
 	if err != nil {
 		return err
 	}
@@ -477,14 +566,17 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 		return s.abort(ctx, fmt.Errorf("flush to %s: %w", s.o.Address, err))
 	}
 	if err := s.failed(); err != nil {
-		return s.abort(ctx, err)
+		return s.abort(ctx, s.classify(err))
 	}
 	s.inTxn = false
 	if err := s.cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		if f := s.fenced(err); f != err {
-			return f
+		if c := s.classify(err); c != err {
+			return c
 		}
-		// The commit may or may not have been recorded by the transaction coordinator.
+		// The commit may or may not have been recorded by the transaction coordinator. The
+		// documented way on: TryAbort, which reloads the producer id and so fence-aborts the
+		// transaction if it is still open (it does nothing to one that committed).
+		_ = s.cl.EndTransaction(ctx, kgo.TryAbort)
 		return fmt.Errorf("%w: commit the Kafka transaction: %w", merge.ErrCommitUnknown, unavailable(err))
 	}
 	return nil
@@ -496,7 +588,7 @@ func (s *Sink) abort(ctx context.Context, err error) error {
 	if aerr := s.cl.AbortBufferedRecords(ctx); aerr == nil {
 		_ = s.cl.EndTransaction(ctx, kgo.TryAbort)
 	}
-	return s.fenced(err)
+	return err
 }
 
 // fenced names the cause when err says that another writer took the prefix over.
@@ -539,14 +631,20 @@ func (s *Sink) Close(ctx context.Context) error {
 // Topics is each table's topic (schema.table: topic).
 func (s *Sink) Topics() map[string]string { return s.tables }
 
-// partitioner puts a record with a key in the partition of the key's murmur2 hash, as Kafka's
-// own clients do (so that any producer of the same keys agrees), and one without a key (a
-// truncate or a refresh, sent to every partition) in the partition it names.
-func partitioner() kgo.Partitioner {
-	return kgo.BasicConsistentPartitioner(func(string) func(*kgo.Record, int) int {
+// partitioner puts a record with a row's key in the partition of the key's murmur2 hash, as
+// Kafka's own clients do (so that any producer of the same keys agrees), and a broadcast record
+// (a truncate or a refresh, sent to every partition) in the partition it names. A topic whose
+// partition count is not the one the output writes it with (partitions added while it runs)
+// gets no partition: the record fails, and the transaction with it.
+func (s *Sink) partitioner() kgo.Partitioner {
+	return kgo.BasicConsistentPartitioner(func(topic string) func(*kgo.Record, int) int {
 		hash := kgo.KafkaHasher(murmur2)
+		want, checked := s.topics[topic] // written before the first record, read only after
 		return func(r *kgo.Record, n int) int {
-			if r.Key == nil {
+			if checked && int(want) != n {
+				return -1
+			}
+			if string(r.Key) == BroadcastKey {
 				return int(r.Partition)
 			}
 			return hash(r.Key, n)
