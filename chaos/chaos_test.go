@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -160,6 +161,10 @@ func TestChaos(t *testing.T) {
 			cfg := config(t, mode, seed)
 			// Three readers: the tables are backfilled at once, each by a reader of its own.
 			cfg.Faults, cfg.Readers = []string{"default", "fence", "target"}, 3
+			if mode == chaos.Kafka {
+				// A minute: the broker faults (in the default family) come on top of the others.
+				cfg.Duration = time.Minute
+			}
 			cfgs = append(cfgs, cfg)
 		}
 		for _, rep := range concurrently(t, cfgs) {
@@ -320,5 +325,26 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 				t.Logf("caught: %s", caught[0])
 			})
 		}
+	}
+}
+
+// TestChaosKafkaLong runs the kafka mode for $TIDEMARK_CHAOS_KAFKA (a duration, 10m say) under
+// every family that applies to it, the in-process cluster's broker faults included, with the
+// seed $TIDEMARK_CHAOS_SEED (default random): the long run of docs/chaos.md. Without the
+// variable it does not run: TestChaos runs the mode for a minute.
+func TestChaosKafkaLong(t *testing.T) {
+	d, err := time.ParseDuration(os.Getenv("TIDEMARK_CHAOS_KAFKA"))
+	if err != nil || d <= 0 {
+		t.Skip("a long run, asked for with TIDEMARK_CHAOS_KAFKA=10m")
+	}
+	seed := randomSeed()
+	if v, err := strconv.ParseUint(os.Getenv("TIDEMARK_CHAOS_SEED"), 10, 64); err == nil && v > 0 {
+		seed = v
+	}
+	cfg := config(t, chaos.Kafka, seed)
+	cfg.Duration, cfg.Readers, cfg.FaultEvery = d, 3, 3*time.Second
+	cfg.Faults = []string{"default", "ddl", "target"}
+	for _, rep := range concurrently(t, []chaos.Config{cfg}) {
+		require.True(t, rep.OK(), "kafka seed %d: %s", seed, strings.Join(rep.Violations, "\n"))
 	}
 }

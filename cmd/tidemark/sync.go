@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink"
+	"github.com/tidemark/tidemark/sink/debezium"
 	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/kafka"
 	"github.com/tidemark/tidemark/sink/postgres"
@@ -153,7 +154,7 @@ func (f *syncFlags) syncOnce(ctx context.Context, e *env, plan syncPlan, stats *
 type syncFlags struct {
 	source, tables, to, targetSchema, checkpointID, checkpoint, slot, pub       *string
 	rebackfill, metricsAddr, watermarks, signalTable, typesChanged, maintenance *string
-	control, onSlotLoss, onRewrite                                              *string
+	control, onSlotLoss, onRewrite, format                                      *string
 	audit, stopCaughtUp, noBackfill, quiet, kafkaCompact                        *bool
 	kafkaPartitions, kafkaReplication, kafkaMaxRecord                           *int
 	kafkaTxnTimeout                                                             *time.Duration
@@ -193,6 +194,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.wmTimeout = fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
 	f.watch = fs.Duration("watch-interval", 10*time.Second, "time between two looks at what the stream does not carry (a table renamed, dropped or out of the publication, its partitions, UNLOGGED or rewritten, the publish option): a change undone within one interval is not seen")
 	f.testing = newTestingFlags(fs)
+	f.format = fs.String("format", "tidemark", "JSON lines and Kafka: what each event is written as: tidemark (Tidemark's line) or debezium (Debezium's change-event envelope, and a key record in Kafka; docs/cli.md)")
 	f.kafkaPartitions = fs.Int("kafka-partitions", 1, "Kafka: partitions of each topic the sync creates (a key's changes stay in one partition, in order)")
 	f.kafkaReplication = fs.Int("kafka-replication", -1, "Kafka: replication factor of each topic the sync creates (-1: the brokers' default)")
 	f.kafkaCompact = fs.Bool("kafka-compact", false, "Kafka: create the tables' topics compacted (cleanup.policy=compact: a key's last record stays, a deleted key goes)")
@@ -246,6 +248,11 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		if *f.interval*2 > *f.kafkaTxnTimeout {
 			problems = append(problems, fmt.Sprintf("--checkpoint-interval %s: each checkpoint commits a Kafka transaction, which must end within --kafka-transaction-timeout (%s): give an interval of half the timeout at most", *f.interval, *f.kafkaTxnTimeout))
 		}
+	}
+	if *f.format != "tidemark" && *f.format != "debezium" {
+		problems = append(problems, fmt.Sprintf("--format %q: give tidemark or debezium", *f.format))
+	} else if *f.format == "debezium" && isDSN(*f.to) {
+		problems = append(problems, "--format is for JSON lines and Kafka: a PostgreSQL target writes rows")
 	}
 	if !kafka.IsURL(*f.to) {
 		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-transaction-timeout", "kafka-max-record-bytes"} {
@@ -319,7 +326,12 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 		for _, t := range plan.tables {
 			names = append(names, t.Schema+"."+t.Name)
 		}
-		ks, pos, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions),
+		var dbz *debezium.Encoder
+		if *f.format == "debezium" {
+			dbz = debezium.NewEncoder(pgjson.NewRegistry(srcConn))
+			dbz.Name, dbz.Database = addr.Prefix, srcConn.Config().Database
+		}
+		ks, pos, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions), Debezium: dbz,
 			Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout, MaxRecordBytes: int32(*f.kafkaMaxRecord),
 			Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, func() error { return slotIdle(ctx, srcConn, *f.slot) })
 		if err != nil {
@@ -333,6 +345,18 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 			return nil, nil, nil, err
 		}
 		js.SetEncoders(*f.encoders)
+		var ferr error
+		if *f.format == "debezium" {
+			dbz := debezium.NewEncoder(pgjson.NewRegistry(srcConn))
+			dbz.Database = srcConn.Config().Database
+			ferr = js.SetDebezium(dbz)
+		} else {
+			ferr = js.CheckFormat()
+		}
+		if ferr != nil {
+			_ = js.Close(context.WithoutCancel(ctx))
+			return nil, nil, nil, ferr
+		}
 		return js, pos, func() { _ = js.Close(context.WithoutCancel(ctx)) }, nil
 	}
 	tgt, err := pgconf.OpenDefaultSSL(ctx, *f.to, "tidemark")

@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/sink"
+	"github.com/tidemark/tidemark/sink/debezium"
 )
 
 var _ sink.Output = (*Writer)(nil)
@@ -33,6 +34,11 @@ type Writer struct {
 	checkpoint string // path of the checkpoint file; "" for none
 	offset     int64  // bytes written to out
 	pool       *Pool  // encodes the lines (SetEncoders)
+	// dbz, when set, writes Debezium's envelopes instead (SetDebezium); format is the
+	// checkpoint's format ("" for lines, "debezium").
+	dbz    *debezium.Encoder
+	format string
+	buf    []byte
 }
 
 // CheckpointFile is the checkpoint file's content.
@@ -41,7 +47,10 @@ type CheckpointFile struct {
 	Position *merge.Position `json:"position"` // nil: no position yet (a first run)
 	Offset   int64           `json:"offset"`   // output length at Position
 	Output   string          `json:"output"`   // the output file's name
-	Time     time.Time       `json:"time"`
+	// Format is what the output holds: "" for Tidemark's lines, "debezium" for Debezium's
+	// envelopes. A run in another format is refused.
+	Format string    `json:"format,omitempty"`
+	Time   time.Time `json:"time"`
 }
 
 // Open opens (or resumes) output path with its checkpoint file, and returns the position
@@ -139,6 +148,9 @@ func (s *Writer) open(path string, ready func() error) (*merge.Position, error) 
 	pos, offset, output, err := readCheckpoint(checkpoint)
 	if err != nil {
 		return nil, err
+	}
+	if cp, err := readCheckpointFile(checkpoint, true); err == nil {
+		s.format = cp.Format
 	}
 	if output != "" && output != filepath.Base(path) {
 		return nil, fmt.Errorf("checkpoint %s belongs to output %s, not %s: it would mark tables done that %s never got; give this output its own checkpoint (--checkpoint), or write to %s",
@@ -259,8 +271,42 @@ func readCheckpointFile(path string, owned bool) (CheckpointFile, error) {
 // per core past the first, at most 8; 1 encodes on the caller's goroutine).
 func (s *Writer) SetEncoders(n int) { s.pool = NewPool(s.pool.types, n) }
 
+// SetDebezium makes the writer write each event as Debezium's change-event envelope (one a line)
+// instead of Tidemark's line. An output whose checkpoint says it holds the other format is
+// refused: its consumers would meet both.
+func (s *Writer) SetDebezium(enc *debezium.Encoder) error {
+	if s.offset > 0 && s.format != "debezium" {
+		return fmt.Errorf("the output holds Tidemark's JSON lines (its checkpoint says so): a run with --format debezium would mix two formats in it; write to another file, or drop --format")
+	}
+	s.dbz, s.format = enc, "debezium"
+	return nil
+}
+
+// CheckFormat refuses a Tidemark-format run on an output that holds Debezium's envelopes.
+func (s *Writer) CheckFormat() error {
+	if s.dbz == nil && s.format == "debezium" && s.offset > 0 {
+		return fmt.Errorf("the output holds Debezium's envelopes (its checkpoint says so): a run without --format debezium would mix two formats in it; give --format debezium, or write to another file")
+	}
+	return nil
+}
+
 // Emit writes one JSON line per event, in order.
 func (s *Writer) Emit(ctx context.Context, evs []merge.Event) error {
+	if s.dbz != nil {
+		for i := range evs {
+			b, err := s.dbz.AppendValue(ctx, s.buf[:0], &evs[i])
+			if err != nil {
+				return err
+			}
+			s.buf = append(b, '\n')
+			n, err := s.w.Write(s.buf)
+			s.offset += int64(n)
+			if err != nil {
+				return fmt.Errorf("write output: %w", err)
+			}
+		}
+		return nil
+	}
 	return s.pool.Encode(ctx, evs, func(b []byte) error {
 		n, err := s.w.Write(b)
 		s.offset += int64(n)
@@ -293,7 +339,7 @@ func (s *Writer) writeCheckpoint(pos *merge.Position) error {
 	if s.out != nil {
 		name = filepath.Base(s.out.Name())
 	}
-	b, err := json.MarshalIndent(CheckpointFile{Version: 1, Position: pos, Offset: s.offset, Output: name, Time: time.Now().UTC()}, "", "  ")
+	b, err := json.MarshalIndent(CheckpointFile{Version: 1, Position: pos, Offset: s.offset, Output: name, Format: s.format, Time: time.Now().UTC()}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/sink"
+	"github.com/tidemark/tidemark/sink/debezium"
 	"github.com/tidemark/tidemark/sink/jsonl"
 )
 
@@ -50,6 +51,10 @@ type Options struct {
 	Slot  string
 	Types *pgjson.Registry
 	Log   zerolog.Logger
+	// Debezium, when set, writes Debezium's key and envelope records instead of Tidemark's
+	// lines (--format debezium); a delete is then its envelope followed by a tombstone, as
+	// Debezium writes it.
+	Debezium *debezium.Encoder
 }
 
 // CheckpointVersion is the version of the checkpoint record this package writes and reads.
@@ -61,6 +66,7 @@ type Checkpoint struct {
 	Version  int              `json:"version"`
 	Output   string           `json:"output"`   // the prefix
 	Slot     string           `json:"slot"`     // the capture's slot, also before its first position
+	Format   string           `json:"format"`   // "tidemark" or "debezium": what the records hold
 	Position *merge.Position  `json:"position"` // nil: none yet (the topics were created)
 	Topics   map[string]int32 `json:"topics"`
 	Time     time.Time        `json:"time"`
@@ -185,6 +191,10 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	known := map[string]int32{}
 	if ck != nil {
 		pos, known = ck.Position, ck.Topics
+		if ck.Format != "" && ck.Format != s.format() && len(known) > 0 && pos != nil {
+			return fail(fmt.Errorf("%s holds records in the %s format (its checkpoint says so): a run with --format %s would mix two formats in its topics; give --format %s, or another prefix",
+				o.Address, ck.Format, s.format(), ck.Format))
+		}
 	}
 	created, err := s.ensureTopics(ctx, known)
 	if err != nil {
@@ -408,10 +418,20 @@ func cut(t string) (string, string, bool) {
 
 func ptr(s string) *string { return &s }
 
+func (s *Sink) format() string {
+	if s.o.Debezium != nil {
+		return "debezium"
+	}
+	return "tidemark"
+}
+
 // Emit produces the events' records in the open transaction (beginning one if none is).
 func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 	if err := s.begin(); err != nil {
 		return err
+	}
+	if s.o.Debezium != nil {
+		return s.emitDebezium(ctx, events)
 	}
 	for i := range events {
 		ev := &events[i]
@@ -459,6 +479,45 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 		}
 		value := slices.Clone(s.buf[:len(s.buf)-1])
 		s.produce(ctx, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers})
+	}
+	return s.classify(s.failed())
+}
+
+// emitDebezium produces Debezium's records of the events: a key record and an envelope, a
+// delete's envelope followed by a tombstone of its key, a truncate's (or a refresh's) envelope in
+// every partition.
+func (s *Sink) emitDebezium(ctx context.Context, events []merge.Event) error {
+	for i := range events {
+		ev := &events[i]
+		name := ev.Columns.Schema + "." + ev.Columns.Table
+		topic, ok := s.tables[name]
+		if !ok {
+			return fmt.Errorf("a change of %s, which has no topic in %s (the output was opened for %v)", name, s.o.Address, s.o.Tables)
+		}
+		headers := []kgo.RecordHeader{
+			{Key: HeaderOp, Value: []byte(ev.Op.String())},
+			{Key: HeaderLSN, Value: []byte(ev.LSN.String())},
+			{Key: HeaderSeq, Value: strconv.AppendInt(nil, int64(ev.Seq), 10)},
+			{Key: HeaderTable, Value: []byte(name)},
+		}
+		value, err := s.o.Debezium.AppendValue(ctx, nil, ev)
+		if err != nil {
+			return err
+		}
+		key, keyed, err := s.o.Debezium.AppendKey(ctx, nil, ev)
+		if err != nil {
+			return err
+		}
+		if !keyed {
+			for p := range s.topics[topic] {
+				s.produce(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte(BroadcastKey), Value: value, Headers: headers})
+			}
+			continue
+		}
+		s.produce(ctx, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers})
+		if ev.Op == merge.Delete {
+			s.produce(ctx, &kgo.Record{Topic: topic, Key: key, Headers: headers})
+		}
 	}
 	return s.classify(s.failed())
 }
@@ -557,7 +616,7 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	for t, n := range s.topics {
 		topics[t] = n
 	}
-	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Slot: s.o.Slot, Position: pos, Topics: topics, Time: time.Now().UTC()})
+	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Slot: s.o.Slot, Format: s.format(), Position: pos, Topics: topics, Time: time.Now().UTC()})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,221 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark/tidemark/e2e"
+	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/pgjson"
+	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/sink/debezium"
+	"github.com/tidemark/tidemark/sink/kafka"
+)
+
+// dbzSink encodes every event with the Debezium encoder and keeps each table's records by key
+// and op, with the source fields that vary from run to run (times, LSN, transaction id) checked
+// against the event and then left out.
+type dbzSink struct {
+	enc  *debezium.Encoder
+	mu   sync.Mutex
+	recs map[string][]string // table: "key op value" lines
+	errs []string
+}
+
+func (s *dbzSink) Emit(ctx context.Context, evs []merge.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range evs {
+		ev := &evs[i]
+		val, err := s.enc.AppendValue(ctx, nil, ev)
+		if err != nil {
+			return err
+		}
+		key, keyed, err := s.enc.AppendKey(ctx, nil, ev)
+		if err != nil {
+			return err
+		}
+		var v map[string]any
+		d := json.NewDecoder(bytes.NewReader(val))
+		d.UseNumber()
+		if err := d.Decode(&v); err != nil {
+			return fmt.Errorf("value %s: %w", val, err)
+		}
+		src := v["source"].(map[string]any)
+		if got := src["lsn"].(json.Number).String(); got != strconv.FormatUint(uint64(ev.LSN), 10) {
+			s.errs = append(s.errs, fmt.Sprintf("source.lsn %s, event LSN %d", got, uint64(ev.LSN)))
+		}
+		if ev.XID != 0 && src["txId"].(json.Number).String() != strconv.FormatUint(uint64(ev.XID), 10) || ev.XID == 0 && src["txId"] != nil {
+			s.errs = append(s.errs, fmt.Sprintf("source.txId %v, event xid %d", src["txId"], ev.XID))
+		}
+		if ms, _ := src["ts_ms"].(json.Number).Int64(); ms != ev.Time.UnixMilli() {
+			s.errs = append(s.errs, fmt.Sprintf("source.ts_ms %d, event time %s", ms, ev.Time))
+		}
+		for _, f := range []string{"ts_ms", "ts_us", "ts_ns", "lsn", "txId"} {
+			delete(src, f)
+		}
+		norm, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if !keyed {
+			key = []byte("-")
+		}
+		s.recs[ev.Columns.Table] = append(s.recs[ev.Columns.Table], fmt.Sprintf("%s %s %s", key, v["op"], norm))
+	}
+	return nil
+}
+
+func (s *dbzSink) Checkpoint(context.Context, *merge.Position) error { return nil }
+
+// TestDebeziumFormat: the Debezium envelope of every fixture value (golden), for a backfilled
+// row (op r, snapshot "incremental"), the same row's update from the stream (op u, the same
+// after), a delete (op d, before: the key and nulls) and a truncate (op t); source.lsn,
+// source.txId and source.ts_ms are the event's.
+func TestDebeziumFormat(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`ALTER DATABASE ` + db.Name + ` SET TimeZone = 'America/Caracas'`)
+	db.Exec(`ALTER DATABASE ` + db.Name + ` SET DateStyle = 'German'`)
+	for _, s := range append(typeFixtures, edgeFixtures...) {
+		db.Exec(s)
+	}
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE ` + strings.Join(typeTables, ", "))
+	ctx := context.Background()
+	pcfg, err := pgx.ParseConfig(db.DSN)
+	require.NoError(t, err)
+	pgconf.Pin(&pcfg.Config, "test")
+	conn, err := pgx.ConnectConfig(ctx, pcfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	enc := debezium.NewEncoder(pgjson.NewRegistry(conn))
+	enc.Name, enc.Database = "shop", "app"
+	enc.Now = func() time.Time { return time.Unix(1700000000, 0) }
+	sink := &dbzSink{enc: enc, recs: map[string][]string{}}
+	var qualified []string
+	for _, tb := range typeTables {
+		qualified = append(qualified, "public."+tb)
+	}
+	cfg := engineConfig(db, qualified...)
+	mem := newMemSink()
+	require.NoError(t, runEngine(t, cfg, multiSink{sink, mem}, nil))
+	for _, tb := range typeTables {
+		db.Exec(`UPDATE ` + tb + ` SET id = id`)
+	}
+	db.Exec(`DELETE FROM nums WHERE id = 1`)
+	db.Exec(`TRUNCATE texts`)
+	cfg.Source.CreateSlot = false
+	require.NoError(t, runEngine(t, cfg, multiSink{sink, mem}, mem.last()))
+	require.Empty(t, sink.errs)
+
+	var golden strings.Builder
+	for _, tb := range typeTables {
+		recs := sink.recs[tb]
+		require.NotEmpty(t, recs, "table %s", tb)
+		// A row's update carries the after its backfilled record had: one form per value.
+		after := map[string]string{}
+		for _, r := range recs {
+			key, rest, _ := strings.Cut(r, " ")
+			op, val, _ := strings.Cut(rest, " ")
+			var v struct{ After json.RawMessage }
+			require.NoError(t, json.Unmarshal([]byte(val), &v))
+			switch op {
+			case "r":
+				after[key] = string(v.After)
+			case "u":
+				require.Equal(t, after[key], string(v.After), "%s key %s: the backfill and the stream give different values", tb, key)
+			}
+			fmt.Fprintf(&golden, "%s %s\n", tb, r)
+		}
+	}
+	path := filepath.Join("testdata", "TestDebeziumFormat.golden")
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(golden.String()), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./e2e -run TestDebeziumFormat -update")
+	require.Equal(t, string(want), golden.String())
+	ops := map[string]bool{}
+	for _, l := range strings.Split(golden.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 2 {
+			ops[f[2]] = true
+		}
+	}
+	require.Equal(t, []string{"d", "r", "t", "u"}, slices.Sorted(func(yield func(string) bool) {
+		for k := range ops {
+			if !yield(k) {
+				return
+			}
+		}
+	}))
+}
+
+// TestDebeziumFormatOutputs: `tidemark sync --format debezium` writes one envelope a line to a
+// file and key and envelope records to Kafka (a delete followed by its tombstone); a run in the
+// other format on the same output is refused before it writes.
+func TestDebeziumFormatOutputs(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	versionedTable(t, db, 50, 1)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	_, err := runSync(t, db, out, "--format", "debezium", "--stop-when-caught-up")
+	require.NoError(t, err)
+	db.Exec(`DELETE FROM t WHERE id = 3`)
+	_, err = runSync(t, db, out, "--format", "debezium", "--stop-when-caught-up")
+	require.NoError(t, err)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	ops := map[string]int{}
+	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var v struct {
+			Op     string
+			Before map[string]any
+			After  map[string]any
+		}
+		require.NoError(t, json.Unmarshal(l, &v), "%s", l)
+		ops[v.Op]++
+		if v.Op == "d" {
+			require.EqualValues(t, 3, v.Before["id"])
+		}
+	}
+	require.Equal(t, map[string]int{"r": 50, "d": 1}, ops)
+	_, err = runSync(t, db, out, "--stop-when-caught-up")
+	require.ErrorContains(t, err, "would mix two formats")
+
+	addr := e2e.Kafka(t)
+	db2 := e2e.NewTestDB(t, server)
+	versionedTable(t, db2, 20, 1)
+	_, err = runSync(t, db2, addr.String(), "--format", "debezium", "--kafka-partitions", "2", "--stop-when-caught-up")
+	require.NoError(t, err)
+	db2.Exec(`DELETE FROM t WHERE id = 5`)
+	_, err = runSync(t, db2, addr.String(), "--format", "debezium", "--stop-when-caught-up")
+	require.NoError(t, err)
+	var envelopes, tombstones int
+	require.NoError(t, kafka.ReadCommitted(context.Background(), addr, []string{kafka.TopicOf(addr.Prefix, "public", "t")}, func(r *kgo.Record) error {
+		if r.Value == nil {
+			tombstones++
+			require.JSONEq(t, `{"id":5}`, string(r.Key))
+			return nil
+		}
+		envelopes++
+		var v struct{ Op string }
+		require.NoError(t, json.Unmarshal(r.Value, &v))
+		return nil
+	}))
+	require.Equal(t, 21, envelopes)
+	require.Equal(t, 1, tombstones)
+	_, err = runSync(t, db2, addr.String(), "--stop-when-caught-up")
+	require.ErrorContains(t, err, "would mix two formats")
+}
