@@ -350,8 +350,21 @@ func (c *syncCapture) verifyKafka(ctx context.Context, rep *Report) error {
 	for name := range c.r.keys() {
 		tables = append(tables, name)
 	}
-	lines, err := kafka.ReadLines(ctx, *c.kafka, tables)
+	// The topics as one output, in a file of the run's: memory does not grow with the output.
+	path := filepath.Join(c.r.cfg.Dir, "kafka.jsonl")
+	f, err := os.Create(path)
 	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if err := kafka.WriteLines(ctx, *c.kafka, tables, c.r.cfg.Dir, bw); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
 	o := oracle.NewOracle("ver")
@@ -359,12 +372,8 @@ func (c *syncCapture) verifyKafka(ctx context.Context, rep *Report) error {
 	c.r.mu.Lock()
 	o.Resets = c.r.restores
 	c.r.mu.Unlock()
-	var text []byte
-	for _, l := range lines {
-		text = append(append(text, l...), '\n')
-	}
 	var damaged []string
-	err = oracle.ReadJSONL(bytes.NewReader(text), c.r.keys(), o.Apply, func(line int, err error) {
+	err = oracle.ReadJSONL(f, c.r.keys(), o.Apply, func(line int, err error) {
 		if len(damaged) < 5 {
 			damaged = append(damaged, fmt.Sprintf("record %d: %v", line, err))
 		}

@@ -44,7 +44,8 @@ func KafkaWithFaults(t testing.TB) (kafka.Address, func(ctx context.Context, see
 	if brokers := os.Getenv(EnvKafka); brokers != "" {
 		return kafka.Address{Brokers: strings.Split(brokers, ","), Prefix: prefix}, nil
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	// On disk (the test's directory), not in memory: a long chaos run writes gigabytes.
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.DataDir(t.TempDir()))
 	if err != nil {
 		t.Fatalf("start an in-process Kafka cluster: %v", err)
 	}

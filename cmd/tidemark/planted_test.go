@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/tidemark/tidemark/e2e"
 	"github.com/tidemark/tidemark/sink/postgres"
@@ -559,6 +560,10 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 	// How to run each command of the CLI's command table here: a new command without an entry
 	// fails the test.
 	out := filepath.Join(dir, "out.jsonl")
+	kf, err := kfake.NewCluster(kfake.NumBrokers(1))
+	require.NoError(t, err)
+	defer kf.Close()
+	kafkaURL := "kafka://" + kf.ListenAddrs()[0] + "/planted_" + pass
 	recipes := map[string][][]string{
 		"doctor": {
 			{"doctor", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_a_" + pass, "--publication", "planted"},
@@ -570,6 +575,8 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 				"--to", tgtDSN, "--audit", "--chunk-size", "50", "--stop-when-caught-up", "--quiet"},
 			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_b_" + pass, "--publication", "planted",
 				"--to", out, "--chunk-size", "50", "--watermarks", "table", "--stop-when-caught-up", "--quiet"},
+			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_f_" + pass, "--publication", "planted",
+				"--to", kafkaURL, "--format", "debezium", "--chunk-size", "50", "--stop-when-caught-up", "--quiet"},
 		},
 		"verify": {
 			{"verify", "--source", srcDSN, "--tables", "public.items,public.tenants", "--publication", "planted", "--to", tgtDSN, "--recheck-for", "2s"},
@@ -593,7 +600,8 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 		"demo":  {{"demo", "--rows", "2000", "--live", "1s"}},
 		"bench": {{"bench", "--rows", "3000", "--reps", "1", "--changes", "2000", "--chunk-size", "1000"}},
 		"chaos": {{"chaos", "--mode", "postgres", "--source", srcDSN, "--target", tgtDSN, "--duration", "4s", "--rows", "300",
-			"--faults", "kill", "--connector", bins["source-postgres"]}},
+			"--faults", "kill", "--connector", bins["source-postgres"]},
+			{"chaos", "--mode", "kafka", "--kafka", kf.ListenAddrs()[0], "--source", srcDSN, "--duration", "4s", "--rows", "300", "--faults", "kill"}},
 	}
 	for _, cmd := range commands {
 		runs, ok := recipes[cmd.name]

@@ -1,11 +1,14 @@
 package kafka
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"io"
+	"os"
 	"strconv"
 
 	"github.com/jackc/pglogrepl"
@@ -117,25 +120,53 @@ func ReadCommitted(ctx context.Context, addr Address, topics []string, fn func(r
 }
 
 // ReadLines reads the committed records of the tables' topics of the output at addr (tables:
-// schema.table) and returns them as JSON lines (the tidemark format's), in the output's order:
-// each partition keeps its keys' order, and (LSN, seq), which grows along the output, merges the
-// partitions back into one sequence. A tombstone becomes its delete line; a truncate or a refresh,
-// sent to every partition, is one line. It is how a test, or the chaos harness's oracle, reads
-// back what a read_committed consumer of every partition sees.
+// schema.table) and returns them as JSON lines (the tidemark format's), in the output's order.
+// It holds them all in memory: WriteLines is for large outputs.
 func ReadLines(ctx context.Context, addr Address, tables []string) ([][]byte, error) {
+	dir, err := os.MkdirTemp("", "tidemark-kafka-lines-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var buf bytes.Buffer
+	if err := WriteLines(ctx, addr, tables, dir, &buf); err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	for l := range bytes.Lines(buf.Bytes()) {
+		out = append(out, bytes.TrimSuffix(l, []byte("\n")))
+	}
+	return out, nil
+}
+
+// WriteLines writes the committed records of the tables' topics of the output at addr (tables:
+// schema.table) to w as JSON lines (the tidemark format's), in the output's order: each
+// partition's records in their order, the partitions merged by (LSN, seq), which grows along the
+// output. A partition whose records go back stays so in what is written (a merge, not a sort),
+// for the reader to see. A tombstone becomes its delete line; a truncate or a refresh, sent to
+// every partition, is written once. It is how a test, or the chaos harness's oracle, reads back
+// what a read_committed consumer of every partition sees; each partition goes through a file of
+// its own in dir first, so memory does not grow with the output.
+func WriteLines(ctx context.Context, addr Address, tables []string, dir string, w io.Writer) error {
 	var topics []string
 	for _, t := range tables {
 		schema, table, _ := cut(t)
 		topics = append(topics, TopicOf(addr.Prefix, schema, table))
 	}
-	type rec struct {
-		lsn       pglogrepl.LSN
-		seq       int64
-		partition int32
-		keyless   bool
-		line      []byte
+	type part struct {
+		f   *os.File
+		w   *bufio.Writer
+		r   *bufio.Reader
+		cur line // the next line to merge
+		ok  bool
 	}
-	var recs []rec
+	parts := map[string]*part{}
+	defer func() {
+		for _, p := range parts {
+			p.f.Close()
+		}
+	}()
+	var order []*part
 	err := ReadCommitted(ctx, addr, topics, func(r *kgo.Record) error {
 		h := map[string]string{}
 		for _, x := range r.Headers {
@@ -154,21 +185,89 @@ func ReadLines(ctx context.Context, addr Address, tables []string) ([][]byte, er
 			// A tombstone: the delete of its key.
 			l = fmt.Appendf(nil, `{"op":%q,"table":%q,"key":%s,"lsn":%q,"seq":%d}`, h[HeaderOp], h[HeaderTable], r.Key, lsn.String(), seq)
 		}
-		recs = append(recs, rec{lsn: lsn, seq: seq, partition: r.Partition, keyless: string(r.Key) == BroadcastKey, line: l})
-		return nil
+		name := fmt.Sprintf("%s-%d", r.Topic, r.Partition)
+		p := parts[name]
+		if p == nil {
+			f, err := os.CreateTemp(dir, "part-")
+			if err != nil {
+				return err
+			}
+			p = &part{f: f, w: bufio.NewWriterSize(f, 1<<16)}
+			parts[name] = p
+			order = append(order, p)
+		}
+		broadcast := 0
+		if string(r.Key) == BroadcastKey {
+			broadcast = 1
+		}
+		fmt.Fprintf(p.w, "%d %d %d ", uint64(lsn), seq, broadcast)
+		p.w.Write(l)
+		return p.w.WriteByte('\n')
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	slices.SortStableFunc(recs, func(a, b rec) int {
-		return cmp.Or(cmp.Compare(a.lsn, b.lsn), cmp.Compare(a.seq, b.seq))
-	})
-	var out [][]byte
-	for i, r := range recs {
-		if r.keyless && i > 0 && recs[i-1].keyless && recs[i-1].lsn == r.lsn && recs[i-1].seq == r.seq && recs[i-1].partition != r.partition {
-			continue // the same truncate or refresh, in another partition
+	next := func(p *part) error {
+		text, err := p.r.ReadBytes('\n')
+		if err == io.EOF && len(text) == 0 {
+			p.ok = false
+			return nil
 		}
-		out = append(out, r.line)
+		if err != nil {
+			return err
+		}
+		var lsn uint64
+		var broadcast int
+		n, _ := fmt.Sscanf(string(text[:min(len(text), 64)]), "%d %d %d ", &lsn, &p.cur.seq, &broadcast)
+		if n != 3 {
+			return fmt.Errorf("a line of %s cannot be read back", p.f.Name())
+		}
+		fields := bytes.SplitN(text, []byte(" "), 4)
+		p.cur.lsn, p.cur.broadcast, p.cur.text, p.ok = pglogrepl.LSN(lsn), broadcast == 1, fields[3], true
+		return nil
 	}
-	return out, nil
+	for i, p := range order {
+		if err := p.w.Flush(); err != nil {
+			return err
+		}
+		if _, err := p.f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		p.r = bufio.NewReaderSize(p.f, 1<<16)
+		if err := next(p); err != nil {
+			return err
+		}
+		order[i] = p
+	}
+	var last line
+	var lastPart *part
+	for {
+		var best *part
+		for _, p := range order {
+			if p.ok && (best == nil || cmp.Or(cmp.Compare(p.cur.lsn, best.cur.lsn), cmp.Compare(p.cur.seq, best.cur.seq)) < 0) {
+				best = p
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		c := best.cur
+		if !(c.broadcast && last.broadcast && lastPart != best && c.lsn == last.lsn && c.seq == last.seq) {
+			if _, err := w.Write(c.text); err != nil {
+				return err
+			}
+		}
+		last, lastPart = line{lsn: c.lsn, seq: c.seq, broadcast: c.broadcast}, best
+		if err := next(best); err != nil {
+			return err
+		}
+	}
+}
+
+// line is a record of WriteLines's merge.
+type line struct {
+	lsn       pglogrepl.LSN
+	seq       int64
+	broadcast bool
+	text      []byte // with its newline
 }
