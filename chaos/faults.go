@@ -267,7 +267,7 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		if r.cfg.BrokerFault == nil {
 			return noEffect + "no control of the brokers"
 		}
-		return r.cfg.BrokerFault(ctx, r.cfg.Seed+uint64(time.Now().UnixNano()), d)
+		return r.cfg.BrokerFault(ctx, r.rng.Uint64(), d) // drawn from the seed, as every fault
 	case "standby-restart":
 		return r.commitStall(ctx, d*3/4, true)
 	}

@@ -358,8 +358,12 @@ func (c *syncCapture) verifyKafka(ctx context.Context, rep *Report) error {
 	}
 	defer f.Close()
 	bw := bufio.NewWriterSize(f, 1<<20)
-	if err := kafka.WriteLines(ctx, *c.kafka, tables, c.r.cfg.Dir, bw); err != nil {
+	problems, err := kafka.WriteLines(ctx, *c.kafka, tables, c.r.cfg.Dir, bw)
+	if err != nil {
 		return err
+	}
+	for _, p := range problems {
+		rep.Violations = append(rep.Violations, "partitions: "+p)
 	}
 	if err := bw.Flush(); err != nil {
 		return err

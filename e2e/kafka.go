@@ -69,6 +69,7 @@ func KafkaWithFaults(t testing.TB) (kafka.Address, func(ctx context.Context, see
 			var stop atomic.Bool
 			c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
 				if stop.Load() {
+					c.DropControl() // the fault is over: this control goes
 					return nil, nil, false
 				}
 				c.KeepControl()

@@ -673,6 +673,9 @@ func (c *core) change(ch *replicator.Change) error {
 			c.queueReread(ts, vals, newKey)
 		default:
 			c.emit(op, ts.cols, vals, newKey)
+			if op == Update && ch.OldKind == replicator.OldRow {
+				c.out[len(c.out)-1].old = ch.Old
+			}
 		}
 	case replicator.Delete:
 		if oldKey, err = c.key(ts, ch.Old); err != nil {

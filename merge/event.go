@@ -70,6 +70,7 @@ type Event struct {
 	Columns *Columns         // what the values are
 	vals    replicator.Tuple // a change's values
 	row     [][]byte         // a snapshot row's values, as the chunk read them (nil for NULL)
+	old     replicator.Tuple // an Update's row before it, under REPLICA IDENTITY FULL; nil otherwise
 	Key     []byte           // the row's canonical key (FoundationDB tuple); nil for Truncate
 	LSN     pglogrepl.LSN    // commit LSN of the source transaction; for Snapshot rows, of their chunk's high watermark
 	Seq     int              // order among the events of one LSN: (LSN, Seq) increases along the output
@@ -96,6 +97,13 @@ func (e *Event) Col(i int) replicator.Value {
 	}
 	return e.vals[i]
 }
+
+// HasOld reports whether the event is an Update that carries the row before it: the stream
+// gives it under REPLICA IDENTITY FULL (Debezium's "before").
+func (e *Event) HasOld() bool { return e.old != nil }
+
+// OldCol returns value i of the row before an Update (HasOld).
+func (e *Event) OldCol(i int) replicator.Value { return e.old[i] }
 
 // Value returns the text of column name, and whether the event has it (not NULL, not unchanged).
 func (e *Event) Value(name string) (string, bool) {

@@ -367,8 +367,8 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/jsonl/offset-not-advanced", Pkg: "sink/jsonl", File: "sink/jsonl/writer.go",
-		From: "\t\tn, err := s.w.Write(s.buf)\n\t\ts.offset += int64(n)\n",
-		To:   "\t\t_, err = s.w.Write(s.buf)\n",
+		From: "\t\tn, err := s.w.Write(b)\n\t\ts.offset += int64(n)\n",
+		To:   "\t\t_, err := s.w.Write(b)\n",
 		Desc: "Emit no longer advances the output's offset: a checkpoint records length 0 and a resume cuts everything",
 	},
 	{
@@ -379,14 +379,14 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/jsonl/lossy-key-original-dropped", Pkg: "sink/jsonl", File: "sink/jsonl/format.go",
-		From: "\t\t\t\te.nulled = append(e.nulled, k)\n",
+		From: "\t\t\te.nulled = append(e.nulled, k)\n",
 		To:   "",
 		Desc: "a delete whose key's JSON form is lossy no longer carries the key's text in \"original\"",
 	},
 	{
 		ID: "sink/jsonl/nulled-not-reset", Pkg: "sink/jsonl", File: "sink/jsonl/format.go",
-		From: "\te.nulled = e.nulled[:0]\n",
-		To:   "",
+		From: "\tb = append(b, ec.table...)\n\te.nulled = e.nulled[:0]\n",
+		To:   "\tb = append(b, ec.table...)\n",
 		Desc: "the encoder's lossy-column list is not reset between lines: \"original\" carries columns of earlier lines",
 	},
 	{
@@ -538,5 +538,23 @@ var catalog = []Mutant{
 		From: "\t\t_, _ = rand.Read(b[:])\n",
 		To:   "\t\t_, _ = rand.Read(b[:0])\n",
 		Desc: "EnsureDefaults reads no random bytes: every run gets the same run id, so old marks match new chunks",
+	},
+	{
+		ID: "sink/kafka/close-commits", Pkg: "sink/kafka", File: "sink/kafka/sink.go",
+		From: "\t\tif s.inTxn {\n\t\t\t_ = s.abort(ctx, nil)\n\t\t}\n",
+		To:   "\t\tif s.inTxn {\n\t\t\t_ = s.cl.Flush(ctx)\n\t\t\t_ = s.cl.EndTransaction(ctx, kgo.TryCommit)\n\t\t}\n",
+		Desc: "Close commits the open transaction instead of aborting it: records no checkpoint covers become visible, and the next run writes them again",
+	},
+	{
+		ID: "sink/kafka/truncate-one-partition", Pkg: "sink/kafka", File: "sink/kafka/sink.go",
+		From: "\t\t\tfor p := range s.topics[topic] {\n\t\t\t\ts.produce(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte(BroadcastKey), Value: line, Headers: headers})\n",
+		To:   "\t\t\tfor p := range min(s.topics[topic], 1) {\n\t\t\t\ts.produce(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte(BroadcastKey), Value: line, Headers: headers})\n",
+		Desc: "a truncate goes to the first partition only: the other partitions' consumers keep the rows it removed",
+	},
+	{
+		ID: "sink/kafka/no-partition-check", Pkg: "sink/kafka", File: "sink/kafka/sink.go",
+		From: "\t\t\tif was != n {\n",
+		To:   "\t\t\tif false && was != n {\n",
+		Desc: "a topic whose partition count changed since the output wrote it is taken: a key's next changes go to another partition than its earlier ones",
 	},
 }

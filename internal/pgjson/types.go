@@ -55,6 +55,10 @@ type Type struct {
 	comp *compositeHolder
 }
 
+// IsArray reports whether the type's JSON form is an array (a PostgreSQL array, or a domain
+// over one).
+func (t *Type) IsArray() bool { return t.kind == kArray }
+
 // Field is one field of a composite type.
 type Field struct {
 	Name string

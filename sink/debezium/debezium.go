@@ -16,10 +16,12 @@
 //     source.txId: the transaction id (null for backfilled rows); source.ts_ms (and ts_us,
 //     ts_ns): its commit time. The top-level ts_ms is when the event was encoded.
 //   - before: a delete's row as the stream gave it: the key columns and nulls, or the whole
-//     row under REPLICA IDENTITY FULL. An update's before is null (Tidemark does not carry the
-//     old row of an update; Debezium fills it under REPLICA IDENTITY FULL).
-//   - A TOASTed value the update did not carry is Debezium's placeholder string,
-//     __debezium_unavailable_value.
+//     row under REPLICA IDENTITY FULL; an update's row before it under REPLICA IDENTITY FULL
+//     (merge.Event.HasOld), null otherwise, as Debezium fills them. (Flink's debezium-json
+//     refuses an update without before: it needs REPLICA IDENTITY FULL, with Debezium too.)
+//   - A TOASTed value the update did not carry is Debezium's placeholder,
+//     __debezium_unavailable_value, in the column's shape: a string, an array of it, or its
+//     bytes for bytea.
 //   - Values have Tidemark's exact JSON forms (docs/types.md), the same whether the backfill or
 //     the stream read them: not Debezium's per-type encodings (epoch numbers for dates and
 //     times, base64 decimals), which need the schema its converter writes beside them. A value
@@ -28,6 +30,7 @@ package debezium
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"strconv"
 	"time"
@@ -131,16 +134,21 @@ func (e *Encoder) AppendValue(ctx context.Context, b []byte, ev *merge.Event) ([
 		return b, fmt.Errorf("event of op %s has no Debezium form", ev.Op)
 	}
 	b = append(b, `{"before":`...)
-	if ev.Op == merge.Delete {
-		if b, err = e.row(ctx, b, ec, ev); err != nil {
+	switch {
+	case ev.Op == merge.Delete:
+		if b, err = e.row(ctx, b, ec, ev, ev.NumCols(), ev.Col); err != nil {
 			return b, err
 		}
-	} else {
+	case ev.HasOld():
+		if b, err = e.row(ctx, b, ec, ev, ev.NumCols(), ev.OldCol); err != nil {
+			return b, err
+		}
+	default:
 		b = append(b, "null"...)
 	}
 	b = append(b, `,"after":`...)
 	if op == 'c' || op == 'u' || op == 'r' {
-		if b, err = e.row(ctx, b, ec, ev); err != nil {
+		if b, err = e.row(ctx, b, ec, ev, ev.NumCols(), ev.Col); err != nil {
 			return b, err
 		}
 	} else {
@@ -188,9 +196,8 @@ func (e *Encoder) AppendValue(ctx context.Context, b []byte, ev *merge.Event) ([
 // row appends the object of ev's columns: every column, null where the event has no value
 // (a delete's non-key columns without REPLICA IDENTITY FULL), the placeholder for an unchanged
 // TOASTed value.
-func (e *Encoder) row(ctx context.Context, b []byte, ec *columns, ev *merge.Event) ([]byte, error) {
+func (e *Encoder) row(ctx context.Context, b []byte, ec *columns, ev *merge.Event, n int, col func(int) replicator.Value) ([]byte, error) {
 	b = append(b, '{')
-	n := ev.NumCols()
 	for i := range ec.names {
 		if i > 0 {
 			b = append(b, ',')
@@ -200,9 +207,9 @@ func (e *Encoder) row(ctx context.Context, b []byte, ec *columns, ev *merge.Even
 			b = append(b, "null"...)
 			continue
 		}
-		v := ev.Col(i)
+		v := col(i)
 		if v.Kind == replicator.Unchanged {
-			b = pgjson.AppendString(b, Unavailable)
+			b = unavailable(b, ec.types[i])
 			continue
 		}
 		var err error
@@ -211,6 +218,18 @@ func (e *Encoder) row(ctx context.Context, b []byte, ec *columns, ev *merge.Even
 		}
 	}
 	return append(b, '}'), nil
+}
+
+// unavailable appends the placeholder in the shape of the column's type, as Debezium's connector
+// writes it: the string, an array of it for an array, its bytes (base64) for bytea.
+func unavailable(b []byte, t *pgjson.Type) []byte {
+	switch {
+	case t.Name == "bytea":
+		return pgjson.AppendString(b, base64.StdEncoding.EncodeToString([]byte(Unavailable)))
+	case t.IsArray():
+		return append(pgjson.AppendString(append(b, '['), Unavailable), ']')
+	}
+	return pgjson.AppendString(b, Unavailable)
 }
 
 // value appends one value in its exact JSON form; one the form does not carry whole (NaN,

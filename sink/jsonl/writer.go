@@ -287,6 +287,7 @@ func (s *Writer) CheckFormat() error {
 	if s.dbz == nil && s.format == "debezium" && s.offset > 0 {
 		return fmt.Errorf("the output holds Debezium's envelopes (its checkpoint says so): a run without --format debezium would mix two formats in it; give --format debezium, or write to another file")
 	}
+	s.format = "" // an output with nothing in it yet takes this run's format
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 
@@ -129,8 +130,12 @@ func ReadLines(ctx context.Context, addr Address, tables []string) ([][]byte, er
 	}
 	defer os.RemoveAll(dir)
 	var buf bytes.Buffer
-	if err := WriteLines(ctx, addr, tables, dir, &buf); err != nil {
+	problems, err := WriteLines(ctx, addr, tables, dir, &buf)
+	if err != nil {
 		return nil, err
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("the topics' partitions disagree: %s", strings.Join(problems, "; "))
 	}
 	var out [][]byte
 	for l := range bytes.Lines(buf.Bytes()) {
@@ -146,8 +151,11 @@ func ReadLines(ctx context.Context, addr Address, tables []string) ([][]byte, er
 // for the reader to see. A tombstone becomes its delete line; a truncate or a refresh, sent to
 // every partition, is written once. It is how a test, or the chaos harness's oracle, reads back
 // what a read_committed consumer of every partition sees; each partition goes through a file of
-// its own in dir first, so memory does not grow with the output.
-func WriteLines(ctx context.Context, addr Address, tables []string, dir string, w io.Writer) error {
+// its own in dir first, so memory does not grow with the output. It also checks what the merge
+// would hide, and returns what it finds: a truncate or a refresh missing from a partition of its
+// topic (that partition's consumer keeps rows the source no longer has), a key in two partitions
+// (its changes are not in one order).
+func WriteLines(ctx context.Context, addr Address, tables []string, dir string, w io.Writer) ([]string, error) {
 	var topics []string
 	for _, t := range tables {
 		schema, table, _ := cut(t)
@@ -167,7 +175,23 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 		}
 	}()
 	var order []*part
-	err := ReadCommitted(ctx, addr, topics, func(r *kgo.Record) error {
+	counts, err := partitionCounts(ctx, addr, topics)
+	if err != nil {
+		return nil, err
+	}
+	type at struct {
+		topic    string
+		lsn, seq int64
+	}
+	broadcasts := map[at]map[int32]bool{}
+	keyPart := map[string]int32{}
+	var problems []string
+	problem := func(format string, args ...any) {
+		if len(problems) < 10 {
+			problems = append(problems, fmt.Sprintf(format, args...))
+		}
+	}
+	err = ReadCommitted(ctx, addr, topics, func(r *kgo.Record) error {
 		h := map[string]string{}
 		for _, x := range r.Headers {
 			h[x.Key] = string(x.Value)
@@ -199,13 +223,30 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 		broadcast := 0
 		if string(r.Key) == BroadcastKey {
 			broadcast = 1
+			k := at{r.Topic, int64(lsn), seq}
+			if broadcasts[k] == nil {
+				broadcasts[k] = map[int32]bool{}
+			}
+			broadcasts[k][r.Partition] = true
+		} else {
+			k := r.Topic + "\x00" + string(r.Key)
+			if p, ok := keyPart[k]; !ok {
+				keyPart[k] = r.Partition
+			} else if p != r.Partition {
+				problem("key %s of %s is in partitions %d and %d", r.Key, r.Topic, p, r.Partition)
+			}
 		}
 		fmt.Fprintf(p.w, "%d %d %d ", uint64(lsn), seq, broadcast)
 		p.w.Write(l)
 		return p.w.WriteByte('\n')
 	})
 	if err != nil {
-		return err
+		return nil, err
+	}
+	for k, ps := range broadcasts {
+		if n := counts[k.topic]; int32(len(ps)) != n {
+			problem("the %s at %s seq %d is in %d of the %d partitions of %s", "truncate or refresh", pglogrepl.LSN(k.lsn), k.seq, len(ps), n, k.topic)
+		}
 	}
 	next := func(p *part) error {
 		text, err := p.r.ReadBytes('\n')
@@ -228,14 +269,14 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 	}
 	for i, p := range order {
 		if err := p.w.Flush(); err != nil {
-			return err
+			return nil, err
 		}
 		if _, err := p.f.Seek(0, io.SeekStart); err != nil {
-			return err
+			return nil, err
 		}
 		p.r = bufio.NewReaderSize(p.f, 1<<16)
 		if err := next(p); err != nil {
-			return err
+			return nil, err
 		}
 		order[i] = p
 	}
@@ -249,19 +290,41 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 			}
 		}
 		if best == nil {
-			return nil
+			return problems, nil
 		}
 		c := best.cur
 		if !(c.broadcast && last.broadcast && lastPart != best && c.lsn == last.lsn && c.seq == last.seq) {
 			if _, err := w.Write(c.text); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		last, lastPart = line{lsn: c.lsn, seq: c.seq, broadcast: c.broadcast}, best
 		if err := next(best); err != nil {
-			return err
+			return nil, err
 		}
 	}
+}
+
+// partitionCounts is the number of partitions of each topic.
+func partitionCounts(ctx context.Context, addr Address, topics []string) (map[string]int32, error) {
+	opts, err := addr.clientOpts()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	out := map[string]int32{}
+	for name, t := range td {
+		out[name] = int32(len(t.Partitions))
+	}
+	return out, nil
 }
 
 // line is a record of WriteLines's merge.

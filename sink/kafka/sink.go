@@ -191,9 +191,13 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	known := map[string]int32{}
 	if ck != nil {
 		pos, known = ck.Position, ck.Topics
-		if ck.Format != "" && ck.Format != s.format() && len(known) > 0 && pos != nil {
+		held := ck.Format
+		if held == "" {
+			held = "tidemark"
+		}
+		if held != s.format() && len(known) > 0 && pos != nil {
 			return fail(fmt.Errorf("%s holds records in the %s format (its checkpoint says so): a run with --format %s would mix two formats in its topics; give --format %s, or another prefix",
-				o.Address, ck.Format, s.format(), ck.Format))
+				o.Address, held, s.format(), held))
 		}
 	}
 	created, err := s.ensureTopics(ctx, known)
