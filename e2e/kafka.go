@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/tidemark/tidemark/sink/jsonl/line"
 	"github.com/tidemark/tidemark/sink/kafka"
 )
 
@@ -90,6 +92,48 @@ func KafkaWithFaults(t testing.TB) (kafka.Address, func(ctx context.Context, see
 		return fmt.Sprintf("%s for %s (%d requests)", what, d, h.Hits())
 	}
 	return kafka.Address{Brokers: c.ListenAddrs(), Prefix: prefix}, fault
+}
+
+// ReplayKafka reads the Kafka output's committed records of the tables (schema.table: key
+// columns) as a read_committed consumer of every partition sees them, in the output's order
+// (kafka.ReadLines, which refuses partitions that disagree), and replays them through an oracle.
+// No record may be there twice: the (LSN, seq) of each is unique along the output.
+func ReplayKafka(t testing.TB, addr kafka.Address, keys map[string][]string) *Oracle {
+	t.Helper()
+	var tables []string
+	for name := range keys {
+		tables = append(tables, name)
+	}
+	lines, err := kafka.ReadLines(context.Background(), addr, tables)
+	if err != nil {
+		t.Fatalf("read the Kafka output back: %v", err)
+	}
+	type at struct {
+		lsn line.LSN
+		seq int
+	}
+	seen := map[at]bool{}
+	var text []byte
+	for _, l := range lines {
+		d, err := line.Decode(l)
+		if err != nil {
+			t.Fatalf("a record of the Kafka output: %v: %s", err, l)
+		}
+		if seen[at{d.LSN, d.Seq}] {
+			t.Fatalf("a record is visible twice to a read_committed consumer: %s", l)
+		}
+		seen[at{d.LSN, d.Seq}] = true
+		text = append(append(text, l...), '\n')
+	}
+	recs, err := ParseJSONL(bytes.NewReader(text), keys)
+	if err != nil {
+		t.Fatalf("parse the Kafka output: %v", err)
+	}
+	o := NewOracle("ver")
+	for _, r := range recs {
+		o.Apply(r)
+	}
+	return o
 }
 
 // KafkaURL is the kafka:// URL of addr.

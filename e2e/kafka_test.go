@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"os/exec"
 	"path/filepath"
@@ -11,45 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
-	"github.com/tidemark/tidemark/sink/jsonl/line"
-	"github.com/tidemark/tidemark/sink/kafka"
 )
-
-// replayKafka reads the Kafka output's committed records (what a read_committed consumer of
-// every partition sees) and replays them through an oracle. No record may be there twice: the
-// (LSN, seq) of each keyed record is unique along the output (a truncate or a refresh is one
-// record per partition, merged back into one by kafka.ReadLines).
-func replayKafka(t *testing.T, addr kafka.Address, keys map[string][]string) *e2e.Oracle {
-	t.Helper()
-	var tables []string
-	for name := range keys {
-		tables = append(tables, name)
-	}
-	lines, err := kafka.ReadLines(context.Background(), addr, tables)
-	require.NoError(t, err)
-	type at struct {
-		lsn line.LSN
-		seq int
-	}
-	seen := map[at]bool{}
-	for _, l := range lines {
-		d, err := line.Decode(l)
-		require.NoError(t, err)
-		require.False(t, seen[at{d.LSN, d.Seq}], "a record is visible twice to a read_committed consumer: %s", l)
-		seen[at{d.LSN, d.Seq}] = true
-	}
-	var text []byte
-	for _, l := range lines {
-		text = append(append(text, l...), '\n')
-	}
-	recs, err := e2e.ParseJSONL(bytes.NewReader(text), keys)
-	require.NoError(t, err)
-	o := e2e.NewOracle("ver")
-	for _, r := range recs {
-		o.Apply(r)
-	}
-	return o
-}
 
 // TestKafkaCrashPoints is TestCrashPoints with a Kafka output: `tidemark sync --to kafka://`
 // killed with SIGKILL at each crash point of a chunk's protocol while a workload with large
@@ -74,14 +35,14 @@ func TestKafkaCrashPoints(t *testing.T) {
 		killed, err := runSync(t, db, url, "--chunk-size", "500", "--kafka-partitions", "3", "--crash-at", p)
 		require.NoError(t, err, "crash point %s", p)
 		require.True(t, killed, "the process reached crash point %s", p)
-		require.Empty(t, replayKafka(t, addr, keys).Violations(), "after a crash at %s", p)
+		require.Empty(t, e2e.ReplayKafka(t, addr, keys).Violations(), "after a crash at %s", p)
 	}
 	stop()
 	stopBig()
 	killed, err := runSync(t, db, url, "--chunk-size", "500", "--stop-when-caught-up")
 	require.NoError(t, err)
 	require.False(t, killed)
-	o := replayKafka(t, addr, keys)
+	o := e2e.ReplayKafka(t, addr, keys)
 	src, err := e2e.SourceRowsJSON(context.Background(), db.DSN, "public", "t", []string{"id"})
 	require.NoError(t, err)
 	require.Empty(t, e2e.Diff(o.Rows("public.t"), src))
@@ -105,13 +66,13 @@ func TestKafkaSecondSync(t *testing.T) {
 	require.NoError(t, first.Start())
 	defer func() { _ = first.Process.Kill(); _ = first.Wait() }()
 	e2e.WaitFor(t, time.Minute, "the first sync's backfill", func() bool {
-		return len(replayKafka(t, addr, map[string][]string{"public.t": {"id"}}).Rows("public.t")) == 2000
+		return len(e2e.ReplayKafka(t, addr, map[string][]string{"public.t": {"id"}}).Rows("public.t")) == 2000
 	})
 	_, err := runSync(t, db, url, "--stop-when-caught-up", "--control", filepath.Join(t.TempDir(), "ctl2"))
 	require.ErrorContains(t, err, "in use")
 	db.Exec(`UPDATE t SET ver = nextval('ver') WHERE id = 1`)
 	e2e.WaitFor(t, time.Minute, "the first sync goes on", func() bool {
-		o := replayKafka(t, addr, map[string][]string{"public.t": {"id"}})
+		o := e2e.ReplayKafka(t, addr, map[string][]string{"public.t": {"id"}})
 		src, err := e2e.SourceRowsJSON(context.Background(), db.DSN, "public", "t", []string{"id"})
 		require.NoError(t, err)
 		return e2e.Diff(o.Rows("public.t"), src) == ""

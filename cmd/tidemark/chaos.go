@@ -64,7 +64,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 		modes = []chaos.Mode{chaos.Mode(*mode)}
 	case "kafka":
 		if *kafkaBrokers == "" {
-			return fmt.Errorf("%w: --mode kafka needs a Kafka cluster to write to: --kafka HOST:PORT,...", errUsage)
+			return fmt.Errorf("%w: --mode kafka needs a Kafka cluster to write to: --kafka with its brokers (HOST:PORT, comma-separated)", errUsage)
 		}
 		modes = []chaos.Mode{chaos.Kafka}
 	default:

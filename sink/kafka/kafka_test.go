@@ -1,7 +1,6 @@
 package kafka_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -93,24 +92,11 @@ func captureWith(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, t
 // replay reads the output back as a read_committed consumer and checks it against the source.
 func replay(t *testing.T, db *e2e.TestDB, addr kafka.Address, tables ...string) *e2e.Oracle {
 	t.Helper()
-	var names []string
 	keys := map[string][]string{}
 	for _, name := range tables {
-		names = append(names, "public."+name)
 		keys["public."+name] = []string{"id"}
 	}
-	lines, err := kafka.ReadLines(context.Background(), addr, names)
-	require.NoError(t, err)
-	var text []byte
-	for _, l := range lines {
-		text = append(append(text, l...), '\n')
-	}
-	recs, err := e2e.ParseJSONL(bytes.NewReader(text), keys)
-	require.NoError(t, err)
-	o := e2e.NewOracle("ver")
-	for _, r := range recs {
-		o.Apply(r)
-	}
+	o := e2e.ReplayKafka(t, addr, keys)
 	require.Empty(t, o.Violations())
 	for _, name := range tables {
 		src, err := e2e.SourceRowsJSON(context.Background(), db.DSN, "public", name, []string{"id"})

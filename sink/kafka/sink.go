@@ -439,18 +439,10 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 	}
 	for i := range events {
 		ev := &events[i]
-		name := ev.Columns.Schema + "." + ev.Columns.Table
-		topic, ok := s.tables[name]
-		if !ok {
-			return fmt.Errorf("a change of %s, which has no topic in %s (the output was opened for %v)", name, s.o.Address, s.o.Tables)
+		topic, headers, err := s.route(ev)
+		if err != nil {
+			return err
 		}
-		headers := []kgo.RecordHeader{
-			{Key: HeaderOp, Value: []byte(ev.Op.String())},
-			{Key: HeaderLSN, Value: []byte(ev.LSN.String())},
-			{Key: HeaderSeq, Value: strconv.AppendInt(nil, int64(ev.Seq), 10)},
-			{Key: HeaderTable, Value: []byte(name)},
-		}
-		var err error
 		switch ev.Op {
 		case merge.Truncate, merge.Refresh:
 			// Every key of the table is concerned: the record goes to every partition, so that
@@ -487,22 +479,30 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 	return s.classify(s.failed())
 }
 
+// route is the topic of ev's table and the headers of its records.
+func (s *Sink) route(ev *merge.Event) (string, []kgo.RecordHeader, error) {
+	name := ev.Columns.Schema + "." + ev.Columns.Table
+	topic, ok := s.tables[name]
+	if !ok {
+		return "", nil, fmt.Errorf("a change of %s, which has no topic in %s (the output was opened for %v)", name, s.o.Address, s.o.Tables)
+	}
+	return topic, []kgo.RecordHeader{
+		{Key: HeaderOp, Value: []byte(ev.Op.String())},
+		{Key: HeaderLSN, Value: []byte(ev.LSN.String())},
+		{Key: HeaderSeq, Value: strconv.AppendInt(nil, int64(ev.Seq), 10)},
+		{Key: HeaderTable, Value: []byte(name)},
+	}, nil
+}
+
 // emitDebezium produces Debezium's records of the events: a key record and an envelope, a
 // delete's envelope followed by a tombstone of its key, a truncate's (or a refresh's) envelope in
 // every partition.
 func (s *Sink) emitDebezium(ctx context.Context, events []merge.Event) error {
 	for i := range events {
 		ev := &events[i]
-		name := ev.Columns.Schema + "." + ev.Columns.Table
-		topic, ok := s.tables[name]
-		if !ok {
-			return fmt.Errorf("a change of %s, which has no topic in %s (the output was opened for %v)", name, s.o.Address, s.o.Tables)
-		}
-		headers := []kgo.RecordHeader{
-			{Key: HeaderOp, Value: []byte(ev.Op.String())},
-			{Key: HeaderLSN, Value: []byte(ev.LSN.String())},
-			{Key: HeaderSeq, Value: strconv.AppendInt(nil, int64(ev.Seq), 10)},
-			{Key: HeaderTable, Value: []byte(name)},
+		topic, headers, err := s.route(ev)
+		if err != nil {
+			return err
 		}
 		value, err := s.o.Debezium.AppendValue(ctx, nil, ev)
 		if err != nil {
