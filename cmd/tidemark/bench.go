@@ -28,6 +28,7 @@ import (
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/kafka"
 	"github.com/tidemark/tidemark/sink/postgres"
 )
 
@@ -48,7 +49,8 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	verbose := fs.Bool("v", false, "log the engine's progress")
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
 	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
-	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two; and the one table by two readers of key ranges); default all")
+	kafkaBrokers := fs.String("kafka", "", "the brokers of a Kafka cluster (HOST:PORT,...): adds the kafka group, the backfill into Kafka (exactly once, three partitions) as a ratio to the same backfill into JSON lines; it leaves its topics (tidemark_bench_*) behind")
+	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two; and the one table by two readers of key ranges), kafka (with --kafka); default all")
 	memory := fs.Bool("memory", false, "instead of the default figures: the peak memory of tidemark sync for one very large source transaction and for wide rows")
 	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
@@ -118,7 +120,15 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return usageProblems(fs, []string{err.Error()})
 	}
-	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, encoders: *encoders, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel)}
+	var brokers []string
+	switch {
+	case *kafkaBrokers != "":
+		brokers = strings.Split(*kafkaBrokers, ",")
+		groups["kafka"] = groups["kafka"] || *only == ""
+	case groups["kafka"]:
+		return usageProblems(fs, []string{"--only kafka needs a Kafka cluster: --kafka with its brokers (HOST:PORT, comma-separated)"})
+	}
+	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, encoders: *encoders, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel), brokers: brokers}
 	if *verbose {
 		b.log = e.log
 	}
@@ -133,6 +143,7 @@ type bench struct {
 	reps      int
 	chunk     int
 	encoders  int             // the discarding sinks' encoders (jsonl.NewPool)
+	brokers   []string        // --kafka
 	groups    map[string]bool // the groups of figures to run (benchGroups)
 	log       zerolog.Logger
 	srv       *pgserver.Server
@@ -167,7 +178,7 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
-	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency, "readers": b.readers}
+	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency, "readers": b.readers, "kafka": b.kafka}
 	if !b.groups["scan"] {
 		// The ratios of the other figures are to COPY's time, and memory's to the backfill's peak.
 		steps["scan"] = b.copyReference
@@ -224,14 +235,14 @@ func (b *bench) open(ctx context.Context) (conn *pgx.Conn, stop func(), err erro
 }
 
 // benchGroupNames are the groups of figures, in the order they run.
-var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency", "readers"}
+var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency", "readers", "kafka"}
 
 // benchGroups parses --only: the groups to run (all when empty).
 func benchGroups(only string) (map[string]bool, error) {
 	groups := map[string]bool{}
 	if only == "" {
 		for _, g := range benchGroupNames {
-			groups[g] = true
+			groups[g] = g != "kafka" // with --kafka only
 		}
 		return groups, nil
 	}
@@ -777,6 +788,40 @@ func (b *bench) readers(ctx context.Context) error {
 		}
 		b.line(fmt.Sprintf("readers.%d_of_1_table", n), d, float64(b.rows), outMB, fmt.Sprintf("ratio_to_copy=%.2f", b.copyS.Seconds()/d.Seconds()))
 	}
+	return nil
+}
+
+// kafka times the backfill of bench_rows into a Kafka output (three partitions, a Kafka
+// transaction per checkpoint) and, for the ratio, the same backfill encoded as JSON lines and
+// discarded.
+func (b *bench) kafka(ctx context.Context) error {
+	names := []string{"bench_rows"}
+	var outMB float64
+	jd, err := b.median(func() (time.Duration, error) {
+		s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
+		d, err := b.backfillOf(ctx, b.nextSlot(), names, 1, s, false)
+		outMB = float64(s.bytes.Load()) / 1e6
+		return d, err
+	})
+	if err != nil {
+		return err
+	}
+	b.line("kafka.jsonl_reference", jd, float64(b.rows), outMB, "")
+	kd, err := b.median(func() (time.Duration, error) {
+		slot := b.nextSlot()
+		addr := kafka.Address{Brokers: b.brokers, Prefix: fmt.Sprintf("tidemark_bench_%d_%s", time.Now().Unix(), slot)}
+		s, _, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: []string{"public.bench_rows"}, Partitions: 3, Slot: slot,
+			Types: b.types, Log: b.log}, func() error { return nil })
+		if err != nil {
+			return 0, err
+		}
+		defer s.Close(context.WithoutCancel(ctx))
+		return b.backfillOf(ctx, slot, names, 1, s, false)
+	})
+	if err != nil {
+		return err
+	}
+	b.line("kafka.backfill", kd, float64(b.rows), outMB, fmt.Sprintf("ratio_to_jsonl=%.2f", jd.Seconds()/kd.Seconds()))
 	return nil
 }
 
