@@ -48,6 +48,11 @@ func TestKafkaCrashPoints(t *testing.T) {
 	require.Empty(t, e2e.Diff(o.Rows("public.t"), src))
 	require.Empty(t, o.Violations())
 	t.Logf("%d records, %d duplicates", o.Records(), o.Duplicates())
+	// tidemark status reads the output's checkpoint.
+	status, err := exec.Command(tidemarkBinary(t), "status", "--source", db.DSN, "--slot", db.Slot, "--kafka", url).CombinedOutput()
+	require.NoError(t, err, "%s", status)
+	require.Regexp(t, `checkpoint \(kafka://[^)]*, [0-9]+s ago\): position [0-9A-F]+/[0-9A-F]+`, string(status))
+	require.Contains(t, string(status), "public.t")
 }
 
 // TestKafkaSecondSync: a second `tidemark sync` of the same slot into the same prefix is

@@ -585,6 +585,7 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 		"status": {
 			{"status", "--source", srcDSN, "--slot", "planted_a_" + pass, "--target", tgtDSN},
 			{"status", "--source", srcDSN, "--slot", "planted_b_" + pass, "--checkpoint", out + ".checkpoint"},
+			{"status", "--source", srcDSN, "--slot", "planted_f_" + pass, "--kafka", kafkaURL},
 		},
 		"schema":  {{"schema", "--source", srcDSN, "--tables", "public.items,public.tenants"}},
 		"stream":  {{"stream", "--source", srcDSN, "--slot", "planted_c_" + pass, "--publication", "planted", "--create-slot"}},

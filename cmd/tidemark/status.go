@@ -22,16 +22,18 @@ import (
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
+	"github.com/tidemark/tidemark/sink/kafka"
 	"github.com/tidemark/tidemark/sink/postgres"
 )
 
 func runStatus(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("status", "status --source DSN [--slot NAME] [--checkpoint FILE | --target DSN [--checkpoint-id ID]]", e)
+	fs := newFlags("status", "status --source DSN [--slot NAME] [--checkpoint FILE | --target DSN [--checkpoint-id ID] | --kafka kafka://...]", e)
 	source := sourceFlag(fs)
 	slot := slotFlag(fs, "logical replication slot")
 	checkpoint := fs.String("checkpoint", "", "a JSON lines sync's checkpoint file (OUTPUT.checkpoint)")
 	target := targetFlag(fs, "a PostgreSQL sync's target connection string, a `DSN` ($TIDEMARK_TARGET serves only when it is one)")
 	checkpointID := fs.String("checkpoint-id", "", "the target's checkpoint row; default the slot name")
+	kafkaOut := fs.String("kafka", "", "a Kafka sync's output, its `URL` (kafka://HOST:PORT[,...]/PREFIX): its checkpoint is read from PREFIX.tidemark-checkpoint as a read_committed consumer reads it")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -106,6 +108,21 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 		pos, where = &merge.Position{}, "target row "+id
 		if err := json.Unmarshal(raw, pos); err != nil {
 			return fmt.Errorf("the target's checkpoint %q: %w", id, err)
+		}
+	case *kafkaOut != "":
+		addr, err := kafka.ParseURL(*kafkaOut)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		ck, err := kafka.ReadCheckpoint(rctx, addr)
+		if err != nil {
+			return fmt.Errorf("read the checkpoint of %s: %w", addr, err)
+		}
+		where = addr.String()
+		if ck != nil {
+			pos, at = ck.Position, ck.Time
 		}
 	default:
 		return nil
