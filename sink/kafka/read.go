@@ -172,6 +172,7 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 	defer func() {
 		for _, p := range parts {
 			p.f.Close()
+			os.Remove(p.f.Name())
 		}
 	}()
 	var order []*part
