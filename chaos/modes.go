@@ -306,29 +306,8 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 		return err
 	}
 	defer f.Close()
-	// The output up to its checkpoint is what a consumer takes: each change once, positions
-	// growing (starting over at a restore's refresh).
-	o := oracle.NewOracle("ver")
-	o.ExactlyOnce, o.Order = true, oracle.ByLSNSeq
-	c.r.mu.Lock()
-	o.Resets = c.r.restores
-	c.r.mu.Unlock()
-	var damaged []string
-	err = oracle.ReadJSONL(io.LimitReader(f, cp.Offset), c.r.keys(), o.Apply, func(line int, err error) {
-		if len(damaged) < 5 {
-			damaged = append(damaged, fmt.Sprintf("line %d: %v", line, err))
-		}
-	})
-	if err != nil {
-		return err
-	}
-	if len(damaged) > 0 {
-		rep.Violations = append(rep.Violations, "output: lines that cannot be read before the checkpoint: "+strings.Join(damaged, "; "))
-	}
-	if err := c.r.checkOracle(ctx, o, rep, func(txn string) (uint32, bool) {
-		x, err := strconv.ParseUint(txn, 10, 64)
-		return uint32(x), err == nil
-	}); err != nil {
+	// The output up to its checkpoint is what a consumer takes.
+	if err := c.checkLines(ctx, rep, io.LimitReader(f, cp.Offset), "lines that cannot be read before the checkpoint"); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -371,22 +350,29 @@ func (c *syncCapture) verifyKafka(ctx context.Context, rep *Report) error {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
+	return c.checkLines(ctx, rep, f, "records that cannot be read")
+}
+
+// checkLines replays JSON lines output through the oracle: each change once, positions growing
+// (starting over at a restore's refresh), and the replay equal to the source. Lines that cannot
+// be read are a violation (what says which).
+func (c *syncCapture) checkLines(ctx context.Context, rep *Report, r io.Reader, what string) error {
 	o := oracle.NewOracle("ver")
 	o.ExactlyOnce, o.Order = true, oracle.ByLSNSeq
 	c.r.mu.Lock()
 	o.Resets = c.r.restores
 	c.r.mu.Unlock()
 	var damaged []string
-	err = oracle.ReadJSONL(f, c.r.keys(), o.Apply, func(line int, err error) {
+	err := oracle.ReadJSONL(r, c.r.keys(), o.Apply, func(line int, err error) {
 		if len(damaged) < 5 {
-			damaged = append(damaged, fmt.Sprintf("record %d: %v", line, err))
+			damaged = append(damaged, fmt.Sprintf("line %d: %v", line, err))
 		}
 	})
 	if err != nil {
 		return err
 	}
 	if len(damaged) > 0 {
-		rep.Violations = append(rep.Violations, "output: records that cannot be read: "+strings.Join(damaged, "; "))
+		rep.Violations = append(rep.Violations, "output: "+what+": "+strings.Join(damaged, "; "))
 	}
 	return c.r.checkOracle(ctx, o, rep, func(txn string) (uint32, bool) {
 		x, err := strconv.ParseUint(txn, 10, 64)
