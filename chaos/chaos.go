@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/internal/pgserver"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 )
 
 // Mode is what captures.
@@ -34,6 +35,7 @@ const (
 	Postgres Mode = "postgres" // tidemark sync to another PostgreSQL database, exactly once
 	Airbyte  Mode = "airbyte"  // the Airbyte connector, in sync rounds from state to state
 	Kafka    Mode = "kafka"    // tidemark sync to Kafka topics, exactly once for read_committed consumers
+	NATS     Mode = "nats"     // tidemark sync to a NATS JetStream stream, each event published once
 )
 
 // Config configures a run.
@@ -68,6 +70,15 @@ type Config struct {
 	// and says what it did. Without it the kind has no effect: the harness does not control a
 	// real cluster.
 	BrokerFault func(ctx context.Context, seed uint64, d time.Duration) string
+	// NATS are the servers (HOST:PORT) of the JetStream cluster the nats mode writes to; each run
+	// writes a stream of its own (named after its schema), which it leaves behind. NATSReplicas is
+	// the replicas of that stream (zero: 1; 3 on a cluster of three).
+	NATS         []string
+	NATSReplicas int
+	// NodeFault, when set, is the nats mode's node fault (the "node" kind): a JetStream node of
+	// the cluster killed for about d (the leader of the run's stream, or another), then started
+	// again, and what it did. Without it the kind has no effect.
+	NodeFault func(ctx context.Context, stream string, seed uint64, d time.Duration) string
 	// Tidemark and Connector are the tidemark and source-postgres binaries.
 	Tidemark, Connector string
 	// Rows is the number of rows of the main table before the run. Zero: 20000.
@@ -292,19 +303,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.MaxChunkBytes = 256 << 10
 	}
 	switch cfg.Mode {
-	case JSONL, Postgres, Kafka:
+	case JSONL, Postgres, Kafka, NATS:
 		if cfg.Tidemark == "" {
 			return nil, errors.New("chaos: the tidemark binary is needed")
 		}
 		if cfg.Mode == Kafka && len(cfg.Kafka) == 0 {
 			return nil, errors.New("chaos: the kafka mode needs a Kafka cluster: its brokers (tidemark chaos --kafka HOST:PORT,...)")
 		}
+		if cfg.Mode == NATS && len(cfg.NATS) == 0 {
+			return nil, errors.New("chaos: the nats mode needs a NATS cluster with JetStream: its servers (tidemark chaos --nats HOST:PORT,...)")
+		}
 	case Airbyte:
 		if cfg.Connector == "" {
 			return nil, errors.New("chaos: the source-postgres binary is needed")
 		}
 	default:
-		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte, kafka)", cfg.Mode)
+		return nil, fmt.Errorf("chaos: unknown mode %q (jsonl, postgres, airbyte, kafka, nats)", cfg.Mode)
 	}
 	if cfg.Break != "" {
 		b, ok := breakOf(cfg.Break)
@@ -579,6 +593,8 @@ func (r *run) execute(ctx context.Context) error {
 		capt = &syncCapture{r: r, toPG: true}
 	case Kafka:
 		capt = &syncCapture{r: r, kafka: &kafka.Address{Brokers: r.cfg.Kafka, Prefix: r.sch}}
+	case NATS:
+		capt = &syncCapture{r: r, nats: &nats.Address{Servers: r.cfg.NATS, Stream: r.sch}}
 	case Airbyte:
 		capt = newAirbyteCapture(r)
 	}

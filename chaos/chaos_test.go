@@ -79,6 +79,13 @@ func config(t *testing.T, mode chaos.Mode, seed uint64) chaos.Config {
 		addr, cfg.BrokerFault = e2e.KafkaWithFaults(t)
 		cfg.Kafka = addr.Brokers
 	}
+	if mode == chaos.NATS {
+		addr, c := e2e.NATS(t)
+		cfg.NATS, cfg.NATSReplicas = addr.Servers, 3
+		if c != nil {
+			cfg.NodeFault = c.Fault
+		}
+	}
 	return cfg
 }
 
@@ -157,12 +164,13 @@ func TestChaos(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		var cfgs []chaos.Config
-		for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte, chaos.Kafka} {
+		for _, mode := range []chaos.Mode{chaos.JSONL, chaos.Postgres, chaos.Airbyte, chaos.Kafka, chaos.NATS} {
 			cfg := config(t, mode, seed)
 			// Three readers: the tables are backfilled at once, each by a reader of its own.
 			cfg.Faults, cfg.Readers = []string{"default", "fence", "target"}, 3
-			if mode == chaos.Kafka {
-				// A minute: the broker faults (in the default family) come on top of the others.
+			if mode == chaos.Kafka || mode == chaos.NATS {
+				// A minute: the broker or node faults (in the default family) come on top of the
+				// others.
 				cfg.Duration = time.Minute
 			}
 			cfgs = append(cfgs, cfg)
@@ -327,6 +335,27 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 				t.Logf("caught: %s", caught[0])
 			})
 		}
+	}
+}
+
+// TestChaosNATSLong runs the nats mode for $TIDEMARK_CHAOS_NATS (a duration, 10m say) under
+// every family that applies to it, JetStream nodes killed included (a cluster of three, the
+// stream with three replicas), with the seed $TIDEMARK_CHAOS_SEED (default random): the long run
+// of docs/chaos.md. Without the variable it does not run: TestChaos runs the mode for a minute.
+func TestChaosNATSLong(t *testing.T) {
+	d, err := time.ParseDuration(os.Getenv("TIDEMARK_CHAOS_NATS"))
+	if err != nil || d <= 0 {
+		t.Skip("a long run, asked for with TIDEMARK_CHAOS_NATS=10m")
+	}
+	seed := randomSeed()
+	if v, err := strconv.ParseUint(os.Getenv("TIDEMARK_CHAOS_SEED"), 10, 64); err == nil && v > 0 {
+		seed = v
+	}
+	cfg := config(t, chaos.NATS, seed)
+	cfg.Duration, cfg.Readers, cfg.FaultEvery = d, 3, 3*time.Second
+	cfg.Faults = []string{"default", "ddl", "target"}
+	for _, rep := range concurrently(t, []chaos.Config{cfg}) {
+		require.True(t, rep.OK(), "nats seed %d: %s", seed, strings.Join(rep.Violations, "\n"))
 	}
 }
 

@@ -47,18 +47,19 @@ var faultKinds = []faultKind{
 	{"rewrite", 5, false, "ddl", nil},            // ALTER COLUMN v TYPE text USING v || ...: every value changed, no row event
 	// The publication's publish option narrowed (truncate left out) for 5 s, then put back;
 	// OWNER TO before it must stop nothing.
-	{"publish", 4, false, "ddl", []Mode{JSONL, Postgres, Kafka}},
+	{"publish", 4, false, "ddl", []Mode{JSONL, Postgres, Kafka, NATS}},
 	// A table UNLOGGED for 5 s (12 s: Airbyte) under a schema publication, written to, then
 	// LOGGED again.
 	{"persist", 4, false, "ddl", nil},
 	// tidemark rebackfill asked of the running sync: a table's output starts over mid-run.
-	{"rebackfill", 5, false, "ddl", []Mode{JSONL, Postgres, Kafka}},
+	{"rebackfill", 5, false, "ddl", []Mode{JSONL, Postgres, Kafka, NATS}},
 	{"standby-restart", 5, true, "ddl", nil}, // a commit kept invisible across a kill -9 and restart of the capture
 	{"restore", 3, true, "ddl", nil},         // the source restored to a base backup taken seconds before, on a new timeline
 	// A second capture against the slot and output of the running one, which is frozen and
 	// loses its walsender meanwhile: the second must be refused (fence.go).
 	// Kafka: a second writer of a prefix takes it over (the transactional id's epoch fences the
-	// first); sink/kafka's and e2e's tests check that, not this fault.
+	// first); sink/kafka's and e2e's tests check that, not this fault. NATS: the second writer
+	// takes the checkpoint over (a compare-and-set), which fences the first; sink/nats's tests.
 	{"second-capture", 6, false, "fence", []Mode{JSONL, Postgres, Airbyte}},
 	// The PostgreSQL target: an immediate restart of its server (one of its own), its
 	// connections dropped by its proxy.
@@ -67,6 +68,9 @@ var faultKinds = []faultKind{
 	// Kafka: the brokers disturbed for 1-4 s (Config.BrokerFault: requests failed, connections
 	// dropped); without it, no effect.
 	{"broker", 10, false, "default", []Mode{Kafka}},
+	// NATS: a JetStream node killed for 1-4 s, then started again (Config.NodeFault); without
+	// it, no effect.
+	{"node", 10, false, "default", []Mode{NATS}},
 }
 
 // FaultFamilies are the names that stand for a family of faults in Config.Faults.
@@ -139,7 +143,7 @@ func (r *run) faultLoop(ctx context.Context, capt capture, end time.Time) {
 		if k == "target-restart" && r.targetSrv == nil {
 			return false // the target is not a server of the harness's own
 		}
-		if k == "broker" && r.cfg.BrokerFault == nil {
+		if k == "broker" && r.cfg.BrokerFault == nil || k == "node" && r.cfg.NodeFault == nil {
 			return false // the brokers are not the harness's to disturb
 		}
 		return (!embedded || r.srv != nil) && slices.Contains(r.cfg.Faults, k)
@@ -263,6 +267,11 @@ func (r *run) inject(ctx context.Context, kind string, d time.Duration, capt cap
 		return r.commitStall(ctx, d*3/4, false)
 	case "slow-consumer":
 		return capt.slow(ctx, d)
+	case "node":
+		if r.cfg.NodeFault == nil {
+			return noEffect + "no control of the nodes"
+		}
+		return r.cfg.NodeFault(ctx, r.sch, r.rng.Uint64(), d)
 	case "broker":
 		if r.cfg.BrokerFault == nil {
 			return noEffect + "no control of the brokers"

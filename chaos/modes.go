@@ -23,14 +23,16 @@ import (
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/sink/jsonl/line"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 )
 
-// syncCapture runs `tidemark sync` to a JSON lines file, to PostgreSQL or to Kafka.
+// syncCapture runs `tidemark sync` to a JSON lines file, to PostgreSQL, to Kafka or to NATS.
 type syncCapture struct {
 	r     *run
 	toPG  bool
 	out   string         // the JSON lines file
 	kafka *kafka.Address // the Kafka output
+	nats  *nats.Address  // the NATS output
 
 	mu      sync.Mutex
 	seen    map[string]time.Time // txlog id → when its insert first appeared in the output
@@ -42,7 +44,7 @@ type syncCapture struct {
 
 func (c *syncCapture) prepare(ctx context.Context) error {
 	c.seen, c.at, c.pending = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
-	if !c.toPG && c.kafka == nil {
+	if !c.toPG && c.kafka == nil && c.nats == nil {
 		// Live changes are timed as they reach the file.
 		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		c.stop = cancel
@@ -97,6 +99,9 @@ func (c *syncCapture) args(final bool, remedy []string) (args []string, source, 
 		// Three partitions: a key's changes must stay in order in its own; a transaction timeout
 		// short enough that one left open by a kill without a next run (the end) goes soon.
 		args, target = append(args, "--to", c.kafka.String(), "--kafka-partitions", "3", "--kafka-transaction-timeout", "20s"), ""
+	case c.nats != nil:
+		// Three subjects per table: a key's changes must stay in order on its own.
+		args, target = append(args, "--to", c.nats.String(), "--nats-partitions", "3", "--nats-replicas", strconv.Itoa(max(c.r.cfg.NATSReplicas, 1))), ""
 	case !c.toPG:
 		args, target = append(args, "--to", c.out), ""
 	}
@@ -179,6 +184,20 @@ func (c *syncCapture) remedied(tables []string) {
 
 // checkpoint reads the durable checkpoint: the JSON lines output's file, the target's row.
 func (c *syncCapture) checkpoint(ctx context.Context) (*checkpointInfo, error) {
+	if c.nats != nil {
+		ck, err := nats.ReadCheckpoint(ctx, *c.nats)
+		if err != nil {
+			return nil, fmt.Errorf("read the NATS output's checkpoint: %w", err)
+		}
+		if ck == nil || ck.Position == nil {
+			return nil, nil
+		}
+		raw, err := json.Marshal(ck.Position)
+		if err != nil {
+			return nil, err
+		}
+		return parsePosition(raw)
+	}
 	if c.kafka != nil {
 		ck, err := kafka.ReadCheckpoint(ctx, *c.kafka)
 		if err != nil || ck == nil || ck.Position == nil {
@@ -293,6 +312,9 @@ func (c *syncCapture) verify(ctx context.Context, rep *Report) error {
 	if c.kafka != nil {
 		return c.verifyKafka(ctx, rep)
 	}
+	if c.nats != nil {
+		return c.verifyNATS(ctx, rep)
+	}
 	b, err := os.ReadFile(c.out + ".checkpoint")
 	if err != nil {
 		return err
@@ -351,6 +373,47 @@ func (c *syncCapture) verifyKafka(ctx context.Context, rep *Report) error {
 		return err
 	}
 	return c.checkLines(ctx, rep, f, "records that cannot be read")
+}
+
+// verifyNATS reads the stream as a consumer of all of it does (every message is visible once
+// the stream took it: there is no checkpoint to stop at), and checks it as the JSON lines output
+// is checked: each change once, positions growing.
+func (c *syncCapture) verifyNATS(ctx context.Context, rep *Report) error {
+	path := filepath.Join(c.r.cfg.Dir, "nats.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	var problems []string
+	for try := 0; ; try++ {
+		// A node the faults killed may have come back without its leaderships yet.
+		if problems, err = nats.WriteLines(ctx, *c.nats, bw); err == nil || try == 30 {
+			break
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		bw.Reset(f)
+		sleep(ctx, 2*time.Second)
+	}
+	if err != nil {
+		return fmt.Errorf("read the stream back: %w", err)
+	}
+	for _, p := range problems {
+		rep.Violations = append(rep.Violations, "subjects: "+p)
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return c.checkLines(ctx, rep, f, "messages that cannot be read")
 }
 
 // checkLines replays JSON lines output through the oracle: each change once, positions growing

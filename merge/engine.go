@@ -35,6 +35,25 @@ type Sink interface {
 	Checkpoint(ctx context.Context, pos *Position) error
 }
 
+// Resumer is a Sink told, before the run's first event, where the run's output resumes: pos is
+// the run's starting position, whose SystemID and Timeline are the source's now, and over says
+// that the output starts over: a position that could not be resumed was replaced
+// (Config.ResyncInvalidPosition, Config.ResyncLostSlot). A sink that passes over the
+// events a run before wrote past its checkpoint relies on the run reading them again from the
+// same history and the same position; it must not keep pos.
+type Resumer interface {
+	Resume(pos *Position, over bool)
+}
+
+// Replayer is a Sink that may be writing again, at the start of a run, what its output holds
+// past its checkpoint (a JetStream stream keeps what a killed run published): it checks that the
+// run reads those events again one for one, so no table's output may start over meanwhile. A
+// re-backfill asked of the running engine (Rebackfill) waits until Replaying is false; it is
+// called from other goroutines than the merge loop's.
+type Replayer interface {
+	Replaying() bool
+}
+
 // TableConfig names a captured table.
 type TableConfig struct {
 	Schema     string   // namespace
@@ -355,6 +374,9 @@ func (e *Engine) Rebackfill(ctx context.Context, tables []string) error {
 	}
 	if in == nil {
 		return ErrNotRunning
+	}
+	if r, ok := e.sink.(Replayer); ok && r.Replaying() {
+		return fmt.Errorf("%w: it is writing again what its output holds past its checkpoint", ErrNotRunning)
 	}
 	ask := rebackfillAsk{ctx: ctx, tables: tables, done: make(chan error, 1)}
 	select {

@@ -82,6 +82,9 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 	if from != nil {
 		stream.Ack(from.LSN)
 	}
+	if r, ok := e.sink.(Resumer); ok {
+		r.Resume(pos, resync)
+	}
 	return pos, tables, storage, nil
 }
 

@@ -20,9 +20,11 @@ import (
 // runChaos runs the chaos harness (chaos) in one mode or all, and prints a report per mode;
 // any violation makes the exit code 1.
 func runChaos(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("chaos", "chaos [--mode jsonl|postgres|airbyte|kafka|all] [--seed N] [--duration 10m] [flags]", e)
-	mode := fs.String("mode", "all", "what captures: jsonl (tidemark sync to a file), postgres (tidemark sync to PostgreSQL), airbyte (the connector in sync rounds), kafka (tidemark sync to Kafka: needs --kafka), or all (kafka too when --kafka is given)")
+	fs := newFlags("chaos", "chaos [--mode jsonl|postgres|airbyte|kafka|nats|all] [--seed N] [--duration 10m] [flags]", e)
+	mode := fs.String("mode", "all", "what captures: jsonl (tidemark sync to a file), postgres (tidemark sync to PostgreSQL), airbyte (the connector in sync rounds), kafka (tidemark sync to Kafka: needs --kafka), nats (tidemark sync to NATS JetStream: needs --nats), or all (kafka and nats too when --kafka and --nats are given)")
 	kafkaBrokers := fs.String("kafka", "", "kafka mode: the brokers of a Kafka cluster to write to (HOST:PORT,...); each run writes topics of a prefix of its own (tidemark_chaos_SEED_ID.*), which it leaves behind")
+	natsServers := fs.String("nats", "", "nats mode: the servers of a NATS cluster with JetStream to write to (HOST:PORT,...); each run writes a stream of its own (tidemark_chaos_SEED_ID) and its bucket, which it leaves behind")
+	natsReplicas := fs.Int("nats-replicas", 1, "nats mode: the replicas of the run's stream (3 on a cluster of three or more)")
 	seed := fs.Uint64("seed", 0, "the seed of the workload and the fault schedule; 0: a random one, printed")
 	duration := fs.Duration("duration", time.Minute, "how long the workload runs under faults, per mode")
 	every := fs.Duration("fault-every", 3*time.Second, "mean time between faults")
@@ -45,7 +47,8 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	if err := usageProblems(fs, outOfRange(durationRange("duration", *duration, time.Second, 30*24*time.Hour),
 		durationRange("fault-every", *every, 10*time.Millisecond, time.Hour),
 		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000),
-		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30), intRange("readers", *readers, 0, merge.MaxReaders))); err != nil {
+		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30), intRange("readers", *readers, 0, merge.MaxReaders),
+		intRange("nats-replicas", *natsReplicas, 1, 5))); err != nil {
 		return err
 	}
 	if *breakEngine != "" && !merge.FaultsBuilt {
@@ -60,6 +63,9 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 		if *kafkaBrokers != "" && *breakEngine == "" {
 			modes = append(modes, chaos.Kafka)
 		}
+		if *natsServers != "" && *breakEngine == "" {
+			modes = append(modes, chaos.NATS)
+		}
 	case "jsonl", "postgres", "airbyte":
 		modes = []chaos.Mode{chaos.Mode(*mode)}
 	case "kafka":
@@ -67,8 +73,13 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 			return fmt.Errorf("%w: --mode kafka needs a Kafka cluster to write to: --kafka with its brokers (HOST:PORT, comma-separated)", errUsage)
 		}
 		modes = []chaos.Mode{chaos.Kafka}
+	case "nats":
+		if *natsServers == "" {
+			return fmt.Errorf("%w: --mode nats needs a NATS cluster with JetStream to write to: --nats with its servers (HOST:PORT, comma-separated)", errUsage)
+		}
+		modes = []chaos.Mode{chaos.NATS}
 	default:
-		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte, kafka or all", errUsage)
+		return fmt.Errorf("%w: --mode must be jsonl, postgres, airbyte, kafka, nats or all", errUsage)
 	}
 	// A staging database's connection strings get the sslmode rule of every other command.
 	for _, dsn := range []*string{source, target} {
@@ -100,6 +111,9 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks, Readers: *readers}
 		if m == chaos.Kafka {
 			cfg.Kafka = strings.Split(*kafkaBrokers, ",")
+		}
+		if m == chaos.NATS {
+			cfg.NATS, cfg.NATSReplicas = strings.Split(*natsServers, ","), *natsReplicas
 		}
 		if *dir != "" {
 			cfg.Dir = filepath.Join(*dir, string(m))

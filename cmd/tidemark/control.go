@@ -21,6 +21,7 @@ import (
 
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 )
 
 // The control channel: a running sync listens on a Unix socket of its own (--control; by default
@@ -262,6 +263,12 @@ func describeOutput(to string) string {
 			return a.String()
 		}
 		return kafka.Redact(to)
+	}
+	if nats.IsURL(to) {
+		if a, err := nats.ParseURL(to); err == nil {
+			return a.String()
+		}
+		return nats.Redact(to)
 	}
 	if !isDSN(to) {
 		return to

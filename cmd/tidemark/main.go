@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark/tidemark/internal/secret"
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 )
 
 // command is one subcommand: it parses its own flags and runs.
@@ -193,7 +194,8 @@ func runSecrets(args []string) []string {
 	for _, v := range []string{os.Getenv("TIDEMARK_SOURCE"), os.Getenv("TIDEMARK_TARGET")} {
 		out = append(out, secret.FromDSN(v)...)
 	}
-	out = append(out, os.Getenv("PGPASSWORD"), os.Getenv("PGSSLPASSWORD"), os.Getenv(kafka.PasswordEnv))
+	out = append(out, os.Getenv("PGPASSWORD"), os.Getenv("PGSSLPASSWORD"), os.Getenv(kafka.PasswordEnv),
+		os.Getenv(nats.PasswordEnv), os.Getenv(nats.TokenEnv))
 	for _, a := range args {
 		if _, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(a, "-") {
 			a = v

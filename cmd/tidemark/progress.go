@@ -68,6 +68,20 @@ type statsSink struct {
 	s *syncStats
 }
 
+// Replaying says whether the output is writing again what it holds past its checkpoint, when it
+// can (merge.Replayer).
+func (w statsSink) Replaying() bool {
+	r, ok := w.Sink.(merge.Replayer)
+	return ok && r.Replaying()
+}
+
+// Resume tells the output where the run resumes, when it asks (merge.Resumer).
+func (w statsSink) Resume(pos *merge.Position, over bool) {
+	if r, ok := w.Sink.(merge.Resumer); ok {
+		r.Resume(pos, over)
+	}
+}
+
 func (w statsSink) Emit(ctx context.Context, evs []merge.Event) error {
 	if err := w.Sink.Emit(ctx, evs); err != nil {
 		return err

@@ -23,17 +23,19 @@ import (
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 	"github.com/tidemark/tidemark/sink/postgres"
 )
 
 func runStatus(ctx context.Context, args []string, e *env) error {
-	fs := newFlags("status", "status --source DSN [--slot NAME] [--checkpoint FILE | --target DSN [--checkpoint-id ID] | --kafka kafka://...]", e)
+	fs := newFlags("status", "status --source DSN [--slot NAME] [--checkpoint FILE | --target DSN [--checkpoint-id ID] | --kafka kafka://... | --nats nats://...]", e)
 	source := sourceFlag(fs)
 	slot := slotFlag(fs, "logical replication slot")
 	checkpoint := fs.String("checkpoint", "", "a JSON lines sync's checkpoint file (OUTPUT.checkpoint)")
 	target := targetFlag(fs, "a PostgreSQL sync's target connection string, a `DSN` ($TIDEMARK_TARGET serves only when it is one)")
 	checkpointID := fs.String("checkpoint-id", "", "the target's checkpoint row; default the slot name")
 	kafkaOut := fs.String("kafka", "", "a Kafka sync's output, its `URL` (kafka://HOST:PORT[,...]/PREFIX): its checkpoint is read from PREFIX.tidemark-checkpoint as a read_committed consumer reads it")
+	natsOut := fs.String("nats", "", "a NATS sync's output, its `URL` (nats://HOST:PORT[,...]/STREAM): its checkpoint is read from the bucket tidemark-STREAM, with how far the stream goes past it")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -123,6 +125,24 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 		where = addr.String()
 		if ck != nil {
 			pos, at = ck.Position, ck.Time
+		}
+	case *natsOut != "":
+		addr, err := nats.ParseURL(*natsOut)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		ck, err := nats.ReadCheckpoint(rctx, addr)
+		if err != nil {
+			return fmt.Errorf("read the checkpoint of %s: %w", addr, err)
+		}
+		where = addr.String()
+		if ck != nil {
+			pos, at = ck.Position, ck.Time
+			if ck.Last != nil && (pos == nil || ck.Last.LSN > pos.LSN) {
+				fmt.Fprintf(w, "stream %s: holds changes up to %s, past the checkpoint: the next run passes over them\n", addr.Stream, ck.Last.LSN)
+			}
 		}
 	default:
 		return nil

@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark/tidemark/sink/debezium"
 	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 	"github.com/tidemark/tidemark/sink/postgres"
 	"github.com/tidemark/tidemark/watermark"
 )
@@ -157,6 +158,8 @@ type syncFlags struct {
 	control, onSlotLoss, onRewrite, format                                      *string
 	audit, stopCaughtUp, noBackfill, quiet, kafkaCompact                        *bool
 	kafkaPartitions, kafkaReplication, kafkaMaxRecord                           *int
+	natsPartitions, natsReplicas                                                *int
+	natsDupWindow                                                               *time.Duration
 	kafkaTxnTimeout                                                             *time.Duration
 	chunkSize, maxChunkBytes, readers, encoders                                 *int
 	interval, wmTimeout, watch                                                  *time.Duration
@@ -168,7 +171,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f := &syncFlags{source: sourceFlag(fs)}
 	f.tables = fs.String("tables", "", "comma-separated tables to capture, as schema.table")
 	f.keys = keyFlag(fs)
-	f.to = envFlag(fs, "to", "TIDEMARK_TARGET", nil, "where to write, a `TARGET`: a PostgreSQL connection string (postgres://...), Kafka (kafka://HOST:PORT[,HOST:PORT...]/PREFIX: a topic PREFIX.SCHEMA.TABLE per table), a JSON lines file, or - for standard output")
+	f.to = envFlag(fs, "to", "TIDEMARK_TARGET", nil, "where to write, a `TARGET`: a PostgreSQL connection string (postgres://...), Kafka (kafka://HOST:PORT[,HOST:PORT...]/PREFIX: a topic PREFIX.SCHEMA.TABLE per table), NATS JetStream (nats://HOST:PORT[,HOST:PORT...]/STREAM: subjects STREAM.SCHEMA.TABLE.N), a JSON lines file, or - for standard output")
 	f.targetSchema = fs.String("target-schema", "", "PostgreSQL target: put the tables in this schema; default the source's")
 	f.checkpointID = fs.String("checkpoint-id", "", "PostgreSQL target: the id of this capture's checkpoint row; default the slot name")
 	f.audit = fs.Bool("audit", false, "PostgreSQL target: record every applied source transaction in tidemark_applied, so one applied twice fails")
@@ -194,12 +197,15 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.wmTimeout = fs.Duration("watermark-timeout", 10*time.Second, "longest wait for a watermark's commit (a synchronous standby that does not answer)")
 	f.watch = fs.Duration("watch-interval", 10*time.Second, "time between two looks at what the stream does not carry (a table renamed, dropped or out of the publication, its partitions, UNLOGGED or rewritten, the publish option): a change undone within one interval is not seen")
 	f.testing = newTestingFlags(fs)
-	f.format = fs.String("format", "tidemark", "JSON lines and Kafka: what each event is written as: tidemark (Tidemark's line) or debezium (Debezium's change-event envelope, and a key record in Kafka; docs/cli.md)")
+	f.format = fs.String("format", "tidemark", "JSON lines, Kafka and NATS: what each event is written as: tidemark (Tidemark's line) or debezium (Debezium's change-event envelope, and a key record in Kafka; docs/cli.md)")
 	f.kafkaPartitions = fs.Int("kafka-partitions", 1, "Kafka: partitions of each topic the sync creates (a key's changes stay in one partition, in order)")
 	f.kafkaReplication = fs.Int("kafka-replication", -1, "Kafka: replication factor of each topic the sync creates (-1: the brokers' default)")
 	f.kafkaCompact = fs.Bool("kafka-compact", false, "Kafka: create the tables' topics compacted (cleanup.policy=compact: a key's last record stays, a deleted key goes)")
 	f.kafkaMaxRecord = fs.Int("kafka-max-record-bytes", 1000012, "Kafka: the largest batch of records, and so record, the producer sends (its batch.max.bytes); raise it with the topics' max.message.bytes for rows larger than about 1 MB")
 	f.kafkaTxnTimeout = fs.Duration("kafka-transaction-timeout", time.Minute, "Kafka: the transaction timeout; the records between two checkpoints (a source transaction's, at least) must be written within it, and the brokers cap it (transaction.max.timeout.ms, 15 minutes by default)")
+	f.natsPartitions = fs.Int("nats-partitions", 1, "NATS: subjects per table (STREAM.SCHEMA.TABLE.0 to N-1) a key is hashed to, for consumers to share a table (a key's changes stay on one subject, in order); kept for the output's life")
+	f.natsReplicas = fs.Int("nats-replicas", 1, "NATS: replicas of the stream and of the checkpoint bucket the sync creates (3 on a cluster of three or more)")
+	f.natsDupWindow = fs.Duration("nats-duplicate-window", 2*time.Minute, "NATS: the stream's duplicate window, when the sync creates it: a message whose id (slot:LSN:seq:n) the stream saw within it is dropped")
 	f.maxChunkBytes = fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	return f
 }
@@ -227,7 +233,9 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		intRange("max-chunk-bytes", *f.maxChunkBytes, 1<<10, 1<<30),
 		intRange("kafka-partitions", *f.kafkaPartitions, 1, 10000), intRange("kafka-replication", *f.kafkaReplication, -1, 100),
 		intRange("kafka-max-record-bytes", *f.kafkaMaxRecord, 1<<10, 1<<30),
-		durationRange("kafka-transaction-timeout", *f.kafkaTxnTimeout, 2*time.Second, time.Hour))
+		durationRange("kafka-transaction-timeout", *f.kafkaTxnTimeout, 2*time.Second, time.Hour),
+		intRange("nats-partitions", *f.natsPartitions, 1, 1024), intRange("nats-replicas", *f.natsReplicas, 1, 5),
+		durationRange("nats-duplicate-window", *f.natsDupWindow, time.Second, 7*24*time.Hour))
 	if *f.source == "" {
 		problems = append(problems, "--source is required")
 	}
@@ -249,10 +257,27 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 			problems = append(problems, fmt.Sprintf("--checkpoint-interval %s: each checkpoint commits a Kafka transaction, which must end within --kafka-transaction-timeout (%s): give an interval of half the timeout at most", *f.interval, *f.kafkaTxnTimeout))
 		}
 	}
+	if nats.IsURL(*f.to) {
+		if _, err := nats.ParseURL(*f.to); err != nil {
+			problems = append(problems, err.Error())
+		}
+		if *f.encoders != 0 {
+			problems = append(problems, "--encoders is for JSON lines (--to a file or -), not NATS")
+		}
+		if *f.checkpoint != "" {
+			problems = append(problems, "--checkpoint is for JSON lines: a NATS output keeps its checkpoint in its bucket tidemark-STREAM")
+		}
+	} else {
+		for _, name := range []string{"nats-partitions", "nats-replicas", "nats-duplicate-window"} {
+			if flagGiven(fs, name) {
+				problems = append(problems, fmt.Sprintf("--%s is for a NATS output (--to nats://...)", name))
+			}
+		}
+	}
 	if *f.format != "tidemark" && *f.format != "debezium" {
 		problems = append(problems, fmt.Sprintf("--format %q: give tidemark or debezium", *f.format))
 	} else if *f.format == "debezium" && isDSN(*f.to) {
-		problems = append(problems, "--format is for JSON lines and Kafka: a PostgreSQL target writes rows")
+		problems = append(problems, "--format is for JSON lines, Kafka and NATS: a PostgreSQL target writes rows")
 	}
 	if !kafka.IsURL(*f.to) {
 		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-transaction-timeout", "kafka-max-record-bytes"} {
@@ -317,6 +342,28 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 // openOutput opens (locks, cuts back to its checkpoint) the output --to names, and returns the
 // position to resume from and what closes it (the output, then its connection).
 func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, plan syncPlan) (sink.Output, *merge.Position, func(), error) {
+	if nats.IsURL(*f.to) {
+		addr, err := nats.ParseURL(*f.to)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var names []string
+		for _, t := range plan.tables {
+			names = append(names, t.Schema+"."+t.Name)
+		}
+		var dbz *debezium.Encoder
+		if *f.format == "debezium" {
+			dbz = debezium.NewEncoder(pgjson.NewRegistry(srcConn))
+			dbz.Name, dbz.Database = addr.Stream, srcConn.Config().Database
+		}
+		ns, pos, err := nats.Open(ctx, nats.Options{Address: addr, Tables: names, Partitions: *f.natsPartitions, Replicas: *f.natsReplicas,
+			DuplicateWindow: *f.natsDupWindow, Debezium: dbz, Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log},
+			func() error { return slotIdle(ctx, srcConn, *f.slot) })
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return ns, pos, func() { _ = ns.Close(context.WithoutCancel(ctx)) }, nil
+	}
 	if kafka.IsURL(*f.to) {
 		addr, err := kafka.ParseURL(*f.to)
 		if err != nil {

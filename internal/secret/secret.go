@@ -135,3 +135,19 @@ func FromDSN(dsn string) []string {
 	}
 	return out
 }
+
+// RedactURL returns a URL (kafka://, nats://, ...) with its password replaced by xxxxx, also
+// when it does not parse.
+func RedactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if i, j := strings.Index(s, "://"), strings.LastIndex(s, "@"); i >= 0 && j > i {
+			return s[:i+3] + "xxxxx" + s[j:]
+		}
+		return s
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}

@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/tidemark/tidemark/internal/secret"
 )
 
 // Address is a parsed kafka:// URL: kafka://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/PREFIX
@@ -110,19 +112,7 @@ func ParseURL(s string) (Address, error) {
 }
 
 // Redact returns a kafka:// URL with its password replaced by xxxxx.
-func Redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if i, j := strings.Index(s, "://"), strings.LastIndex(s, "@"); i >= 0 && j > i {
-			return s[:i+3] + "xxxxx" + s[j:]
-		}
-		return s
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
-}
+func Redact(s string) string { return secret.RedactURL(s) }
 
 // String is the address without its password.
 func (a Address) String() string {

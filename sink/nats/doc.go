@@ -1,0 +1,41 @@
+// Package nats is the NATS JetStream output: Sink publishes the engine's events to one stream
+// (STREAM, subjects STREAM.>), each table's events on the subjects STREAM.SCHEMA.TABLE.N, a
+// key's on the one its hash names (N from 0 to Options.Partitions-1), with its checkpoint in a
+// key-value bucket (tidemark-STREAM). docs/cli.md gives the message layout, docs/operations.md
+// what exactly once means here and its limits.
+//
+// JetStream has no transaction over several messages: a message is visible once the stream took
+// it, before any checkpoint. So exactly once is not "nothing after the checkpoint is visible"
+// (Kafka's read_committed) but "nothing is published twice", and the output is built on these:
+//
+//   - The stream is a gap-free prefix of what the output sent. Every message carries the
+//     stream's last sequence it expects (Nats-Expected-Last-Sequence, the sequence of the message
+//     before it): a message that failed fails every one after it, and nothing another publisher
+//     wrote can fall between two of the output's. The stream is the output's alone: one with
+//     other subjects, or holding messages no checkpoint accounts for, is refused.
+//   - A message's mark is its event's (LSN, seq) and its index among the event's messages (a
+//     truncate or a refresh goes to every subject of its table), with the source's history it
+//     was read in (system id and timeline): marks grow along the output. The last message's mark
+//     is where the output got, whatever the checkpoint says.
+//   - A restart resumes from the checkpoint (the slot was confirmed only up to it) and passes
+//     over every event whose mark is not past the stream's last message: the run reads the same
+//     changes again from the slot, in the same order, with the same (LSN, seq). That holds only in
+//     the same history and from the same position: merge.Resumer tells the sink the history the
+//     run reads and whether its output starts over, and in either case nothing is passed over.
+//     The checkpoint records the last mark too, so a checkpoint taken while the run still passes
+//     over events keeps it.
+//   - A backfilled row is read again after a restart at a new high watermark, which no mark
+//     covers. The keys the stream has as backfilled rows past the checkpoint are passed over
+//     when their chunks are read again: the row the stream has, with every change after it, is
+//     the row as of now. (Only the keys written past the checkpoint the run starts from: a run
+//     killed twice within one chunk's re-read writes some rows again, each a correct copy at a
+//     later point, as a refresh of the row.)
+//   - The message id (Nats-Msg-Id) is SLOT:LSN:SEQ:N: the stream's duplicate window drops a
+//     message sent twice within it, a net behind the marks; a duplicate reported back is an
+//     error, never taken silently.
+//   - One writer: the checkpoint is written with a compare-and-set on its revision, and each run
+//     writes it on open (with an owner of its own) after the slot was found idle: a run still
+//     writing fails its next checkpoint, and its next message too once the new run wrote one.
+//   - The checkpoint is written once the stream acknowledged every message before it; the engine
+//     confirms the slot after that.
+package nats
