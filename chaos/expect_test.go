@@ -194,7 +194,7 @@ func TestParsePosition(t *testing.T) {
 func TestExpandFaults(t *testing.T) {
 	def, err := expandFaults(nil)
 	require.NoError(t, err)
-	require.Equal(t, []string{"kill", "restart", "walsender", "drop", "reset", "stall", "commit-stall", "slow-consumer", "broker"}, def)
+	require.Equal(t, []string{"kill", "restart", "walsender", "drop", "reset", "stall", "commit-stall", "slow-consumer", "broker", "node"}, def)
 	both, err := expandFaults([]string{"ddl", "kill"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"rename", "column", "identity", "publication", "truncate", "rewrite", "publish", "persist", "rebackfill", "standby-restart", "restore", "kill"}, both)

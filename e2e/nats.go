@@ -51,8 +51,9 @@ func NATS(t testing.TB) (addr tmnats.Address, c *NATSCluster) {
 	return tmnats.Address{Servers: c.Addrs(), Stream: stream}, c
 }
 
-// StartNATSCluster starts n JetStream nodes clustered together, their files under dir.
-func StartNATSCluster(dir string, n int) (*NATSCluster, error) {
+// StartNATSCluster starts n JetStream nodes clustered together, their files under dir; each of
+// configure changes every node's options (users, say).
+func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*NATSCluster, error) {
 	ports := make([]int, 2*n)
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -74,6 +75,9 @@ func StartNATSCluster(dir string, n int) (*NATSCluster, error) {
 		if n == 1 {
 			o.Cluster, o.Routes = server.ClusterOpts{}, nil
 		}
+		for _, f := range configure {
+			f(o)
+		}
 		c.opts = append(c.opts, o)
 		c.servers = append(c.servers, nil)
 	}
@@ -85,6 +89,9 @@ func StartNATSCluster(dir string, n int) (*NATSCluster, error) {
 	}
 	// Ready when JetStream answers (the cluster elected its meta leader).
 	deadline := time.Now().Add(60 * time.Second)
+	if len(configure) > 0 {
+		return c, nil // ready for connections; JetStream is the test's to wait for
+	}
 	for {
 		nc, err := (tmnats.Address{Servers: c.Addrs()}).Connect()
 		if err == nil {

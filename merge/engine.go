@@ -812,8 +812,9 @@ type mergeLoop struct {
 	fencedReaders int
 
 	lastCheckpoint time.Time
-	checkpointed   *Position // the last position given to the sink
-	chunkDone      bool      // a chunk completed since the last checkpoint
+	checkpointed   *Position       // the last position given to the sink
+	held           []rebackfillAsk // re-backfill requests waiting for the sink to be past replaying (step)
+	chunkDone      bool            // a chunk completed since the last checkpoint
 }
 
 // run processes inputs until ctx ends (then until a transaction boundary, and a last checkpoint)
@@ -829,7 +830,7 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 	for {
 		select {
 		case v := <-m.in:
-			if err := m.core.step(v); err != nil {
+			if err := m.step(v); err != nil {
 				return err
 			}
 			// Take what else is queued, up to a batch, before handing output to the sink.
@@ -845,7 +846,7 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 				if v == nil {
 					break
 				}
-				if err := m.core.step(v); err != nil {
+				if err := m.step(v); err != nil {
 					return err
 				}
 			}
@@ -861,6 +862,9 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 			return context.Cause(gctx)
 		}
 		if err := m.flush(gctx); err != nil {
+			return err
+		}
+		if err := m.release(); err != nil {
 			return err
 		}
 		if !m.core.consistent() {
@@ -883,6 +887,38 @@ func (m *mergeLoop) run(ctx, gctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// step feeds the core one input. A re-backfill request (the worker's, after a rewrite; or one
+// asked of the engine) waits while the sink writes again what its output holds past its
+// checkpoint (Replayer): started over meanwhile, the table's events would no longer be the ones
+// the output holds.
+func (m *mergeLoop) step(v any) error {
+	if ask, ok := v.(rebackfillAsk); ok {
+		if r, ok := m.e.sink.(Replayer); ok && r.Replaying() {
+			m.held = append(m.held, ask)
+			return nil
+		}
+	}
+	return m.core.step(v)
+}
+
+// release feeds the core the re-backfill requests step held, once the sink is past replaying.
+func (m *mergeLoop) release() error {
+	if len(m.held) == 0 {
+		return nil
+	}
+	if r, ok := m.e.sink.(Replayer); ok && r.Replaying() {
+		return nil
+	}
+	held := m.held
+	m.held = nil
+	for _, ask := range held {
+		if err := m.core.step(ask); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // wakeWorker tells an idle worker about rows to read again, whenever any table's pending

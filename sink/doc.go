@@ -1,7 +1,8 @@
 // Package sink names what every output of the engine implements (Sink), and what the outputs
 // share. Each output is a package of its own: sink/jsonl (JSON lines in a file or on standard
-// output), sink/postgres (another PostgreSQL, exactly once) and sink/kafka (Kafka topics, exactly
-// once for read_committed consumers); the Airbyte connector's record writer (cmd/source-postgres)
+// output), sink/postgres (another PostgreSQL, exactly once), sink/kafka (Kafka topics, exactly
+// once for read_committed consumers) and sink/nats (a NATS JetStream stream, each event published
+// once); the Airbyte connector's record writer (cmd/source-postgres)
 // implements the same interface. A new output is a new package beside them, and nothing else
 // changes.
 //
@@ -18,7 +19,9 @@
 //   - Resume from the checkpoint, exactly. Opening an output returns the position of its last
 //     checkpoint, and whatever was written after that checkpoint is dropped (a file cut back to
 //     its checkpointed length; a target transaction that never committed): the engine replays it
-//     from the slot.
+//     from the slot. An output that cannot drop what it wrote (a JetStream stream shows a message
+//     once it took it) must instead write nothing twice: sink/nats reads what it holds past its
+//     checkpoint and checks the replayed events against it before it writes past it.
 //   - A checkpoint names its output. One written for another output (another file, another
 //     target schema) is refused instead of marking tables done that this output never got.
 //   - Where the lock can be lost while the writer runs (a target session ended from outside, a

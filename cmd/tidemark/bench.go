@@ -29,6 +29,7 @@ import (
 	"github.com/tidemark/tidemark/replicator"
 	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 	"github.com/tidemark/tidemark/sink/postgres"
 )
 
@@ -50,7 +51,8 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	connector := fs.String("connector", "", "the source-postgres binary for the Airbyte read; default beside this one, on the PATH, or built with go")
 	changes := fs.Int("changes", 1_000_000, "changes streamed for the streaming figures")
 	kafkaBrokers := fs.String("kafka", "", "the brokers of a Kafka cluster (HOST:PORT,...): adds the kafka group, the backfill into Kafka (exactly once, three partitions) as a ratio to the same backfill into JSON lines; it leaves its topics (tidemark_bench_*) behind")
-	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two; and the one table by two readers of key ranges), kafka (with --kafka); default all")
+	natsServers := fs.String("nats", "", "the servers of a NATS cluster with JetStream (HOST:PORT,...): adds the nats group, the backfill into a JetStream stream (each event once, three subjects) as a ratio to the same backfill into JSON lines; it leaves its streams (tidemark_bench_*) and their buckets behind")
+	only := fs.String("only", "", "run only these groups of figures, comma-separated: scan (COPY and the backfills), sync (native, tidemark sync, pgcopydb, the Airbyte read), memory, stream, sweep, latency, readers (the rows in four tables, backfilled by one reader and by two; and the one table by two readers of key ranges), kafka (with --kafka), nats (with --nats); default all")
 	memory := fs.Bool("memory", false, "instead of the default figures: the peak memory of tidemark sync for one very large source transaction and for wide rows")
 	txRows := fs.Int("tx-rows", 10_000_000, "--memory: rows changed by the one large source transaction")
 	wideRows := fs.Int("wide-rows", 200, "--memory: rows of the wide table")
@@ -128,7 +130,15 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	case groups["kafka"]:
 		return usageProblems(fs, []string{"--only kafka needs a Kafka cluster: --kafka with its brokers (HOST:PORT, comma-separated)"})
 	}
-	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, encoders: *encoders, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel), brokers: brokers}
+	var natsAddrs []string
+	switch {
+	case *natsServers != "":
+		natsAddrs = strings.Split(*natsServers, ",")
+		groups["nats"] = groups["nats"] || *only == ""
+	case groups["nats"]:
+		return usageProblems(fs, []string{"--only nats needs a NATS cluster with JetStream: --nats with its servers (HOST:PORT, comma-separated)"})
+	}
+	b := &bench{e: e, rows: *rows, reps: *reps, chunk: *chunk, encoders: *encoders, changes: *changes, connector: conn, groups: groups, log: e.log.Level(zerolog.WarnLevel), brokers: brokers, natsServers: natsAddrs}
 	if *verbose {
 		b.log = e.log
 	}
@@ -136,22 +146,23 @@ func runBench(ctx context.Context, args []string, e *env) error {
 }
 
 type bench struct {
-	e         *env
-	changes   int
-	connector string
-	rows      int
-	reps      int
-	chunk     int
-	encoders  int             // the discarding sinks' encoders (jsonl.NewPool)
-	brokers   []string        // --kafka
-	groups    map[string]bool // the groups of figures to run (benchGroups)
-	log       zerolog.Logger
-	srv       *pgserver.Server
-	dsn       string
-	cpu       *cpuMeter
-	lastCPU   cpuTimes // of the last median: the median of each side's CPU seconds over its repetitions
-	slots     int
-	types     *pgjson.Registry
+	e           *env
+	changes     int
+	connector   string
+	rows        int
+	reps        int
+	chunk       int
+	encoders    int             // the discarding sinks' encoders (jsonl.NewPool)
+	brokers     []string        // --kafka
+	natsServers []string        // --nats
+	groups      map[string]bool // the groups of figures to run (benchGroups)
+	log         zerolog.Logger
+	srv         *pgserver.Server
+	dsn         string
+	cpu         *cpuMeter
+	lastCPU     cpuTimes // of the last median: the median of each side's CPU seconds over its repetitions
+	slots       int
+	types       *pgjson.Registry
 
 	// Measured by scans, the references of the figures after them.
 	copyS  time.Duration // COPY of bench_rows through psql
@@ -178,7 +189,7 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.prepare(ctx, conn); err != nil {
 		return err
 	}
-	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency, "readers": b.readers, "kafka": b.kafka}
+	steps := map[string]func(context.Context) error{"scan": b.scans, "sync": b.syncs, "memory": b.memory, "stream": b.stream, "sweep": b.sweep, "latency": b.latency, "readers": b.readers, "kafka": b.kafka, "nats": b.nats}
 	if !b.groups["scan"] {
 		// The ratios of the other figures are to COPY's time, and memory's to the backfill's peak.
 		steps["scan"] = b.copyReference
@@ -235,14 +246,14 @@ func (b *bench) open(ctx context.Context) (conn *pgx.Conn, stop func(), err erro
 }
 
 // benchGroupNames are the groups of figures, in the order they run.
-var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency", "readers", "kafka"}
+var benchGroupNames = []string{"scan", "sync", "memory", "stream", "sweep", "latency", "readers", "kafka", "nats"}
 
 // benchGroups parses --only: the groups to run (all when empty).
 func benchGroups(only string) (map[string]bool, error) {
 	groups := map[string]bool{}
 	if only == "" {
 		for _, g := range benchGroupNames {
-			groups[g] = g != "kafka" // with --kafka only
+			groups[g] = g != "kafka" && g != "nats" // with --kafka, --nats only
 		}
 		return groups, nil
 	}
@@ -822,6 +833,40 @@ func (b *bench) kafka(ctx context.Context) error {
 		return err
 	}
 	b.line("kafka.backfill", kd, float64(b.rows), outMB, fmt.Sprintf("ratio_to_jsonl=%.2f", jd.Seconds()/kd.Seconds()))
+	return nil
+}
+
+// nats times the backfill of bench_rows into a NATS JetStream output (three subjects, each
+// message acknowledged before the checkpoint) and, for the ratio, the same backfill encoded as
+// JSON lines and discarded.
+func (b *bench) nats(ctx context.Context) error {
+	names := []string{"bench_rows"}
+	var outMB float64
+	jd, err := b.median(func() (time.Duration, error) {
+		s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
+		d, err := b.backfillOf(ctx, b.nextSlot(), names, 1, s, false)
+		outMB = float64(s.bytes.Load()) / 1e6
+		return d, err
+	})
+	if err != nil {
+		return err
+	}
+	b.line("nats.jsonl_reference", jd, float64(b.rows), outMB, "")
+	nd, err := b.median(func() (time.Duration, error) {
+		slot := b.nextSlot()
+		addr := nats.Address{Servers: b.natsServers, Stream: fmt.Sprintf("tidemark_bench_%d_%s", time.Now().Unix(), slot)}
+		s, _, err := nats.Open(ctx, nats.Options{Address: addr, Tables: []string{"public.bench_rows"}, Partitions: 3, Slot: slot,
+			Types: b.types, Log: b.log}, func() error { return nil })
+		if err != nil {
+			return 0, err
+		}
+		defer s.Close(context.WithoutCancel(ctx))
+		return b.backfillOf(ctx, slot, names, 1, s, false)
+	})
+	if err != nil {
+		return err
+	}
+	b.line("nats.backfill", nd, float64(b.rows), outMB, fmt.Sprintf("ratio_to_jsonl=%.2f", jd.Seconds()/nd.Seconds()))
 	return nil
 }
 

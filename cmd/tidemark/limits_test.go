@@ -29,6 +29,7 @@ func TestFlagRanges(t *testing.T) {
 		extra     []string // more arguments (a Kafka --to for the Kafka flags)
 	}
 	kafkaTo := []string{"--to", "kafka://127.0.0.1:1/p"}
+	natsTo := []string{"--to", "nats://127.0.0.1:1/p"}
 	limits := []limit{
 		{"sync", "chunk-size", 1, 1_000_000, false, nil},
 		{"sync", "readers", 1, 64, false, nil},
@@ -52,6 +53,10 @@ func TestFlagRanges(t *testing.T) {
 		{"sync", "kafka-replication", -1, 100, false, kafkaTo},
 		{"sync", "kafka-transaction-timeout", int64(2 * time.Second), int64(time.Hour), true, kafkaTo},
 		{"sync", "kafka-max-record-bytes", 1 << 10, 1 << 30, false, kafkaTo},
+		{"sync", "nats-partitions", 1, 1024, false, natsTo},
+		{"sync", "nats-replicas", 1, 5, false, natsTo},
+		{"sync", "nats-duplicate-window", int64(time.Second), int64(7 * 24 * time.Hour), true, natsTo},
+		{"chaos", "nats-replicas", 1, 5, false, nil},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

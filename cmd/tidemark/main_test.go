@@ -242,25 +242,33 @@ func TestBenchQuick(t *testing.T) {
 	t.Log(out.String())
 }
 
-// TestBenchKafka: bench --kafka adds the backfill into Kafka (here the in-process cluster) with
-// its ratio to the same backfill into JSON lines, and its CPU beside the wall; --only kafka
-// without --kafka is a usage error.
-func TestBenchKafka(t *testing.T) {
+// TestBenchKafkaNATS: bench --kafka and --nats add the backfill into Kafka and into NATS
+// JetStream (here the in-process clusters) with their ratios to the same backfill into JSON
+// lines, and their CPU beside the wall; --only kafka without --kafka (nats without --nats) is a
+// usage error.
+func TestBenchKafkaNATS(t *testing.T) {
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	addr := e2e.Kafka(t)
+	naddr, _ := e2e.NATS(t)
 	e, out, errOut := testEnv(t)
-	require.Equal(t, 0, run(context.Background(), []string{"bench", "--rows", "20000", "--reps", "1", "--only", "kafka", "--kafka", strings.Join(addr.Brokers, ",")}, e), errOut.String())
-	m := regexp.MustCompile(`(?m)^kafka\.backfill .* client_cpu_s_per_M=([0-9.]+) .* ratio_to_jsonl=([0-9.]+)`).FindStringSubmatch(out.String())
-	require.NotNil(t, m, "the kafka figure:\n%s", out.String())
-	for _, v := range m[1:] {
-		f, err := strconv.ParseFloat(v, 64)
-		require.NoError(t, err)
-		require.Positive(t, f, m[0])
+	require.Equal(t, 0, run(context.Background(), []string{"bench", "--rows", "20000", "--reps", "1", "--only", "kafka,nats",
+		"--kafka", strings.Join(addr.Brokers, ","), "--nats", strings.Join(naddr.Servers, ",")}, e), errOut.String())
+	for _, name := range []string{"kafka", "nats"} {
+		m := regexp.MustCompile(`(?m)^`+name+`\.backfill .* client_cpu_s_per_M=([0-9.]+) .* ratio_to_jsonl=([0-9.]+)`).FindStringSubmatch(out.String())
+		require.NotNil(t, m, "the %s figure:\n%s", name, out.String())
+		for _, v := range m[1:] {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			require.Positive(t, f, m[0])
+		}
+		require.Contains(t, out.String(), name+".jsonl_reference")
 	}
-	require.Contains(t, out.String(), "kafka.jsonl_reference")
 	e, _, errOut = testEnv(t)
 	require.Equal(t, 2, run(context.Background(), []string{"bench", "--only", "kafka"}, e))
 	require.Contains(t, errOut.String(), "--only kafka needs a Kafka cluster")
+	e, _, errOut = testEnv(t)
+	require.Equal(t, 2, run(context.Background(), []string{"bench", "--only", "nats"}, e))
+	require.Contains(t, errOut.String(), "--only nats needs a NATS cluster")
 }
 
 // TestBenchMemorySmall: bench --memory runs each of its figures, at small sizes, and the foreign

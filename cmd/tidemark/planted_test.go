@@ -564,6 +564,10 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 	require.NoError(t, err)
 	defer kf.Close()
 	kafkaURL := "kafka://" + kf.ListenAddrs()[0] + "/planted_" + pass
+	jsc, err := e2e.StartNATSCluster(filepath.Join(dir, "nats-"+pass), 1)
+	require.NoError(t, err)
+	defer jsc.Shutdown()
+	natsURL := "nats://" + jsc.Addrs()[0] + "/planted_" + pass
 	recipes := map[string][][]string{
 		"doctor": {
 			{"doctor", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_a_" + pass, "--publication", "planted"},
@@ -577,6 +581,8 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 				"--to", out, "--chunk-size", "50", "--watermarks", "table", "--stop-when-caught-up", "--quiet"},
 			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_f_" + pass, "--publication", "planted",
 				"--to", kafkaURL, "--format", "debezium", "--chunk-size", "50", "--stop-when-caught-up", "--quiet"},
+			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_g_" + pass, "--publication", "planted",
+				"--to", natsURL, "--nats-partitions", "2", "--chunk-size", "50", "--stop-when-caught-up", "--quiet"},
 		},
 		"verify": {
 			{"verify", "--source", srcDSN, "--tables", "public.items,public.tenants", "--publication", "planted", "--to", tgtDSN, "--recheck-for", "2s"},
@@ -586,6 +592,7 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 			{"status", "--source", srcDSN, "--slot", "planted_a_" + pass, "--target", tgtDSN},
 			{"status", "--source", srcDSN, "--slot", "planted_b_" + pass, "--checkpoint", out + ".checkpoint"},
 			{"status", "--source", srcDSN, "--slot", "planted_f_" + pass, "--kafka", kafkaURL},
+			{"status", "--source", srcDSN, "--slot", "planted_g_" + pass, "--nats", natsURL},
 		},
 		"schema":  {{"schema", "--source", srcDSN, "--tables", "public.items,public.tenants"}},
 		"stream":  {{"stream", "--source", srcDSN, "--slot", "planted_c_" + pass, "--publication", "planted", "--create-slot"}},
@@ -602,7 +609,8 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 		"bench": {{"bench", "--rows", "3000", "--reps", "1", "--changes", "2000", "--chunk-size", "1000"}},
 		"chaos": {{"chaos", "--mode", "postgres", "--source", srcDSN, "--target", tgtDSN, "--duration", "4s", "--rows", "300",
 			"--faults", "kill", "--connector", bins["source-postgres"]},
-			{"chaos", "--mode", "kafka", "--kafka", kf.ListenAddrs()[0], "--source", srcDSN, "--duration", "4s", "--rows", "300", "--faults", "kill"}},
+			{"chaos", "--mode", "kafka", "--kafka", kf.ListenAddrs()[0], "--source", srcDSN, "--duration", "4s", "--rows", "300", "--faults", "kill"},
+			{"chaos", "--mode", "nats", "--nats", jsc.Addrs()[0], "--source", srcDSN, "--duration", "4s", "--rows", "300", "--faults", "kill"}},
 	}
 	for _, cmd := range commands {
 		runs, ok := recipes[cmd.name]

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -181,6 +182,34 @@ func TestNoSecretInOutput(t *testing.T) {
 			out := run(t, bin, []string{"TIDEMARK_KAFKA_PASSWORD=" + pw}, args...)
 			require.NotEmpty(t, out)
 			check(t, "tidemark sync --to "+kind, out)
+		})
+	}
+
+	// NATS: the password in the URL and in $TIDEMARK_NATS_PASSWORD, the token in
+	// $TIDEMARK_NATS_TOKEN, with a usage error, no server, and a server that refuses them.
+	nc, err := e2e.StartNATSCluster(t.TempDir(), 1, func(o *natsserver.Options) {
+		o.Users = []*natsserver.User{{Username: "admin", Password: "not-the-password"}}
+	})
+	require.NoError(t, err)
+	defer nc.Shutdown()
+	natsAddr := nc.Addrs()[0]
+	for kind, c := range map[string]struct{ to, env string }{
+		"usage error":      {fmt.Sprintf("nats://app:%s@127.0.0.1:%d/shop?tls=maybe", url.PathEscape(pw), free), ""},
+		"no server":        {fmt.Sprintf("nats://app:%s@127.0.0.1:%d/shop", url.PathEscape(pw), free), ""},
+		"password refused": {fmt.Sprintf("nats://admin:%s@%s/shop", url.PathEscape(pw), natsAddr), ""},
+		"password in env":  {fmt.Sprintf("nats://admin@%s/shop", natsAddr), "TIDEMARK_NATS_PASSWORD=" + pw},
+		"token in env":     {fmt.Sprintf("nats://%s/shop", natsAddr), "TIDEMARK_NATS_TOKEN=" + pw},
+	} {
+		t.Run("nats/"+kind, func(t *testing.T) {
+			args := []string{"sync", "--source", dsns["valid"], "--tables", "public.t", "--to", c.to, "--stop-when-caught-up", "--quiet",
+				"--slot", "pw_slot_" + db.Name, "--publication", "pw_pub_" + db.Name}
+			var env []string
+			if c.env != "" {
+				env = append(env, c.env)
+			}
+			out := run(t, bin, env, args...)
+			require.NotEmpty(t, out)
+			check(t, "tidemark sync --to nats "+kind, out)
 		})
 	}
 

@@ -205,7 +205,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.kafkaTxnTimeout = fs.Duration("kafka-transaction-timeout", time.Minute, "Kafka: the transaction timeout; the records between two checkpoints (a source transaction's, at least) must be written within it, and the brokers cap it (transaction.max.timeout.ms, 15 minutes by default)")
 	f.natsPartitions = fs.Int("nats-partitions", 1, "NATS: subjects per table (STREAM.SCHEMA.TABLE.0 to N-1) a key is hashed to, for consumers to share a table (a key's changes stay on one subject, in order); kept for the output's life")
 	f.natsReplicas = fs.Int("nats-replicas", 1, "NATS: replicas of the stream and of the checkpoint bucket the sync creates (3 on a cluster of three or more)")
-	f.natsDupWindow = fs.Duration("nats-duplicate-window", 2*time.Minute, "NATS: the stream's duplicate window, when the sync creates it: a message whose id (slot:LSN:seq:n) the stream saw within it is dropped")
+	f.natsDupWindow = fs.Duration("nats-duplicate-window", 2*time.Minute, "NATS: the stream's duplicate window, when the sync creates it: a message whose id (slot:history:LSN:seq:n) the stream saw within it is dropped")
 	f.maxChunkBytes = fs.Int("max-chunk-bytes", 32<<20, "bound on the bytes of one backfill chunk: a chunk read stops there (a row larger than it makes a chunk of its own)")
 	return f
 }

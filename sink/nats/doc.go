@@ -17,20 +17,35 @@
 //     truncate or a refresh goes to every subject of its table), with the source's history it
 //     was read in (system id and timeline): marks grow along the output. The last message's mark
 //     is where the output got, whatever the checkpoint says.
-//   - A restart resumes from the checkpoint (the slot was confirmed only up to it) and passes
-//     over every event whose mark is not past the stream's last message: the run reads the same
-//     changes again from the slot, in the same order, with the same (LSN, seq). That holds only in
-//     the same history and from the same position: merge.Resumer tells the sink the history the
-//     run reads and whether its output starts over, and in either case nothing is passed over.
-//     The checkpoint records the last mark too, so a checkpoint taken while the run still passes
-//     over events keeps it.
+//   - A restart resumes from the checkpoint (the slot was confirmed only up to it). The events up
+//     to the stream's last message (the horizon) are not published again, and not taken on
+//     trust either: the stream's messages past the checkpoint's position are read at open, and
+//     the run must read those events again one for one, by LSN, table, operation, key and index
+//     (not seq: a table whose output one run started over and the other not numbers a
+//     transaction's events otherwise). Anything else is a divergence, an error naming the tables
+//     to re-backfill: a change the stream lacks at an LSN it went past, or one it has that the
+//     run does not read. The usual cause is a re-backfill a killed run began that the next run is
+//     not asked for (its held-back changes are not in the stream). At the horizon's own LSN (the
+//     transaction the killed run stopped in) what the stream lacks is published after its last
+//     message, its seq placed after it.
+//   - A table whose refresh the stream holds past the checkpoint (a re-backfill the killed run
+//     began) starts over again: Open returns the position with the table's refresh asked for,
+//     and the tables the run starts over are left out of the comparison (their events are held
+//     back until their new refresh, past the horizon). Until the run is past the horizon,
+//     Replaying says so and the engine refuses a re-backfill asked of it (merge.Replayer).
+//   - The comparison holds only in the history of the source the messages were read in and from
+//     the position they followed: merge.Resumer tells the sink the history the run reads and
+//     whether its output starts over; in either case nothing is compared or passed over.
+//   - The checkpoint records the last mark, and, while the run has not gone past the horizon (or
+//     keys may still be read again), where the stream was read from (TailFrom): a run killed
+//     again before it got there reads the same messages again.
 //   - A backfilled row is read again after a restart at a new high watermark, which no mark
 //     covers. The keys the stream has as backfilled rows past the checkpoint are passed over
 //     when their chunks are read again: the row the stream has, with every change after it, is
 //     the row as of now. (Only the keys written past the checkpoint the run starts from: a run
 //     killed twice within one chunk's re-read writes some rows again, each a correct copy at a
 //     later point, as a refresh of the row.)
-//   - The message id (Nats-Msg-Id) is SLOT:LSN:SEQ:N: the stream's duplicate window drops a
+//   - The message id (Nats-Msg-Id) is SLOT:HISTORY:LSN:SEQ:IDX: the stream's duplicate window drops a
 //     message sent twice within it, a net behind the marks; a duplicate reported back is an
 //     error, never taken silently.
 //   - One writer: the checkpoint is written with a compare-and-set on its revision, and each run

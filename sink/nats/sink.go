@@ -142,20 +142,22 @@ const maxPending = 4000
 
 // Sink writes events to a JetStream stream. See doc.go for what exactly once means here.
 type Sink struct {
-	o     Options
-	nc    *natsgo.Conn
-	js    jetstream.JetStream
-	kv    jetstream.KeyValue
-	rev   uint64 // the checkpoint key's revision this run wrote last
-	owner string
-	enc   *jsonl.Encoder
-	subj  map[string]string // schema.table: STREAM.SCHEMA.TABLE (without the partition)
+	o      Options
+	nc     *natsgo.Conn
+	closed chan struct{} // closed with the connection
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	rev    uint64 // the checkpoint key's revision this run wrote last
+	owner  string
+	enc    *jsonl.Encoder
+	subj   map[string]string // schema.table: STREAM.SCHEMA.TABLE (without the partition)
 
-	history string    // the source's history this run reads (Resume)
-	seq     uint64    // the stream's last sequence, with what was sent
-	pending []pending // sent, not yet acknowledged, in order
-	err     error     // the first failure since the last checkpoint
-	last    *Mark     // the last message written (by this run or one before)
+	history  string    // the source's system this run reads (Resume)
+	timeline string    // and its timeline: SYSTEMID/TIMELINE
+	seq      uint64    // the stream's last sequence, with what was sent
+	pending  []pending // sent, not yet acknowledged, in order
+	err      error     // the first failure since the last checkpoint
+	last     *Mark     // the last message written (by this run or one before)
 	// horizon is the stream's last message when the run opened (a run before wrote it): the
 	// events up to it are read again, not written (place).
 	horizon *Mark
@@ -190,7 +192,7 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	deadline := time.Now().Add(openPatience)
 	for {
 		s, pos, err := open(ctx, o, ready)
-		if err == nil || !pgerr.Reconnectable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+		if err == nil || !leaderless(err) || time.Now().After(deadline) || ctx.Err() != nil {
 			return s, pos, err
 		}
 		o.Log.Warn().Err(err).Msg("the NATS servers do not answer yet: trying again")
@@ -212,11 +214,12 @@ func open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	if o.Replicas == 0 {
 		o.Replicas = 1
 	}
-	nc, err := o.Address.Connect()
+	closed := make(chan struct{})
+	nc, err := o.Address.Connect(natsgo.ClosedHandler(func(*natsgo.Conn) { close(closed) }))
 	if err != nil {
 		return nil, nil, unavailable(err)
 	}
-	s := &Sink{o: o, nc: nc, enc: jsonl.NewEncoder(o.Types), subj: map[string]string{}, skip: map[string]map[string]bool{}, chunks: map[string]int64{},
+	s := &Sink{closed: closed, o: o, nc: nc, enc: jsonl.NewEncoder(o.Types), subj: map[string]string{}, skip: map[string]map[string]bool{}, chunks: map[string]int64{},
 		restarted: map[string]bool{}, refreshing: map[string]bool{}}
 	fail := func(err error) (*Sink, *merge.Position, error) {
 		s.Close(context.WithoutCancel(ctx))
@@ -256,10 +259,6 @@ func open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	if err := s.checkOwner(ck); err != nil {
 		return fail(err)
 	}
-	if ck != nil && ck.Position != nil && ck.Format != s.format() {
-		return fail(fmt.Errorf("%s holds messages in the %s format (its checkpoint says so): a run with --format %s would mix two formats in one stream; give --format %s, or another stream",
-			o.Address, ck.Format, s.format(), ck.Format))
-	}
 	if ck != nil && ck.Stream && ck.Partitions != o.Partitions {
 		return fail(fmt.Errorf("%s was written with %d subjects per table (--nats-partitions %d): with %d, a key's next changes would go to another subject than its earlier ones, and be read out of order; give --nats-partitions %d, or start over with another stream",
 			o.Address, ck.Partitions, ck.Partitions, o.Partitions, ck.Partitions))
@@ -285,6 +284,10 @@ func open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	if err := s.openStream(ctx, ck); err != nil {
 		return fail(err)
 	}
+	if ck != nil && ck.Format != "" && ck.Format != s.format() && s.seq > 0 {
+		return fail(fmt.Errorf("%s holds messages in the %s format (its checkpoint says so): a run with --format %s would mix two formats in one stream; give --format %s, or another stream",
+			o.Address, ck.Format, s.format(), ck.Format))
+	}
 	var pos *merge.Position
 	if ck != nil {
 		pos = ck.Position
@@ -299,9 +302,9 @@ func open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 			o.Log.Warn().Str("table", t).Msg("the stream holds a refresh of the table past the checkpoint (a re-backfill a run started before it stopped): the table's output starts over again")
 		}
 	}
-	if s.last != nil && pos != nil && pos.LSN < s.last.LSN && !slices.Equal(sorted(ck.Tables), sorted(o.Tables)) && ck.Tables != nil {
-		return fail(fmt.Errorf("%s holds changes up to %s, past its checkpoint (%s), written while it captured %s: run it once more with --tables %s until its checkpoint passes %s (tidemark status shows it), then change the tables",
-			o.Address, s.last.LSN, pos.LSN, strings.Join(ck.Tables, ","), strings.Join(ck.Tables, ","), s.last.LSN))
+	if h := s.horizon; h != nil && (pos == nil || pos.LSN <= h.LSN) && ck.Tables != nil && !slices.Equal(sorted(ck.Tables), sorted(o.Tables)) {
+		return fail(fmt.Errorf("%s holds changes up to %s, past its checkpoint, written while it captured %s: run it once more with --tables %s until its checkpoint passes %s (tidemark status shows it), then change the tables",
+			o.Address, h.LSN, strings.Join(ck.Tables, ","), strings.Join(ck.Tables, ","), h.LSN))
 	}
 	return s, pos, nil
 }
@@ -371,7 +374,7 @@ func ReadCheckpoint(ctx context.Context, addr Address) (*Checkpoint, error) {
 	deadline := time.Now().Add(openPatience)
 	for {
 		ck, err := readCheckpoint(ctx, addr)
-		if err == nil || !pgerr.Reconnectable(unavailable(err)) || time.Now().After(deadline) || ctx.Err() != nil {
+		if err == nil || !leaderless(err) || time.Now().After(deadline) || ctx.Err() != nil {
 			return ck, err
 		}
 		time.Sleep(time.Second)
@@ -488,9 +491,7 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 		if err != nil {
 			return fmt.Errorf("stream %s: its last message (%d, subject %s) is not this output's: %v; give this output another stream", name, s.seq, m.Subject, err)
 		}
-		if s.last == nil || s.last.Less(mk) {
-			s.last = &mk
-		}
+		s.last = &mk // the stream's end, whatever history the checkpoint's last mark is of
 	}
 	if s.last != nil {
 		h := *s.last
@@ -526,13 +527,13 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 		case merge.Truncate.String(), merge.Refresh.String():
 			delete(s.skip, t)
 		}
-		if mk.LSN <= from {
+		if mk.LSN < from {
 			return nil // covered by the checkpoint: the run does not read it again
 		}
 		if op == merge.Refresh.String() {
 			s.restarted[t] = true
 		}
-		s.replay = append(s.replay, tailMsg{mark: mk, table: t, op: op, key: h.Get(HeaderKey)})
+		s.replay = append(s.replay, tailMsg{mark: mk, table: t, op: op, key: h.Get(HeaderKey), timeline: h.Get(HeaderHistory)})
 		return nil
 	})
 	if err != nil {
@@ -557,7 +558,8 @@ func markOf(h natsgo.Header) (Mark, error) {
 	if err1 != nil || err2 != nil {
 		return m, fmt.Errorf("no %s or %s header", HeaderSeq, HeaderIdx)
 	}
-	return Mark{LSN: lsn, Seq: seq, Idx: idx, History: h.Get(HeaderHistory)}, nil
+	history, _, _ := strings.Cut(h.Get(HeaderHistory), "/") // the system id: a timeline continues its history up to its fork
+	return Mark{LSN: lsn, Seq: seq, Idx: idx, History: history}, nil
 }
 
 // Read hands fn the stream's messages from sequence from to to (inclusive), in order.
@@ -569,6 +571,7 @@ func Read(ctx context.Context, st jetstream.Stream, from, to uint64, fn func(jet
 	if err != nil {
 		return err
 	}
+	empty := 0
 	for {
 		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
@@ -598,13 +601,17 @@ func Read(ctx context.Context, st jetstream.Stream, from, to uint64, fn func(jet
 			return err
 		}
 		if got == 0 {
-			// Nothing up to to: the messages there were removed (limits, or a purge).
+			// Nothing up to to: the messages there were removed (limits, or a purge), or the
+			// stream has no leader for now.
 			info, err := st.Info(ctx)
 			if err != nil {
 				return err
 			}
 			if info.State.LastSeq <= to && info.State.Msgs == 0 || info.State.FirstSeq > to {
 				return nil
+			}
+			if empty++; empty == 6 {
+				return fmt.Errorf("stream %s: the messages up to sequence %d could not be read within 30s (deleted one by one, or no leader)", info.Config.Name, to)
 			}
 		}
 	}
@@ -716,6 +723,9 @@ func (s *Sink) place(ev *merge.Event, table, key string, msgs int) (int, error) 
 	}
 	if len(s.replay) > 0 {
 		r := s.replay[0]
+		if r.timeline != s.timeline {
+			return 0, s.otherTimeline(r)
+		}
 		return 0, s.diverged(fmt.Sprintf("at %s the stream has %s %s %s (seq %d, message %d) where this run reads %s %s %s (message %d)",
 			ev.LSN, r.op, r.table, r.key, r.mark.Seq, r.mark.Idx, op, table, key, n), table, r.table)
 	}
@@ -753,10 +763,10 @@ func (s *Sink) publish(ev *merge.Event, table, base string, p, idx int, key, val
 	m.Header.Set(HeaderIdx, strconv.Itoa(idx))
 	m.Header.Set(HeaderTable, table)
 	m.Header.Set(HeaderKey, string(key))
-	m.Header.Set(HeaderHistory, s.history)
-	f, err := s.js.PublishMsgAsync(m, jetstream.WithExpectLastSequence(s.seq), jetstream.WithMsgID(MsgID(s.o.Slot, s.history, mk)))
+	m.Header.Set(HeaderHistory, s.timeline)
+	f, err := s.js.PublishMsgAsync(m, jetstream.WithExpectLastSequence(s.seq), jetstream.WithMsgID(MsgID(s.o.Slot, s.timeline, mk)))
 	if err != nil {
-		return s.fail(fmt.Errorf("publish to %s: %w", m.Subject, err))
+		return s.fail(unavailable(fmt.Errorf("publish to %s: %w", m.Subject, err)))
 	}
 	s.seq++
 	s.pending = append(s.pending, pending{f: f, seq: s.seq})
@@ -768,6 +778,7 @@ func (s *Sink) publish(ev *merge.Event, table, base string, p, idx int, key, val
 type tailMsg struct {
 	mark           Mark
 	table, op, key string
+	timeline       string // SYSTEMID/TIMELINE it was read on
 }
 
 // replayed checks, at the first event past the stream's last message, that the run read again
@@ -778,7 +789,18 @@ func (s *Sink) replayed() error {
 		return nil
 	}
 	r := s.replay[0]
+	if r.timeline != s.timeline {
+		return s.otherTimeline(r)
+	}
 	return s.diverged(fmt.Sprintf("the stream has %s %s %s at %s (seq %d, message %d) that this run did not read", r.op, r.table, r.key, r.mark.LSN, r.mark.Seq, r.mark.Idx), r.table)
+}
+
+// otherTimeline is the error of a stream whose messages past the checkpoint were read on
+// another timeline of the source than the run reads, and differ from it: a failover or a restore
+// dropped the WAL they came from, so consumers have changes the source does not.
+func (s *Sink) otherTimeline(r tailMsg) error {
+	return fmt.Errorf("stream %s holds changes past its checkpoint read on timeline %s, which the source's history (now %s) does not have from %s on (a failover to a standby that had not received them, or a restore): its consumers have changes the source lost; to start every table's output over, run the same command once with --rebackfill all",
+		s.o.Address.Stream, r.timeline, s.timeline, r.mark.LSN)
 }
 
 // diverged is the error of a run that does not read again what the stream holds past its
@@ -804,6 +826,15 @@ func (s *Sink) collect(ctx context.Context, wait bool) error {
 			select {
 			case ack = <-p.f.Ok():
 			case err = <-p.f.Err():
+			case <-s.closed:
+				// The connection is gone (no reconnection: the run starts again); its messages
+				// not acknowledged get no answer.
+				select {
+				case ack = <-p.f.Ok():
+				case err = <-p.f.Err():
+				default:
+					err = natsgo.ErrConnectionClosed
+				}
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -854,7 +885,7 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	if err := s.collect(ctx, true); err != nil {
 		return err
 	}
-	if h := s.horizon; h != nil && h.History == s.history && pos.LSN >= h.LSN {
+	if h := s.horizon; h != nil && h.History == s.history && pos.LSN > h.LSN {
 		// Every event up to the stream's end was read again: the stream must have no more.
 		if err := s.replayed(); err != nil {
 			return s.fail(err)
@@ -867,7 +898,7 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	}
 	ck := Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Stream, Slot: s.o.Slot, Format: s.format(), Position: pos, Stream: true,
 		StreamSeq: s.seq, Last: s.last, Partitions: s.o.Partitions, Tables: s.o.Tables}
-	if s.stillPending(pos) || s.horizon != nil && pos.LSN < s.horizon.LSN {
+	if s.stillPending(pos) || s.horizon != nil && pos.LSN <= s.horizon.LSN {
 		// Keys that may be read again, or events of the stream not read again yet: the next
 		// run reads the stream from where this one did.
 		ck.TailFrom = s.tailFrom
@@ -913,7 +944,7 @@ func MsgID(slot, history string, m Mark) string {
 // wrote past the checkpoint when the run does not read those events again: the output starts
 // over, or the history is another (a restore, a failover), where the same LSNs are other changes.
 func (s *Sink) Resume(pos *merge.Position, over bool) {
-	s.history = fmt.Sprintf("%s/%d", pos.SystemID, pos.Timeline)
+	s.history, s.timeline = pos.SystemID, fmt.Sprintf("%s/%d", pos.SystemID, pos.Timeline)
 	if s.last != nil && (over || s.last.History != s.history) {
 		s.o.Log.Warn().Str("history", s.history).Str("written_in", s.last.History).Bool("over", over).
 			Msg("the stream's messages past the checkpoint were read in another history of the source, or the output starts over: nothing is passed over")
@@ -953,6 +984,13 @@ func unavailable(err error) error {
 		return fmt.Errorf("%w (%w)", err, pgerr.ErrTimeout)
 	}
 	return err
+}
+
+// leaderless reports an error of servers that answer but have no leader for a stream or bucket
+// yet (a node lost, an election): worth waiting for, unlike servers that cannot be reached.
+func leaderless(err error) bool {
+	return errors.Is(err, natsgo.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, natsgo.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || isClusterUnavailable(err)
 }
 
 // isClusterUnavailable: the stream has no leader for now (a node down, an election).

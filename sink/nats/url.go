@@ -169,12 +169,13 @@ func (a Address) options() ([]natsgo.Option, error) {
 	return opts, nil
 }
 
-// Connect connects to the servers of the address.
-func (a Address) Connect() (*natsgo.Conn, error) {
+// Connect connects to the servers of the address, with more options if given.
+func (a Address) Connect(more ...natsgo.Option) (*natsgo.Conn, error) {
 	opts, err := a.options()
 	if err != nil {
 		return nil, err
 	}
+	opts = append(opts, more...)
 	urls := make([]string, len(a.Servers))
 	for i, s := range a.Servers {
 		urls[i] = "nats://" + s
