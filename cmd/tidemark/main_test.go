@@ -254,7 +254,7 @@ func TestBenchKafkaNATS(t *testing.T) {
 	require.Equal(t, 0, run(context.Background(), []string{"bench", "--rows", "20000", "--reps", "1", "--only", "kafka,nats",
 		"--kafka", strings.Join(addr.Brokers, ","), "--nats", strings.Join(naddr.Servers, ",")}, e), errOut.String())
 	for _, name := range []string{"kafka", "nats"} {
-		m := regexp.MustCompile(`(?m)^`+name+`\.backfill .* client_cpu_s_per_M=([0-9.]+) .* ratio_to_jsonl=([0-9.]+)`).FindStringSubmatch(out.String())
+		m := regexp.MustCompile(`(?m)^` + name + `\.backfill .* client_cpu_s_per_M=([0-9.]+) .* ratio_to_jsonl=([0-9.]+)`).FindStringSubmatch(out.String())
 		require.NotNil(t, m, "the %s figure:\n%s", name, out.String())
 		for _, v := range m[1:] {
 			f, err := strconv.ParseFloat(v, 64)
