@@ -389,9 +389,10 @@ func (c *syncCapture) verifyNATS(ctx context.Context, rep *Report) error {
 	var problems []string
 	for try := 0; ; try++ {
 		// A node the faults killed may have come back without its leaderships yet.
-		if problems, err = nats.WriteLines(ctx, *c.nats, bw); err == nil || try == 30 {
+		if problems, err = nats.WriteLines(ctx, *c.nats, bw); err == nil || try == 100 {
 			break
 		}
+		c.r.note("read the stream back: %v; trying again", err)
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return err
 		}

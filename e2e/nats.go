@@ -25,6 +25,10 @@ import (
 // files in the test's directory).
 const EnvNATS = "TIDEMARK_TEST_NATS"
 
+// EnvNATSLogs names a directory where the in-process nodes write their logs (one file each),
+// kept after the test: for a long chaos run whose cluster misbehaves.
+const EnvNATSLogs = "TIDEMARK_TEST_NATS_LOGS"
+
 var natsStreams atomic.Int64
 
 // NATSCluster is an in-process three-node JetStream cluster.
@@ -72,6 +76,9 @@ func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*N
 		o := &server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: ports[i], NoLog: true, NoSigs: true,
 			JetStream: true, StoreDir: fmt.Sprintf("%s/n%d", dir, i+1), JetStreamMaxMemory: 256 << 20, JetStreamMaxStore: 64 << 30,
 			Cluster: server.ClusterOpts{Name: "tidemark", Host: "127.0.0.1", Port: ports[n+i]}, Routes: server.RoutesFromStr(strings.Join(routes, ","))}
+		if logs := os.Getenv(EnvNATSLogs); logs != "" {
+			o.NoLog, o.LogFile = false, fmt.Sprintf("%s/n%d-%d.log", logs, i+1, ports[i])
+		}
 		if n == 1 {
 			o.Cluster, o.Routes = server.ClusterOpts{}, nil
 		}

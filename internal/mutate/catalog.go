@@ -557,4 +557,22 @@ var catalog = []Mutant{
 		To:   "\t\t\tif false && was != n {\n",
 		Desc: "a topic whose partition count changed since the output wrote it is taken: a key's next changes go to another partition than its earlier ones",
 	},
+	{
+		ID: "sink/nats/no-horizon", Pkg: "sink/nats", File: "sink/nats/sink.go",
+		From: "\th := s.horizon\n",
+		To:   "\th := (*Mark)(nil)\n",
+		Desc: "a restart publishes again what the stream holds past the checkpoint: each such change twice",
+	},
+	{
+		ID: "sink/nats/no-snapshot-skip", Pkg: "sink/nats", File: "sink/nats/sink.go",
+		From: "\t\tif ev.Op == merge.Snapshot && s.skip[name][string(key)] {\n",
+		To:   "\t\tif false && ev.Op == merge.Snapshot && s.skip[name][string(key)] {\n",
+		Desc: "a chunk read again after a restart publishes again the rows the stream has past the checkpoint",
+	},
+	{
+		ID: "sink/nats/replay-unchecked", Pkg: "sink/nats", File: "sink/nats/sink.go",
+		From: "\t\tif r.mark.LSN != ev.LSN || r.table != table || r.op != op || r.key != key || r.mark.Idx != n {\n",
+		To:   "\t\tif r.mark.LSN > ev.LSN {\n",
+		Desc: "the events read again up to the stream's end are passed over without a look: a change a killed run held back (its re-backfill, which this run was not asked for) is lost",
+	},
 }
