@@ -342,40 +342,28 @@ func TestChaosCatchesBrokenEngines(t *testing.T) {
 // every family that applies to it, JetStream nodes killed included (a cluster of three, the
 // stream with three replicas), with the seed $TIDEMARK_CHAOS_SEED (default random): the long run
 // of docs/chaos.md. Without the variable it does not run: TestChaos runs the mode for a minute.
-func TestChaosNATSLong(t *testing.T) {
-	d, err := time.ParseDuration(os.Getenv("TIDEMARK_CHAOS_NATS"))
-	if err != nil || d <= 0 {
-		t.Skip("a long run, asked for with TIDEMARK_CHAOS_NATS=10m")
-	}
-	seed := randomSeed()
-	if v, err := strconv.ParseUint(os.Getenv("TIDEMARK_CHAOS_SEED"), 10, 64); err == nil && v > 0 {
-		seed = v
-	}
-	cfg := config(t, chaos.NATS, seed)
-	cfg.Duration, cfg.Readers, cfg.FaultEvery = d, 3, 3*time.Second
-	cfg.Faults = []string{"default", "ddl", "target"}
-	for _, rep := range concurrently(t, []chaos.Config{cfg}) {
-		require.True(t, rep.OK(), "nats seed %d: %s", seed, strings.Join(rep.Violations, "\n"))
-	}
-}
+func TestChaosNATSLong(t *testing.T) { longRun(t, chaos.NATS, "TIDEMARK_CHAOS_NATS") }
 
 // TestChaosKafkaLong runs the kafka mode for $TIDEMARK_CHAOS_KAFKA (a duration, 10m say) under
 // every family that applies to it, the in-process cluster's broker faults included, with the
 // seed $TIDEMARK_CHAOS_SEED (default random): the long run of docs/chaos.md. Without the
 // variable it does not run: TestChaos runs the mode for a minute.
-func TestChaosKafkaLong(t *testing.T) {
-	d, err := time.ParseDuration(os.Getenv("TIDEMARK_CHAOS_KAFKA"))
+func TestChaosKafkaLong(t *testing.T) { longRun(t, chaos.Kafka, "TIDEMARK_CHAOS_KAFKA") }
+
+// longRun runs mode for the duration $env gives, under the default, ddl and target families.
+func longRun(t *testing.T, mode chaos.Mode, env string) {
+	d, err := time.ParseDuration(os.Getenv(env))
 	if err != nil || d <= 0 {
-		t.Skip("a long run, asked for with TIDEMARK_CHAOS_KAFKA=10m")
+		t.Skipf("a long run, asked for with %s=10m", env)
 	}
 	seed := randomSeed()
 	if v, err := strconv.ParseUint(os.Getenv("TIDEMARK_CHAOS_SEED"), 10, 64); err == nil && v > 0 {
 		seed = v
 	}
-	cfg := config(t, chaos.Kafka, seed)
+	cfg := config(t, mode, seed)
 	cfg.Duration, cfg.Readers, cfg.FaultEvery = d, 3, 3*time.Second
 	cfg.Faults = []string{"default", "ddl", "target"}
 	for _, rep := range concurrently(t, []chaos.Config{cfg}) {
-		require.True(t, rep.OK(), "kafka seed %d: %s", seed, strings.Join(rep.Violations, "\n"))
+		require.True(t, rep.OK(), "%s seed %d: %s", mode, seed, strings.Join(rep.Violations, "\n"))
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/tidemark/tidemark/internal/sqlfix"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink"
 	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/kafka"
 	"github.com/tidemark/tidemark/sink/nats"
@@ -803,43 +804,30 @@ func (b *bench) readers(ctx context.Context) error {
 }
 
 // kafka times the backfill of bench_rows into a Kafka output (three partitions, a Kafka
-// transaction per checkpoint) and, for the ratio, the same backfill encoded as JSON lines and
-// discarded.
+// transaction per checkpoint), as a ratio to the same backfill encoded as JSON lines.
 func (b *bench) kafka(ctx context.Context) error {
-	names := []string{"bench_rows"}
-	var outMB float64
-	jd, err := b.median(func() (time.Duration, error) {
-		s := &discardSink{pool: jsonl.NewPool(b.types, b.encoders)}
-		d, err := b.backfillOf(ctx, b.nextSlot(), names, 1, s, false)
-		outMB = float64(s.bytes.Load()) / 1e6
-		return d, err
+	return b.outputBackfill(ctx, "kafka", func(slot, name string) (sink.Output, error) {
+		s, _, err := kafka.Open(ctx, kafka.Options{Address: kafka.Address{Brokers: b.brokers, Prefix: name}, Tables: []string{"public.bench_rows"},
+			Partitions: 3, Slot: slot, Types: b.types, Log: b.log}, func() error { return nil })
+		return s, err
 	})
-	if err != nil {
-		return err
-	}
-	b.line("kafka.jsonl_reference", jd, float64(b.rows), outMB, "")
-	kd, err := b.median(func() (time.Duration, error) {
-		slot := b.nextSlot()
-		addr := kafka.Address{Brokers: b.brokers, Prefix: fmt.Sprintf("tidemark_bench_%d_%s", time.Now().Unix(), slot)}
-		s, _, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: []string{"public.bench_rows"}, Partitions: 3, Slot: slot,
-			Types: b.types, Log: b.log}, func() error { return nil })
-		if err != nil {
-			return 0, err
-		}
-		defer s.Close(context.WithoutCancel(ctx))
-		return b.backfillOf(ctx, slot, names, 1, s, false)
-	})
-	if err != nil {
-		return err
-	}
-	b.line("kafka.backfill", kd, float64(b.rows), outMB, fmt.Sprintf("ratio_to_jsonl=%.2f", jd.Seconds()/kd.Seconds()))
-	return nil
 }
 
 // nats times the backfill of bench_rows into a NATS JetStream output (three subjects, each
-// message acknowledged before the checkpoint) and, for the ratio, the same backfill encoded as
-// JSON lines and discarded.
+// message acknowledged before the checkpoint), as a ratio to the same backfill encoded as JSON
+// lines.
 func (b *bench) nats(ctx context.Context) error {
+	return b.outputBackfill(ctx, "nats", func(slot, name string) (sink.Output, error) {
+		s, _, err := nats.Open(ctx, nats.Options{Address: nats.Address{Servers: b.natsServers, Stream: name}, Tables: []string{"public.bench_rows"},
+			Partitions: 3, Slot: slot, Types: b.types, Log: b.log}, func() error { return nil })
+		return s, err
+	})
+}
+
+// outputBackfill times the backfill of bench_rows into the output open opens (a prefix or stream
+// name of the run's own, tidemark_bench_*, which stays) and, for the ratio, the same backfill
+// encoded as JSON lines and discarded: the lines GROUP.jsonl_reference and GROUP.backfill.
+func (b *bench) outputBackfill(ctx context.Context, group string, open func(slot, name string) (sink.Output, error)) error {
 	names := []string{"bench_rows"}
 	var outMB float64
 	jd, err := b.median(func() (time.Duration, error) {
@@ -851,12 +839,10 @@ func (b *bench) nats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.line("nats.jsonl_reference", jd, float64(b.rows), outMB, "")
-	nd, err := b.median(func() (time.Duration, error) {
+	b.line(group+".jsonl_reference", jd, float64(b.rows), outMB, "")
+	od, err := b.median(func() (time.Duration, error) {
 		slot := b.nextSlot()
-		addr := nats.Address{Servers: b.natsServers, Stream: fmt.Sprintf("tidemark_bench_%d_%s", time.Now().Unix(), slot)}
-		s, _, err := nats.Open(ctx, nats.Options{Address: addr, Tables: []string{"public.bench_rows"}, Partitions: 3, Slot: slot,
-			Types: b.types, Log: b.log}, func() error { return nil })
+		s, err := open(slot, fmt.Sprintf("tidemark_bench_%d_%s", time.Now().Unix(), slot))
 		if err != nil {
 			return 0, err
 		}
@@ -866,7 +852,7 @@ func (b *bench) nats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.line("nats.backfill", nd, float64(b.rows), outMB, fmt.Sprintf("ratio_to_jsonl=%.2f", jd.Seconds()/nd.Seconds()))
+	b.line(group+".backfill", od, float64(b.rows), outMB, fmt.Sprintf("ratio_to_jsonl=%.2f", jd.Seconds()/od.Seconds()))
 	return nil
 }
 

@@ -342,49 +342,44 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 // openOutput opens (locks, cuts back to its checkpoint) the output --to names, and returns the
 // position to resume from and what closes it (the output, then its connection).
 func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, plan syncPlan) (sink.Output, *merge.Position, func(), error) {
-	if nats.IsURL(*f.to) {
-		addr, err := nats.ParseURL(*f.to)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		var names []string
-		for _, t := range plan.tables {
-			names = append(names, t.Schema+"."+t.Name)
-		}
-		var dbz *debezium.Encoder
-		if *f.format == "debezium" {
-			dbz = debezium.NewEncoder(pgjson.NewRegistry(srcConn))
-			dbz.Name, dbz.Database = addr.Stream, srcConn.Config().Database
-		}
-		ns, pos, err := nats.Open(ctx, nats.Options{Address: addr, Tables: names, Partitions: *f.natsPartitions, Replicas: *f.natsReplicas,
-			DuplicateWindow: *f.natsDupWindow, Debezium: dbz, Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log},
-			func() error { return slotIdle(ctx, srcConn, *f.slot) })
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return ns, pos, func() { _ = ns.Close(context.WithoutCancel(ctx)) }, nil
+	var names []string
+	for _, t := range plan.tables {
+		names = append(names, t.Schema+"."+t.Name)
 	}
-	if kafka.IsURL(*f.to) {
-		addr, err := kafka.ParseURL(*f.to)
+	// dbz is the Debezium encoder of --format debezium (nil for tidemark), its source.name the
+	// output's.
+	dbz := func(name string) *debezium.Encoder {
+		if *f.format != "debezium" {
+			return nil
+		}
+		d := debezium.NewEncoder(pgjson.NewRegistry(srcConn))
+		d.Name, d.Database = name, srcConn.Config().Database
+		return d
+	}
+	ready := func() error { return slotIdle(ctx, srcConn, *f.slot) }
+	var out sink.Output
+	var pos *merge.Position
+	var err error
+	switch {
+	case nats.IsURL(*f.to):
+		var addr nats.Address
+		if addr, err = nats.ParseURL(*f.to); err == nil {
+			out, pos, err = nats.Open(ctx, nats.Options{Address: addr, Tables: names, Partitions: *f.natsPartitions, Replicas: *f.natsReplicas,
+				DuplicateWindow: *f.natsDupWindow, Debezium: dbz(addr.Stream), Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, ready)
+		}
+	case kafka.IsURL(*f.to):
+		var addr kafka.Address
+		if addr, err = kafka.ParseURL(*f.to); err == nil {
+			out, pos, err = kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions), Debezium: dbz(addr.Prefix),
+				Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout, MaxRecordBytes: int32(*f.kafkaMaxRecord),
+				Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, ready)
+		}
+	}
+	if out != nil || err != nil {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		var names []string
-		for _, t := range plan.tables {
-			names = append(names, t.Schema+"."+t.Name)
-		}
-		var dbz *debezium.Encoder
-		if *f.format == "debezium" {
-			dbz = debezium.NewEncoder(pgjson.NewRegistry(srcConn))
-			dbz.Name, dbz.Database = addr.Prefix, srcConn.Config().Database
-		}
-		ks, pos, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions), Debezium: dbz,
-			Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout, MaxRecordBytes: int32(*f.kafkaMaxRecord),
-			Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, func() error { return slotIdle(ctx, srcConn, *f.slot) })
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return ks, pos, func() { _ = ks.Close(context.WithoutCancel(ctx)) }, nil
+		return out, pos, func() { _ = out.Close(context.WithoutCancel(ctx)) }, nil
 	}
 	if !isDSN(*f.to) {
 		js, pos, err := jsonl.Open(*f.to, *f.checkpoint, pgjson.NewRegistry(srcConn), func() error { return slotIdle(ctx, srcConn, *f.slot) })
@@ -427,10 +422,6 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 	if err != nil {
 		_ = tgt.Close(context.WithoutCancel(ctx))
 		return nil, nil, nil, err
-	}
-	var names []string
-	for _, t := range plan.tables {
-		names = append(names, t.Schema+"."+t.Name)
 	}
 	// Before the engine creates anything on the source.
 	if err := ps.CheckTables(ctx, names); err != nil {
