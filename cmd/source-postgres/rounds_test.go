@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -182,7 +183,14 @@ func TestBackfillAcrossSyncs(t *testing.T) {
 	}
 	for ; syncs < 600; syncs++ {
 		before := liveRows()
-		r := e.read(cat, state)
+		r := e.tryRead(cat, state)
+		for try := 0; r.code != 0 && strings.Contains(r.stderr, `"failure_type":"transient_error"`) && try < 3; try++ {
+			// A loaded machine: the one-second budget ran out before the read got going (one CI
+			// run), which the platform retries from the same state.
+			t.Logf("sync %d failed transiently, tried again: %s", syncs, tail(r.stderr))
+			r = e.tryRead(cat, state)
+		}
+		require.Equal(t, 0, r.code, "read failed:\n%s", tail(r.stderr))
 		// The writer was starved (a loaded machine: one CI run had it write nothing for a whole
 		// sync): there was no change for the sync to deliver.
 		wrote := liveRows() - before
