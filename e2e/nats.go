@@ -124,6 +124,9 @@ func (c *NATSCluster) start(i int) error {
 	if err != nil {
 		return err
 	}
+	if c.opts[i].LogFile != "" {
+		s.ConfigureLogger() // an embedded server logs only when asked to
+	}
 	s.Start()
 	if !s.ReadyForConnections(30 * time.Second) {
 		s.Shutdown()

@@ -137,6 +137,10 @@ const maxRereads = 100_000
 type window struct {
 	id      int64
 	refresh bool // a refresh's first window (handover.refresh)
+	// early: registered before a re-backfill of its table was asked for (rebackfill). Its low
+	// watermark may have been written before the writes that made the re-backfill necessary
+	// (a SET UNLOGGED's, in no WAL record): the refresh must not start there (I20).
+	early   bool
 	ts      *tableState
 	rel     *replicator.Relation // the last description of the table the stream sent inside the window
 	lSeen   bool
@@ -886,7 +890,7 @@ func (c *core) commit(cm *replicator.Commit) error {
 			}
 			w.lSeen, w.lLSN, w.changes = true, c.txLSN, c.changes
 			w.ts.open = append(w.ts.open, w)
-			if w.ts.progress.Refresh {
+			if w.ts.progress.Refresh && !w.early {
 				c.refresh(w.ts)
 			}
 		case watermark.High:
@@ -1191,8 +1195,11 @@ func (c *core) rebackfill(tables []string, cause string) error {
 		}
 		ts.indexRereads()
 		for _, w := range c.windows {
-			if w.ts == ts && w.dirty == nil {
-				w.dirty = errRestarted
+			if w.ts == ts {
+				w.early = true
+				if w.dirty == nil {
+					w.dirty = errRestarted
+				}
 			}
 		}
 		if cause == "" {
