@@ -571,9 +571,17 @@ func Read(ctx context.Context, st jetstream.Stream, from, to uint64, fn func(jet
 	if err != nil {
 		return err
 	}
-	empty := 0
+	empty, unanswered := 0, 0
 	for {
 		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if errors.Is(err, natsgo.ErrNoResponders) && unanswered < 60 {
+			// The ordered consumer is being made again (it does so by itself after a gap or a
+			// node lost), or its node is not there yet: it resumes after the last message
+			// delivered.
+			unanswered++
+			time.Sleep(time.Second)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -595,6 +603,11 @@ func Read(ctx context.Context, st jetstream.Stream, from, to uint64, fn func(jet
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			if errors.Is(err, natsgo.ErrNoResponders) && unanswered < 60 {
+				unanswered++
+				time.Sleep(time.Second)
+				continue
+			}
 			return err
 		}
 		if err := ctx.Err(); err != nil {
