@@ -97,6 +97,7 @@ var commands = []command{
 	{"bench", "measure the backfill against COPY, and live-change latency during a backfill", runBench},
 	{"schema", "print the JSON schema of the rows sync writes for each table", runSchema},
 	{"chaos", "run the chaos harness: a live workload, the capture under faults, the output checked against the source", runChaos},
+	{"consume", "apply a Kafka output to PostgreSQL as a consumer group, exactly once (offsets in the target's transactions)", runConsume},
 	{"stream", "print the decoded change stream of a replication slot as JSON lines", runStream},
 }
 

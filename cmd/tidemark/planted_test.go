@@ -594,6 +594,12 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 			{"status", "--source", srcDSN, "--slot", "planted_f_" + pass, "--kafka", kafkaURL},
 			{"status", "--source", srcDSN, "--slot", "planted_g_" + pass, "--nats", natsURL},
 		},
+		// A Kafka output in the tidemark format, applied to the target by a consumer group.
+		"consume": {
+			{"sync", "--source", srcDSN, "--tables", "public.items,public.tenants", "--slot", "planted_h_" + pass, "--publication", "planted",
+				"--to", kafkaURL + "_c", "--chunk-size", "50", "--stop-when-caught-up", "--quiet"},
+			{"consume", "--from", kafkaURL + "_c", "--to", tgtDSN, "--group", "planted", "--stop-when-caught-up"},
+		},
 		"schema":  {{"schema", "--source", srcDSN, "--tables", "public.items,public.tenants"}},
 		"stream":  {{"stream", "--source", srcDSN, "--slot", "planted_c_" + pass, "--publication", "planted", "--create-slot"}},
 		"cleanup": {{"cleanup", "--source", srcDSN, "--slot", "planted_b_" + pass, "--publication", "planted", "--yes"}},

@@ -139,6 +139,8 @@ func TestNoSecretInOutput(t *testing.T) {
 				args = []string{c.name, "--slot", "nope_slot"}
 			case "chaos":
 				args = []string{c.name, "--mode", "jsonl", "--duration", "1s", "--rows", "10"}
+			case "consume":
+				args = []string{c.name, "--from", fmt.Sprintf("kafka://127.0.0.1:%d/shop", free), "--group", "g"} // --to from $TIDEMARK_TARGET
 			default:
 				t.Fatalf("no case for command %q: add one", c.name)
 			}
@@ -182,6 +184,9 @@ func TestNoSecretInOutput(t *testing.T) {
 			out := run(t, bin, []string{"TIDEMARK_KAFKA_PASSWORD=" + pw}, args...)
 			require.NotEmpty(t, out)
 			check(t, "tidemark sync --to "+kind, out)
+			out = run(t, bin, []string{"TIDEMARK_KAFKA_PASSWORD=" + pw}, "consume", "--from", to, "--to", dsns["valid"], "--group", "g")
+			require.NotEmpty(t, out)
+			check(t, "tidemark consume --from "+kind, out)
 		})
 	}
 

@@ -30,7 +30,7 @@ import (
 // a committed record or a marker when the transactions do not interleave, which holds for a
 // Tidemark output (one transactional producer at a time).
 func ReadCommitted(ctx context.Context, addr Address, topics []string, fn func(r *kgo.Record) error) error {
-	opts, err := addr.clientOpts()
+	opts, err := addr.ClientOpts()
 	if err != nil {
 		return err
 	}
@@ -308,7 +308,7 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 
 // partitionCounts is the number of partitions of each topic.
 func partitionCounts(ctx context.Context, addr Address, topics []string) (map[string]int32, error) {
-	opts, err := addr.clientOpts()
+	opts, err := addr.ClientOpts()
 	if err != nil {
 		return nil, err
 	}

@@ -135,7 +135,7 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	if o.MaxRecordBytes == 0 {
 		o.MaxRecordBytes = 1000012
 	}
-	opts, err := o.Address.clientOpts()
+	opts, err := o.Address.ClientOpts()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -132,8 +132,9 @@ func (a Address) hint(err error) string {
 	return ""
 }
 
-// clientOpts are the connection options of every client of the address.
-func (a Address) clientOpts() ([]kgo.Opt, error) {
+// ClientOpts are the connection options of every client of the address (the output's own, and
+// a consumer's of it).
+func (a Address) ClientOpts() ([]kgo.Opt, error) {
 	opts := []kgo.Opt{kgo.SeedBrokers(a.Brokers...), kgo.ClientID("tidemark")}
 	if a.TLS {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
