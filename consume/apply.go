@@ -138,10 +138,24 @@ func (c *Consumer) commit(ctx context.Context, ops []op, start map[tp]int64) err
 		return fmt.Errorf("target: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	moved := map[tp]int64{}
+	// Every partition this member holds of the step's topics is checked, not only those the
+	// step advanced: one stopped at a truncate without applying anything may have been moved
+	// past it by another member too, and would wait for the others at a truncate they passed.
+	expect := map[tp]int64{}
+	for k := range c.pos {
+		for j := range start {
+			if j.topic == k.topic {
+				expect[k] = c.pos[k]
+				break
+			}
+		}
+	}
+	for k, from := range start {
+		expect[k] = from
+	}
 	var topics []string
 	var parts []int32
-	for k := range start {
+	for k := range expect {
 		topics, parts = append(topics, k.topic), append(parts, k.part)
 	}
 	// One statement, rows locked in one order: two members locking the same rows never wait on
@@ -152,19 +166,22 @@ func (c *Consumer) commit(ctx context.Context, ops []op, start map[tp]int64) err
 	if err != nil {
 		return err
 	}
-	for k, from := range start {
+	moved := false
+	for k, from := range expect {
 		v, ok := have[k]
 		if !ok {
 			return fmt.Errorf("the target's offset of group %s for topic %s partition %d is gone (its row of %s was deleted while the group ran): stop every member of the group, then start them again",
 				c.o.Group, k.topic, k.part, OffsetsTable)
 		}
 		if v != from {
-			moved[k] = v
+			moved = true
+			c.o.Log.Warn().Str("topic", k.topic).Int32("partition", k.part).Int64("expected", from).Int64("found", v).
+				Msg("another member of the group applied this partition meanwhile: its records are read again from the target's offset")
 		}
 	}
-	if len(moved) > 0 {
+	if moved {
 		_ = tx.Rollback(ctx)
-		c.reread(start, moved)
+		c.reread(have)
 		return nil
 	}
 	b := &pgx.Batch{}
@@ -193,9 +210,6 @@ func (c *Consumer) commit(ctx context.Context, ops []op, start map[tp]int64) err
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
-	if c.o.BeforeCommit != nil {
-		c.o.BeforeCommit()
-	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("target: commit (the records since the last commit are applied again from the target's offsets on the next run): %w", err)
 	}
@@ -217,23 +231,17 @@ func (c *Consumer) commit(ctx context.Context, ops []op, start map[tp]int64) err
 	return nil
 }
 
-// reread undoes a step whose offsets another member moved: each partition of it is read again
-// from the target's offset (those another member moved) or from where the step began.
-func (c *Consumer) reread(start, moved map[tp]int64) {
+// reread undoes a step whose offsets another member moved: each partition of it (every one
+// this member holds of the step's topics) is read again from the target's offset.
+func (c *Consumer) reread(at map[tp]int64) {
 	seek := map[string]map[int32]kgo.EpochOffset{}
-	for k, from := range start {
-		at := from
-		if v, ok := moved[k]; ok {
-			at = v
-			c.o.Log.Warn().Str("topic", k.topic).Int32("partition", k.part).Int64("expected", from).Int64("found", v).
-				Msg("another member of the group applied this partition meanwhile: its records are read again from the target's offset")
-		}
-		c.pos[k], c.buf[k] = at, nil
+	for k, v := range at {
+		c.pos[k], c.buf[k] = v, nil
 		delete(c.block, k)
 		if seek[k.topic] == nil {
 			seek[k.topic] = map[int32]kgo.EpochOffset{}
 		}
-		seek[k.topic][k.part] = kgo.EpochOffset{Epoch: -1, Offset: max(at, 0)}
+		seek[k.topic][k.part] = kgo.EpochOffset{Epoch: -1, Offset: max(v, 0)}
 	}
 	c.cl.SetOffsets(seek)
 }
@@ -403,6 +411,11 @@ func (t *table) checkKey(ctx context.Context, c *Consumer, key map[string]json.R
 		return fmt.Errorf("target table %s has no unique index on exactly its key's columns (%s): add one (ALTER TABLE %s ADD PRIMARY KEY (%s)), then run tidemark consume again",
 			t.name, strings.Join(names, ", "), t.ident, strings.Join(quoteAll(names), ", "))
 	}
+	if c.parts[t.topic] > 1 {
+		if err := t.noOtherUnique(ctx, c, names); err != nil {
+			return err
+		}
+	}
 	for col, always := range t.always {
 		if always && !slices.Contains(names, col) {
 			return fmt.Errorf("target table %s: column %s is GENERATED ALWAYS AS IDENTITY, which an update cannot set to the source's value: %s then run tidemark consume again",
@@ -417,6 +430,40 @@ func (t *table) checkKey(ctx context.Context, c *Consumer, key map[string]json.R
 		t.keyOps = append(t.keyOps, ops)
 	}
 	t.key = names
+	return nil
+}
+
+// noOtherUnique refuses a unique index (or exclusion constraint) on other columns than the
+// key, when the table's topic has several partitions: keys in different partitions are applied
+// in no order between them, so a value that moved from one key to another (an email given up by
+// one row and taken by another) can be written to the second row before it left the first.
+func (t *table) noOtherUnique(ctx context.Context, c *Consumer, key []string) error {
+	rows, err := c.conn.Query(ctx, `SELECT i.indexrelid::regclass::text, coalesce(con.conname::text, '')
+		FROM pg_index i LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid
+		WHERE i.indrelid = to_regclass($1) AND (i.indisunique OR i.indisexclusion)
+		AND NOT (i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = cardinality($2::text[])
+			AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text) FROM pg_attribute a
+				WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey[0:i.indnkeyatts - 1])) = $2::text[])
+		ORDER BY 1`, t.ident, key)
+	if err != nil {
+		return fmt.Errorf("target: read the indexes of %s: %w", t.name, err)
+	}
+	var fixes []string
+	var idx, con string
+	if _, err := pgx.ForEachRow(rows, []any{&idx, &con}, func() error {
+		if con != "" {
+			fixes = append(fixes, postgres.DropConstraintFix(t.ident, con))
+		} else {
+			fixes = append(fixes, "DROP INDEX "+idx+";")
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("target: read the indexes of %s: %w", t.name, err)
+	}
+	if len(fixes) > 0 {
+		return fmt.Errorf("target table %s has a unique index or exclusion constraint besides its key's, and its topic %s has %d partitions, whose keys are applied in no order between them: a value moved from one row to another could meet itself; drop it (%s), or sync with --kafka-partitions 1, then run tidemark consume again",
+			t.name, t.topic, c.parts[t.topic], strings.Join(fixes, " "))
+	}
 	return nil
 }
 

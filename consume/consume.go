@@ -44,8 +44,6 @@ type Options struct {
 	// the output when the consumer joined.
 	StopWhenCaughtUp bool
 	Log              zerolog.Logger
-	// BeforeCommit, when set, runs before each target transaction commits (tests).
-	BeforeCommit func()
 }
 
 // tp is a topic partition.
@@ -227,6 +225,9 @@ func (c *Consumer) notCompacted(ctx context.Context, topics []string) error {
 		return fmt.Errorf("describe the topics of %s: %w", c.o.Address, err)
 	}
 	for _, rc := range rcs {
+		if errors.Is(rc.Err, kerr.UnknownTopicOrPartition) {
+			continue // a table the output no longer captures, whose topic was deleted: never read
+		}
 		if rc.Err != nil {
 			return fmt.Errorf("describe topic %s: %w", rc.Name, rc.Err)
 		}
@@ -319,11 +320,9 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 				fatal = fmt.Errorf("group %s has applied topic %s partition %d up to offset %d, and the partition ends at %d: the topic was deleted and made again (another output under the same prefix); start the target over (empty its tables, drop the group's rows of %s), or give this output's consumers another group",
 					c.o.Group, t, p, v, end.Offset, OffsetsTable)
 			}
-			if v < 0 {
-				out[t][p] = kgo.NewOffset().AtStart().WithEpoch(-1)
-			} else {
-				out[t][p] = kgo.NewOffset().At(v).WithEpoch(-1)
-			}
+			// An exact offset, never "the start": records deleted after the check above make
+			// the fetch fail (out of range) instead of starting past them.
+			out[t][p] = kgo.NewOffset().At(max(v, 0)).WithEpoch(-1)
 			got[k] = v
 		}
 	}
@@ -367,7 +366,26 @@ func (c *Consumer) take() error {
 		c.o.Log.Info().Str("topic", k.topic).Int32("partition", k.part).Int64("from", v).Msg("partition assigned")
 	}
 	clear(c.assigned)
-	return c.fatal
+	if c.fatal != nil {
+		return c.fatal
+	}
+	// A topic is held whole (the barrier needs every partition), with the partitions the
+	// output's checkpoint recorded (a key's partition depends on their number).
+	held := map[string]int32{}
+	for k := range c.pos {
+		if k.part < 0 || k.part >= c.parts[k.topic] {
+			return fmt.Errorf("topic %s has a partition %d, and had %d partitions when the output last wrote it: partitions were added (keys moved between them) or the topic was made again; start the output and the target over",
+				k.topic, k.part, c.parts[k.topic])
+		}
+		held[k.topic]++
+	}
+	for t, n := range held {
+		if n != c.parts[t] {
+			return fmt.Errorf("this member of group %s was given %d of the %d partitions of topic %s: the group has members that share a table's partitions (not tidemark consume's protocol %s); give this consumer a group of its own",
+				c.o.Group, n, c.parts[t], t, BalancerName)
+		}
+	}
+	return nil
 }
 
 func (c *Consumer) run(ctx context.Context) error {
@@ -397,6 +415,16 @@ func (c *Consumer) run(ctx context.Context) error {
 				if ferr == nil {
 					ferr = fmt.Errorf("read topic %s partition %d: %w: the records the group was to apply next are gone (deleted by retention, or the topic made again); start the target over (empty its tables, drop the group's rows of %s) from a sync that re-backfills them",
 						t, p, err, OffsetsTable)
+				}
+			case errors.As(err, new(*kgo.ErrDataLoss)):
+				if ferr == nil {
+					ferr = fmt.Errorf("read topic %s partition %d: %w: the brokers lost records the group may have applied (an unclean leader election); start the target over (empty its tables, drop the group's rows of %s) from a sync that re-backfills them",
+						t, p, err, OffsetsTable)
+				}
+			case errors.Is(err, kerr.InconsistentGroupProtocol), errors.Is(err, kerr.InvalidSessionTimeout),
+				errors.Is(err, kerr.GroupMaxSizeReached), errors.Is(err, kerr.InvalidGroupID):
+				if ferr == nil {
+					ferr = fmt.Errorf("join group %s: %w (a group of tidemark consume members only, a session timeout of 10 s that the brokers allow (group.min.session.timeout.ms), room for one more member)", c.o.Group, err)
 				}
 			case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
 				errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.SaslAuthenticationFailed):

@@ -18,7 +18,11 @@
 //   - The offsets move only from where this member read them (SELECT ... FOR UPDATE, compared):
 //     a member that lost a partition (thought dead, its session expired) and still applies it
 //     finds its offset moved by the new owner, rolls back, and reads the partition again from
-//     the target's offset. No batch is applied twice.
+//     the target's offset. Every partition it holds of the step's topics is compared and read
+//     again, not only those the step advanced: one stopped at a truncate may have been moved
+//     past it. No batch is applied twice. A member starts a partition at an exact offset
+//     (never "the start", which would follow a log start moved by retention), and a topic whose
+//     partitions are not all its own, or not the checkpoint's count, stops it.
 //   - A rebalance waits for the batch being applied (BlockRebalanceOnPoll): a member never
 //     applies records of a partition the group already gave another.
 //   - A table's topic goes whole to one member (the group protocol tidemark-table): a truncate
@@ -40,13 +44,17 @@
 //     table (two schemas into one --target-schema) would mix rows, and its truncates empty both.
 //   - No record is skipped: an offset out of range (records deleted by retention before the
 //     group applied them, a topic deleted and made again) stops the consumer instead of
-//     starting the partition over at its start or end (ConsumeResetOffset none), and so does a
-//     stored offset past a partition's end. Compacted topics are refused: compaction drops
+//     starting the partition over at its start or end (ConsumeResetOffset none), and so do a
+//     stored offset past a partition's end and records the brokers lost (ErrDataLoss, an
+//     unclean leader election). Group errors that do not pass (another protocol in the group, a
+//     session timeout the brokers refuse) stop it; the others are logged and retried. Compacted topics are refused: compaction drops
 //     tombstones and all but one of a table's truncates per partition.
 //   - Only the topics the output's checkpoint lists are read (re-read every 30 s for tables
 //     the sync added): a prefix may be the start of another output's topics.
 //   - The target's constraints are the sink's: no foreign key from or to a table (each table,
-//     each partition, is applied in its own order), no non-key column GENERATED ALWAYS AS
+//     each partition, is applied in its own order); with several partitions, no unique index or
+//     exclusion constraint besides the key's (a value that moved between two keys of two
+//     partitions could meet itself); no non-key column GENERATED ALWAYS AS
 //     IDENTITY (a key one takes the source's values, OVERRIDING SYSTEM VALUE); keys compared
 //     with their type's own equality (chunker.ReadOps), whatever search_path says.
 //   - An insert that left TOASTed values out (a key change) makes no row with those columns

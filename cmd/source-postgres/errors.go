@@ -74,7 +74,7 @@ func classify(err error) string {
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) || isConnectFailure(err) {
+		errors.Is(err, context.DeadlineExceeded) || isConnectFailure(err) || errors.Is(err, pgconn.ErrConnClosed) {
 		return transientFailure
 	}
 	return systemFailure

@@ -51,6 +51,9 @@ func TestFailureTypeClassification(t *testing.T) {
 		{wrap(&net.OpError{Op: "dial", Err: errors.New("connection refused")}), transientFailure},
 		{wrap(io.ErrUnexpectedEOF), transientFailure},
 		{wrap(context.DeadlineExceeded), transientFailure},
+		// A query on a connection a cancelled one closed (one CI run: the one-second budget of
+		// TestBackfillAcrossSyncs ran out while the read started).
+		{fmt.Errorf("read server version: %w", pgconn.ErrConnClosed), transientFailure},
 		{wrap(&tunnelError{errors.New("ssh down")}), transientFailure},
 		{errInterrupted, transientFailure},
 		{wrap(&pgconn.PgError{Code: "XX000"}), systemFailure},

@@ -1,15 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
+	"github.com/tidemark/tidemark/internal/secret"
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 	"github.com/tidemark/tidemark/verify"
 )
 
@@ -21,7 +26,7 @@ func runVerify(ctx context.Context, args []string, e *env) (err error) {
 	source := sourceFlag(fs)
 	tables := fs.String("tables", "", "comma-separated tables to compare, as schema.table")
 	keys := keyFlag(fs)
-	to := envFlag(fs, "to", "TIDEMARK_TARGET", nil, "the sync's output, a `TARGET`: a PostgreSQL connection string (postgres://...) or a JSON lines file")
+	to := envFlag(fs, "to", "TIDEMARK_TARGET", nil, "the sync's output, a `TARGET`: a PostgreSQL connection string (postgres://...), a JSON lines file, or a Kafka or NATS output (kafka://..., nats://..., read as a consumer reads it)")
 	targetSchema := fs.String("target-schema", "", "PostgreSQL target: the schema of its tables, as sync's; default the source's")
 	pub := publicationFlag(fs, "the sync's publication: a table in it is compared within its column list")
 	chunkSize := fs.Int("chunk-size", merge.DefaultChunkSize, "rows per source chunk")
@@ -40,7 +45,7 @@ func runVerify(ctx context.Context, args []string, e *env) (err error) {
 	if *to == "-" {
 		problems = append(problems, "--to -: standard output cannot be read back; verify a file or a PostgreSQL target")
 	}
-	if *to != "" && (!isDSN(*to) || isFile(*to)) && *targetSchema != "" {
+	if *to != "" && (!isDSN(*to) || isFile(*to) || kafka.IsURL(*to) || nats.IsURL(*to)) && *targetSchema != "" {
 		problems = append(problems, "--target-schema is for a PostgreSQL target")
 	}
 	problems = append(problems, outOfRange(intRange("chunk-size", *chunkSize, 1, 1_000_000),
@@ -79,6 +84,15 @@ func runVerify(ctx context.Context, args []string, e *env) (err error) {
 		}
 		defer tc.Close(context.WithoutCancel(ctx))
 		rep, err = verify.Postgres(ctx, opts, tc, *targetSchema)
+	} else if kafka.IsURL(*to) || nats.IsURL(*to) {
+		var found []string
+		rep, found, err = verifyLog(ctx, opts, *to, parsed)
+		if err == nil && len(found) > 0 {
+			for _, f := range found {
+				fmt.Fprintf(e.stdout, "%s: DIFFERENT: %s\n", *to, f)
+			}
+			return fmt.Errorf("%w: what the output's partitions hold differs from one order (a consumer per partition would see another history): %s", errDiffers, found[0])
+		}
 	} else {
 		rep, err = verify.JSONLines(ctx, opts, *to)
 	}
@@ -147,4 +161,76 @@ func verdict(rep *verify.Report) error {
 func isFile(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode().IsRegular()
+}
+
+// verifyLog compares a Kafka or NATS output with its source: its records, read as a consumer
+// reads them (read_committed, every partition; the whole stream), are written into a JSON lines
+// file in the output's order, which is then replayed and compared. It also returns what a
+// consumer per partition (or subject) would see otherwise than that order: a truncate missing
+// from one, a key in two. The output is read once: a re-check (--recheck-for) reads the source
+// again, not the output, so a live sync's lag shows as differences; compare after
+// --stop-when-caught-up for an exact answer.
+func verifyLog(ctx context.Context, opts verify.Options, to string, tables []merge.TableConfig) (*verify.Report, []string, error) {
+	dir, err := os.MkdirTemp("", "tidemark-verify-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	f, err := os.Create(filepath.Join(dir, "output.jsonl"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+	var found []string
+	if kafka.IsURL(to) {
+		addr, perr := kafka.ParseURL(to)
+		if perr != nil {
+			return nil, nil, fmt.Errorf("%w: --to: %w", errUsage, perr)
+		}
+		ck, cerr := kafka.ReadCheckpoint(ctx, addr)
+		if cerr != nil {
+			return nil, nil, cerr
+		}
+		if err := checkLogFormat(to, ck != nil, ck != nil && ck.Format == "debezium"); err != nil {
+			return nil, nil, err
+		}
+		var names []string
+		for _, t := range tables {
+			names = append(names, t.Schema+"."+t.Name)
+		}
+		found, err = kafka.WriteLines(ctx, addr, names, dir, w)
+	} else {
+		addr, perr := nats.ParseURL(to)
+		if perr != nil {
+			return nil, nil, fmt.Errorf("%w: --to: %w", errUsage, perr)
+		}
+		ck, cerr := nats.ReadCheckpoint(ctx, addr)
+		if cerr != nil {
+			return nil, nil, cerr
+		}
+		if err := checkLogFormat(to, ck != nil, ck != nil && ck.Format == "debezium"); err != nil {
+			return nil, nil, err
+		}
+		found, err = nats.WriteLines(ctx, addr, w)
+	}
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s back: %w", secret.RedactURL(to), err)
+	}
+	rep, err := verify.JSONLines(ctx, opts, f.Name())
+	return rep, found, err
+}
+
+// checkLogFormat refuses an output verify cannot replay: none there, or Debezium's envelopes.
+func checkLogFormat(to string, exists, debezium bool) error {
+	switch {
+	case !exists:
+		return fmt.Errorf("%s holds no Tidemark output (no checkpoint): check the URL, or run sync first", secret.RedactURL(to))
+	case debezium:
+		return fmt.Errorf("%s holds records in the Debezium format: verify replays the tidemark format (a sync without --format debezium)", secret.RedactURL(to))
+	}
+	return nil
 }

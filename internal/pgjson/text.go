@@ -117,7 +117,9 @@ func (t *Type) itemsText(dst []byte, items []json.RawMessage, delim byte, name s
 			dst = append(dst, delim)
 		}
 		it = bytes.TrimSpace(it)
-		if len(it) > 0 && it[0] == '[' && t.kind != kVector {
+		// A list is a dimension of the array, unless the element type is itself a list (an
+		// int2vector, a domain over an array): then it is one element.
+		if len(it) > 0 && it[0] == '[' && t.kind != kVector && t.kind != kArray {
 			var sub []json.RawMessage
 			if err := json.Unmarshal(it, &sub); err != nil {
 				return dst, false, fmt.Errorf("%w: %s: %s", errSyntax, name, err)
