@@ -175,7 +175,7 @@ func TestBackfillAcrossSyncs(t *testing.T) {
 	}()
 	var state []byte
 	var cursor int
-	syncs := 0
+	syncs, writing, starved := 0, 0, 0
 	liveRows := func() int {
 		var n int
 		require.NoError(t, e.db.Conn.QueryRow(context.Background(), `SELECT count(*) FROM live`).Scan(&n))
@@ -206,7 +206,14 @@ func TestBackfillAcrossSyncs(t *testing.T) {
 			}
 		}
 		if wrote >= 2 {
-			require.GreaterOrEqual(t, live, 1, "sync %d delivered the other table's change (%d written during it)", syncs, wrote)
+			writing++
+			if live == 0 {
+				// One CI run, its machine loaded: a one-second sync ended before the stream
+				// reached any of the 96 rows written during it. A sync now and then may; the
+				// backfill holding changes back would starve them all.
+				starved++
+				t.Logf("sync %d delivered none of the other table's %d changes written during it", syncs, wrote)
+			}
 		}
 		if first >= 0 {
 			require.Greater(t, first, cursor, "sync %d resumed after the last sync's cursor", syncs)
@@ -232,6 +239,7 @@ func TestBackfillAcrossSyncs(t *testing.T) {
 		require.NotEmpty(t, big.Cursor, "sync %d ended mid-table with a cursor", syncs)
 		fmt.Sscan(big.Cursor[0], &cursor)
 	}
+	require.LessOrEqual(t, starved*4, writing, "%d of the %d syncs during which the other table changed delivered none of its changes", starved, writing)
 	require.Greater(t, syncs, 1, "the backfill took several syncs")
 	require.Less(t, syncs, 600)
 	close(stop)

@@ -158,6 +158,7 @@ type syncFlags struct {
 	control, onSlotLoss, onRewrite, format                                      *string
 	audit, stopCaughtUp, noBackfill, quiet, kafkaCompact                        *bool
 	kafkaPartitions, kafkaReplication, kafkaMaxRecord                           *int
+	kafkaTopic                                                                  *string
 	natsPartitions, natsReplicas                                                *int
 	natsDupWindow                                                               *time.Duration
 	kafkaTxnTimeout                                                             *time.Duration
@@ -200,6 +201,7 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.format = fs.String("format", "tidemark", "JSON lines, Kafka and NATS: what each event is written as: tidemark (Tidemark's line) or debezium (Debezium's change-event envelope, and a key record in Kafka; docs/cli.md)")
 	f.kafkaPartitions = fs.Int("kafka-partitions", 1, "Kafka: partitions of each topic the sync creates (a key's changes stay in one partition, in order)")
 	f.kafkaReplication = fs.Int("kafka-replication", -1, "Kafka: replication factor of each topic the sync creates (-1: the brokers' default)")
+	f.kafkaTopic = fs.String("kafka-topic", "table", "Kafka: table (a topic per table, PREFIX.SCHEMA.TABLE) or single (one topic, PREFIX, the table in each record's tidemark.table header); kept for the output's life")
 	f.kafkaCompact = fs.Bool("kafka-compact", false, "Kafka: create the tables' topics compacted (cleanup.policy=compact: a key's last record stays, a deleted key goes)")
 	f.kafkaMaxRecord = fs.Int("kafka-max-record-bytes", 1000012, "Kafka: the largest batch of records, and so record, the producer sends (its batch.max.bytes); raise it with the topics' max.message.bytes for rows larger than about 1 MB")
 	f.kafkaTxnTimeout = fs.Duration("kafka-transaction-timeout", time.Minute, "Kafka: the transaction timeout; the records between two checkpoints (a source transaction's, at least) must be written within it, and the brokers cap it (transaction.max.timeout.ms, 15 minutes by default)")
@@ -253,6 +255,12 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		if *f.checkpoint != "" {
 			problems = append(problems, "--checkpoint is for JSON lines: a Kafka output keeps its checkpoint in its topic PREFIX.tidemark-checkpoint")
 		}
+		switch {
+		case *f.kafkaTopic != "table" && *f.kafkaTopic != "single":
+			problems = append(problems, fmt.Sprintf("--kafka-topic %q: give table or single", *f.kafkaTopic))
+		case *f.kafkaTopic == "single" && *f.kafkaCompact:
+			problems = append(problems, "--kafka-compact needs --kafka-topic table: in one topic, two tables' rows of the same key would compact into one")
+		}
 		if *f.interval*2 > *f.kafkaTxnTimeout {
 			problems = append(problems, fmt.Sprintf("--checkpoint-interval %s: each checkpoint commits a Kafka transaction, which must end within --kafka-transaction-timeout (%s): give an interval of half the timeout at most", *f.interval, *f.kafkaTxnTimeout))
 		}
@@ -280,7 +288,7 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 		problems = append(problems, "--format is for JSON lines, Kafka and NATS: a PostgreSQL target writes rows")
 	}
 	if !kafka.IsURL(*f.to) {
-		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-transaction-timeout", "kafka-max-record-bytes"} {
+		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-topic", "kafka-transaction-timeout", "kafka-max-record-bytes"} {
 			if flagGiven(fs, name) {
 				problems = append(problems, fmt.Sprintf("--%s is for a Kafka output (--to kafka://...)", name))
 			}
@@ -371,7 +379,7 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 		var addr kafka.Address
 		if addr, err = kafka.ParseURL(*f.to); err == nil {
 			out, pos, err = kafka.Open(ctx, kafka.Options{Address: addr, Tables: names, Partitions: int32(*f.kafkaPartitions), Debezium: dbz(addr.Prefix),
-				Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, TransactionTimeout: *f.kafkaTxnTimeout, MaxRecordBytes: int32(*f.kafkaMaxRecord),
+				Replication: int16(*f.kafkaReplication), Compact: *f.kafkaCompact, SingleTopic: *f.kafkaTopic == "single", TransactionTimeout: *f.kafkaTxnTimeout, MaxRecordBytes: int32(*f.kafkaMaxRecord),
 				Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, ready)
 		}
 	}

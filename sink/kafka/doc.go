@@ -28,6 +28,10 @@
 //     JSON, hashed as Kafka's own clients hash keys (murmur2), so the partition depends on the
 //     partition count; the checkpoint records it per topic and a topic whose count changed is
 //     refused. A truncate or a refresh, which concerns every key, goes to every partition.
+//   - The layout (a topic per table, or one topic PREFIX for all with the table in a header) is
+//     the output's for its life: the checkpoint records it, and a run with the other is refused
+//     once records were written. One topic is never compacted (two tables' rows of one key would
+//     compact into one).
 //   - A topic is the output's when the checkpoint lists it; one it does not list is taken only
 //     when it holds no committed record (what a run killed before its first checkpoint left).
 //     Topics the output creates are listed at once, by a checkpoint of the unchanged position,

@@ -161,6 +161,18 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 		schema, table, _ := cut(t)
 		topics = append(topics, TopicOf(addr.Prefix, schema, table))
 	}
+	// An output of one topic (its checkpoint says so): that topic, its records of the tables.
+	ck, err := ReadCheckpoint(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	var only map[string]bool
+	if ck != nil && ck.Layout == LayoutSingle {
+		topics, only = []string{SingleTopic(addr.Prefix)}, map[string]bool{}
+		for _, t := range tables {
+			only[t] = true
+		}
+	}
 	type part struct {
 		f   *os.File
 		w   *bufio.Writer
@@ -205,6 +217,9 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 		if err != nil {
 			return fmt.Errorf("topic %s partition %d offset %d: header %s: %w", r.Topic, r.Partition, r.Offset, HeaderSeq, err)
 		}
+		if only != nil && !only[h[HeaderTable]] {
+			return nil
+		}
 		l := r.Value
 		if l == nil {
 			// A tombstone: the delete of its key.
@@ -230,11 +245,11 @@ func WriteLines(ctx context.Context, addr Address, tables []string, dir string, 
 			}
 			broadcasts[k][r.Partition] = true
 		} else {
-			k := r.Topic + "\x00" + string(r.Key)
+			k := r.Topic + "\x00" + h[HeaderTable] + "\x00" + string(r.Key)
 			if p, ok := keyPart[k]; !ok {
 				keyPart[k] = r.Partition
 			} else if p != r.Partition {
-				problem("key %s of %s is in partitions %d and %d", r.Key, r.Topic, p, r.Partition)
+				problem("key %s of %s (topic %s) is in partitions %d and %d", r.Key, h[HeaderTable], r.Topic, p, r.Partition)
 			}
 		}
 		fmt.Fprintf(p.w, "%d %d %d ", uint64(lsn), seq, broadcast)

@@ -36,6 +36,9 @@ type Options struct {
 	// Partitions and Replication are a new topic's; 0 (or -1) takes the broker's default.
 	Partitions  int32
 	Replication int16
+	// SingleTopic writes every table's records to one topic, PREFIX itself, the table in the
+	// tidemark.table header (--kafka-topic single), instead of a topic per table.
+	SingleTopic bool
 	// Compact creates the tables' topics compacted (cleanup.policy=compact): a key's last record
 	// stays, a deleted key's tombstone goes after the broker's delete.retention.ms.
 	Compact bool
@@ -67,6 +70,7 @@ type Checkpoint struct {
 	Output   string           `json:"output"`   // the prefix
 	Slot     string           `json:"slot"`     // the capture's slot, also before its first position
 	Format   string           `json:"format"`   // "tidemark" or "debezium": what the records hold
+	Layout   string           `json:"layout"`   // "table" (a topic per table; "" before it was recorded) or "single" (one topic, PREFIX)
 	Position *merge.Position  `json:"position"` // nil: none yet (the topics were created)
 	Topics   map[string]int32 `json:"topics"`
 	Time     time.Time        `json:"time"`
@@ -87,6 +91,15 @@ const BroadcastKey = "{}"
 
 // CheckpointTopic is the name of the output's checkpoint topic.
 func CheckpointTopic(prefix string) string { return prefix + ".tidemark-checkpoint" }
+
+// SingleTopic is the topic of an output written with one topic for every table: the prefix.
+func SingleTopic(prefix string) string { return prefix }
+
+// Layouts of an output's topics.
+const (
+	LayoutTable  = "table"
+	LayoutSingle = "single"
+)
 
 // TransactionalID is the output's Kafka transactional id: one per prefix, so that a second
 // writer of the prefix fences the first.
@@ -134,6 +147,9 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	}
 	if o.MaxRecordBytes == 0 {
 		o.MaxRecordBytes = 1000012
+	}
+	if o.SingleTopic && o.Compact {
+		return nil, nil, errors.New("one topic for every table cannot be compacted: two tables' rows of the same key would compact into one")
 	}
 	opts, err := o.Address.ClientOpts()
 	if err != nil {
@@ -198,6 +214,14 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 		if held != s.format() && len(known) > 0 && pos != nil {
 			return fail(fmt.Errorf("%s holds records in the %s format (its checkpoint says so): a run with --format %s would mix two formats in its topics; give --format %s, or another prefix",
 				o.Address, held, s.format(), held))
+		}
+		layout := ck.Layout
+		if layout == "" {
+			layout = LayoutTable
+		}
+		if layout != s.layout() && len(known) > 0 && pos != nil {
+			return fail(fmt.Errorf("%s holds its records with --kafka-topic %s (its checkpoint says so): a run with --kafka-topic %s would split the output's history between two layouts; give --kafka-topic %s, or another prefix",
+				o.Address, layout, s.layout(), layout))
 		}
 	}
 	created, err := s.ensureTopics(ctx, known)
@@ -302,6 +326,10 @@ func (s *Sink) ensureTopics(ctx context.Context, known map[string]int32) (bool, 
 	owner := map[string]string{CheckpointTopic(s.o.Address.Prefix): "the checkpoint"}
 	var names []string
 	for _, t := range s.o.Tables {
+		if s.o.SingleTopic {
+			s.tables[t] = SingleTopic(s.o.Address.Prefix)
+			continue
+		}
 		schema, table, _ := cut(t)
 		topic := TopicOf(s.o.Address.Prefix, schema, table)
 		if other, ok := owner[topic]; ok {
@@ -310,6 +338,9 @@ func (s *Sink) ensureTopics(ctx context.Context, known map[string]int32) (bool, 
 		owner[topic] = t
 		s.tables[t] = topic
 		names = append(names, topic)
+	}
+	if s.o.SingleTopic {
+		names = []string{SingleTopic(s.o.Address.Prefix)}
 	}
 	td, err := s.adm.ListTopics(ctx, names...)
 	if err != nil {
@@ -421,6 +452,13 @@ func cut(t string) (string, string, bool) {
 }
 
 func ptr(s string) *string { return &s }
+
+func (s *Sink) layout() string {
+	if s.o.SingleTopic {
+		return LayoutSingle
+	}
+	return LayoutTable
+}
 
 func (s *Sink) format() string {
 	if s.o.Debezium != nil {
@@ -620,7 +658,8 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	for t, n := range s.topics {
 		topics[t] = n
 	}
-	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Slot: s.o.Slot, Format: s.format(), Position: pos, Topics: topics, Time: time.Now().UTC()})
+	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Slot: s.o.Slot, Format: s.format(), Layout: s.layout(),
+		Position: pos, Topics: topics, Time: time.Now().UTC()})
 	if err != nil {
 		return err
 	}
