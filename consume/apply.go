@@ -368,16 +368,17 @@ func (c *Consumer) table(ctx context.Context, name, topic string) (*table, error
 	}
 	// One group and one source table per target table: two would apply their changes twice,
 	// or mix two tables' rows (and a truncate of one would empty the other).
-	if _, err := c.conn.Exec(ctx, `INSERT INTO `+TablesTable+` (target_table, group_id, topic) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, t.name, c.o.Group, topic); err != nil {
+	if _, err := c.conn.Exec(ctx, `INSERT INTO `+TablesTable+` (target_table, group_id, topic, source_table) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+		t.name, c.o.Group, topic, name); err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}
-	var group, from string
-	if err := c.conn.QueryRow(ctx, `SELECT group_id, topic FROM `+TablesTable+` WHERE target_table = $1`, t.name).Scan(&group, &from); err != nil {
+	var group, from, source string
+	if err := c.conn.QueryRow(ctx, `SELECT group_id, topic, source_table FROM `+TablesTable+` WHERE target_table = $1`, t.name).Scan(&group, &from, &source); err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}
-	if group != c.o.Group || from != topic {
-		return nil, fmt.Errorf("target table %s is applied from topic %s by consumer group %s: a second group, or a second source table, would apply other changes into it; give this consumer another --target-schema (or, for a group that is gone: DELETE FROM %s WHERE target_table = %s)",
-			t.name, from, group, TablesTable, sqlfix.Literal(t.name))
+	if group != c.o.Group || from != topic || source != name {
+		return nil, fmt.Errorf("target table %s is applied from %s (topic %s) by consumer group %s: a second group, or a second source table, would apply other changes into it; give this consumer another --target-schema (or, for a group that is gone: DELETE FROM %s WHERE target_table = %s)",
+			t.name, source, from, group, TablesTable, sqlfix.Literal(t.name))
 	}
 	c.tables[name] = t
 	return t, nil

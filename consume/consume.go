@@ -190,7 +190,7 @@ func (c *Consumer) ownTables(ctx context.Context) error {
 	for _, t := range []struct{ name, def string }{
 		{OffsetsTable, `(group_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL,
 			next_offset bigint NOT NULL, updated timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (group_id, topic, partition))`},
-		{TablesTable, `(target_table text PRIMARY KEY, group_id text NOT NULL, topic text NOT NULL)`},
+		{TablesTable, `(target_table text PRIMARY KEY, group_id text NOT NULL, topic text NOT NULL, source_table text NOT NULL)`},
 	} {
 		var exists bool
 		if err := c.conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.name).Scan(&exists); err != nil {
@@ -429,8 +429,8 @@ func (c *Consumer) run(ctx context.Context) error {
 			case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
 				errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.SaslAuthenticationFailed):
 				if ferr == nil {
-					ferr = fmt.Errorf("read %s: %w (the consumer's principal needs READ and DESCRIBE on the topics %s.* and READ on group %s)",
-						c.o.Address, err, c.o.Address.Prefix, c.o.Group)
+					ferr = fmt.Errorf("read %s: %w (the consumer's principal needs READ and DESCRIBE on the output's topics, %s.* or %s itself, and READ on group %s)",
+						c.o.Address, err, c.o.Address.Prefix, c.o.Address.Prefix, c.o.Group)
 				}
 			default:
 				// The client retries by itself (brokers away, a group that is rebalancing):

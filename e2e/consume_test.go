@@ -223,7 +223,7 @@ func TestConsumeRefuses(t *testing.T) {
 	verifyOutput(t, db, tgt, "public.t")
 	out, err = runConsume(t, url, tgt, "other")
 	require.Error(t, err)
-	require.Contains(t, out, "is applied from topic")
+	require.Contains(t, out, "is applied from public.t (topic")
 	require.Contains(t, out, "consumer group g")
 
 	// The group's offset past the partition's end: the topic was made again.

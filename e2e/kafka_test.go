@@ -100,8 +100,11 @@ func TestKafkaSingleTopic(t *testing.T) {
 	versionedTable(t, db, 500, 1)
 	db.Exec(`CREATE TABLE u (id int PRIMARY KEY, n text)`)
 	db.Exec(`INSERT INTO u SELECT g, 'u' || g FROM generate_series(1, 300) g`)
-	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE u`)
-	args := []string{"--tables", "public.t,public.u", "--kafka-topic", "single", "--kafka-partitions", "3", "--stop-when-caught-up", "--quiet"}
+	db.Exec(`CREATE SCHEMA other`)
+	db.Exec(`CREATE TABLE other.t (id int PRIMARY KEY, v text, ver bigint NOT NULL)`)
+	db.Exec(`INSERT INTO other.t SELECT g, 'o', 0 FROM generate_series(1, 30) g`)
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE u, other.t`)
+	args := []string{"--tables", "public.t,public.u,other.t", "--kafka-topic", "single", "--kafka-partitions", "3", "--stop-when-caught-up", "--quiet"}
 	_, err := runSyncTo(t, db, url, args...)
 	require.NoError(t, err)
 	db.Exec(`UPDATE t SET ver = nextval('ver') WHERE id % 5 = 0`)
@@ -132,19 +135,27 @@ func TestKafkaSingleTopic(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, e2e.Diff(o.Rows("public."+tb), src), "table %s", tb)
 	}
-	verifyOutput(t, db, url, "public.t,public.u")
+	verifyOutput(t, db, url, "public.t,public.u,other.t")
 	tgt := targetDB(t, db)
 	conn, err := pgxConnect(context.Background(), tgt)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
-	for _, q := range []string{`CREATE TABLE t (id int PRIMARY KEY, v text, ver bigint NOT NULL)`, `CREATE TABLE u (id int PRIMARY KEY, n text)`} {
+	for _, q := range []string{`CREATE TABLE t (id int PRIMARY KEY, v text, ver bigint NOT NULL)`, `CREATE TABLE u (id int PRIMARY KEY, n text)`,
+		`CREATE SCHEMA other`, `CREATE TABLE other.t (id int PRIMARY KEY, v text, ver bigint NOT NULL)`} {
 		_, err := conn.Exec(context.Background(), q)
 		require.NoError(t, err)
 	}
 	out, err := runConsume(t, url, tgt, "single")
 	require.NoError(t, err, out)
-	verifyOutput(t, db, tgt, "public.t,public.u")
+	verifyOutput(t, db, tgt, "public.t,public.u,other.t")
 
-	_, err = runSyncTo(t, db, url, "--tables", "public.t,public.u", "--stop-when-caught-up", "--quiet")
+	// Two source tables of one name, in one topic, into one target schema: refused, not mixed.
+	_, err = conn.Exec(context.Background(), `CREATE SCHEMA x; CREATE TABLE x.t (id int PRIMARY KEY, v text, ver bigint NOT NULL); CREATE TABLE x.u (id int PRIMARY KEY, n text)`)
+	require.NoError(t, err)
+	out, err = runConsume(t, url, tgt, "mixed", "--target-schema", "x")
+	require.Error(t, err, out)
+	require.Contains(t, out, "a second source table")
+
+	_, err = runSyncTo(t, db, url, "--tables", "public.t,public.u,other.t", "--stop-when-caught-up", "--quiet")
 	require.ErrorContains(t, err, "give --kafka-topic single")
 }

@@ -89,7 +89,7 @@ func runVerify(ctx context.Context, args []string, e *env) (err error) {
 		rep, found, err = verifyLog(ctx, opts, *to, parsed)
 		if err == nil && len(found) > 0 {
 			for _, f := range found {
-				fmt.Fprintf(e.stdout, "%s: DIFFERENT: %s\n", *to, f)
+				fmt.Fprintf(e.stdout, "%s: DIFFERENT: %s\n", secret.RedactURL(*to), f)
 			}
 			return fmt.Errorf("%w: what the output's partitions hold differs from one order (a consumer per partition would see another history): %s", errDiffers, found[0])
 		}

@@ -60,8 +60,13 @@ type Options struct {
 	Debezium *debezium.Encoder
 }
 
-// CheckpointVersion is the version of the checkpoint record this package writes and reads.
-const CheckpointVersion = 1
+// CheckpointVersion is the version of the checkpoint record this package writes for an output of
+// a topic per table; CheckpointVersionSingle for one of a single topic, which an earlier
+// Tidemark (that knows no layout, and would write per-table topics) refuses. Both are read.
+const (
+	CheckpointVersion       = 1
+	CheckpointVersionSingle = 2
+)
 
 // Checkpoint is the value of a checkpoint record: the engine's position, and the partition
 // count of each topic the output writes (a key's partition depends on it).
@@ -151,6 +156,9 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 	if o.SingleTopic && o.Compact {
 		return nil, nil, errors.New("one topic for every table cannot be compacted: two tables' rows of the same key would compact into one")
 	}
+	if o.SingleTopic && strings.HasSuffix(o.Address.Prefix, ".tidemark-checkpoint") {
+		return nil, nil, fmt.Errorf("%s: with --kafka-topic single the topic is the prefix itself, and this one is another output's checkpoint topic; give another prefix", o.Address)
+	}
 	opts, err := o.Address.ClientOpts()
 	if err != nil {
 		return nil, nil, err
@@ -218,6 +226,17 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 		layout := ck.Layout
 		if layout == "" {
 			layout = LayoutTable
+		}
+		if layout != s.layout() && pos == nil {
+			// A first run of the other layout, killed before its first position: its topics
+			// hold aborted records only, and are not this output's.
+			kept := map[string]int32{}
+			for t, n := range known {
+				if (t == SingleTopic(o.Address.Prefix)) == o.SingleTopic {
+					kept[t] = n
+				}
+			}
+			known = kept
 		}
 		if layout != s.layout() && len(known) > 0 && pos != nil {
 			return fail(fmt.Errorf("%s holds its records with --kafka-topic %s (its checkpoint says so): a run with --kafka-topic %s would split the output's history between two layouts; give --kafka-topic %s, or another prefix",
@@ -311,7 +330,7 @@ func ReadCheckpoint(ctx context.Context, addr Address) (*Checkpoint, error) {
 	if err := json.Unmarshal(last, &ck); err != nil {
 		return nil, fmt.Errorf("checkpoint topic %s: the last checkpoint of %s is damaged (%v): start over with another prefix", topic, addr.Prefix, err)
 	}
-	if ck.Version != CheckpointVersion || ck.Output != addr.Prefix {
+	if (ck.Version != CheckpointVersion && ck.Version != CheckpointVersionSingle) || ck.Output != addr.Prefix {
 		return nil, fmt.Errorf("checkpoint topic %s: the last checkpoint is version %d of output %q; this is version %d of %q", topic, ck.Version, ck.Output, CheckpointVersion, addr.Prefix)
 	}
 	return &ck, nil
@@ -351,8 +370,8 @@ func (s *Sink) ensureTopics(ctx context.Context, known map[string]int32) (bool, 
 		t, ok := td[topic]
 		if !ok || errors.Is(t.Err, kerr.UnknownTopicOrPartition) {
 			if _, wrote := known[topic]; wrote {
-				return false, fmt.Errorf("topic %s, which this output wrote, is gone: the changes it held are lost to its consumers; start the output over (delete the topics %s.* and the checkpoint topic %s, or give another prefix)",
-					topic, s.o.Address.Prefix, CheckpointTopic(s.o.Address.Prefix))
+				return false, fmt.Errorf("topic %s, which this output wrote, is gone: the changes it held are lost to its consumers; start the output over (delete the topic %s and the checkpoint topic %s, or give another prefix)",
+					topic, topic, CheckpointTopic(s.o.Address.Prefix))
 			}
 			missing = append(missing, topic)
 			continue
@@ -399,12 +418,30 @@ func (s *Sink) ensureTopics(ctx context.Context, known map[string]int32) (bool, 
 			s.o.Log.Info().Str("topic", topic).Int32("partitions", s.topics[topic]).Msg("writing to a topic that exists, empty")
 		}
 	}
+	if s.o.SingleTopic && len(missing) == 0 {
+		// One topic of every table must not be compacted (two tables' rows of one key would
+		// compact into one); one made beforehand is checked.
+		rcs, err := s.adm.DescribeTopicConfigs(ctx, names...)
+		if err != nil {
+			return false, unavailable(fmt.Errorf("describe topic %v: %w", names, err))
+		}
+		for _, rc := range rcs {
+			for _, c := range rc.Configs {
+				if c.Key == "cleanup.policy" && c.Value != nil && strings.Contains(*c.Value, "compact") {
+					return false, fmt.Errorf("topic %s is compacted (cleanup.policy=%s): with --kafka-topic single two tables' rows of one key would compact into one; set cleanup.policy=delete on it, or give another prefix", rc.Name, *c.Value)
+				}
+			}
+		}
+	}
 	if len(missing) == 0 {
 		return len(unlisted) > 0, nil
 	}
 	configs := map[string]*string{}
 	if s.o.Compact {
 		configs["cleanup.policy"] = ptr("compact")
+	}
+	if s.o.SingleTopic {
+		configs["cleanup.policy"] = ptr("delete") // whatever the brokers' default: never compacted
 	}
 	partitions := s.o.Partitions
 	if partitions == 0 {
@@ -658,7 +695,11 @@ func (s *Sink) Checkpoint(ctx context.Context, pos *merge.Position) error {
 	for t, n := range s.topics {
 		topics[t] = n
 	}
-	value, err := json.Marshal(Checkpoint{Version: CheckpointVersion, Output: s.o.Address.Prefix, Slot: s.o.Slot, Format: s.format(), Layout: s.layout(),
+	version := CheckpointVersion
+	if s.o.SingleTopic {
+		version = CheckpointVersionSingle
+	}
+	value, err := json.Marshal(Checkpoint{Version: version, Output: s.o.Address.Prefix, Slot: s.o.Slot, Format: s.format(), Layout: s.layout(),
 		Position: pos, Topics: topics, Time: time.Now().UTC()})
 	if err != nil {
 		return err
