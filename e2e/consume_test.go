@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -189,16 +190,8 @@ func TestConsumeTypes(t *testing.T) {
 // table, a compacted output; and a topic partition whose records were deleted before the group
 // applied them.
 func TestConsumeRefuses(t *testing.T) {
-	db := e2e.NewTestDB(t, server)
-	addr := e2e.Kafka(t)
-	url := e2e.KafkaURL(addr)
-	versionedTable(t, db, 100, 1)
-	_, err := runSync(t, db, url, "--stop-when-caught-up", "--quiet")
-	require.NoError(t, err)
-	tgt := targetDB(t, db)
-	conn, err := pgxConnect(context.Background(), tgt)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	db, addr, url, tgt, conn := syncedToKafka(t, 100)
+	var err error
 	exec := func(q string) {
 		t.Helper()
 		_, err := conn.Exec(context.Background(), q)
@@ -268,16 +261,8 @@ func TestConsumeRefuses(t *testing.T) {
 // applies nothing of its batch: its transaction is rolled back when it finds the offset moved,
 // and it reads the partition again from the target's offset.
 func TestConsumeFence(t *testing.T) {
-	db := e2e.NewTestDB(t, server)
-	addr := e2e.Kafka(t)
-	url := e2e.KafkaURL(addr)
-	versionedTable(t, db, 50, 1)
-	_, err := runSync(t, db, url, "--stop-when-caught-up", "--quiet")
-	require.NoError(t, err)
-	tgt := targetDB(t, db)
-	conn, err := pgxConnect(context.Background(), tgt)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	db, _, url, tgt, conn := syncedToKafka(t, 50)
+	var err error
 	_, err = conn.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY, v text, ver bigint NOT NULL)`)
 	require.NoError(t, err)
 	out, err := runConsume(t, url, tgt, "g")
@@ -326,4 +311,21 @@ func TestVerifyLogOutputs(t *testing.T) {
 		require.Equal(t, 3, err.(*exec.ExitError).ExitCode(), "%s", out)
 		require.Contains(t, string(out), "id=7: not in the source")
 	}
+}
+
+// syncedToKafka is a table t of rows rows synced into a Kafka output (caught up), and an empty
+// target database for a consumer, with a connection to it.
+func syncedToKafka(t *testing.T, rows int) (db *e2e.TestDB, addr kafka.Address, url, tgt string, conn *pgx.Conn) {
+	t.Helper()
+	db = e2e.NewTestDB(t, server)
+	addr = e2e.Kafka(t)
+	url = e2e.KafkaURL(addr)
+	versionedTable(t, db, rows, 1)
+	_, err := runSync(t, db, url, "--stop-when-caught-up", "--quiet")
+	require.NoError(t, err)
+	tgt = targetDB(t, db)
+	conn, err = pgxConnect(context.Background(), tgt)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return db, addr, url, tgt, conn
 }
