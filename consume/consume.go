@@ -79,7 +79,7 @@ type Consumer struct {
 	assigned map[tp]int64 // handed by the group, not yet taken
 	revoked  []tp
 	fatal    error
-	applied  int64
+	applied  int64 // statements this member committed, said when it caught up
 }
 
 // Run consumes the output at o.Address as a member of group o.Group and applies it to the
@@ -577,7 +577,7 @@ func (c *Consumer) caughtUp(ctx context.Context) (bool, error) {
 			return false, nil
 		}
 	}
-	c.o.Log.Info().Str("group", c.o.Group).Msg("caught up")
+	c.o.Log.Info().Str("group", c.o.Group).Int64("applied", c.applied).Msg("caught up")
 	return true, nil
 }
 
