@@ -105,7 +105,7 @@ func open(ctx context.Context, o Options) (*Consumer, error) {
 		return nil, fmt.Errorf("%s is no Tidemark output yet (its checkpoint topic %s holds no checkpoint): run tidemark sync --to %s first, or check the prefix",
 			o.Address, kafka.CheckpointTopic(o.Address.Prefix), o.Address)
 	}
-	if ck.Format == "debezium" {
+	if strings.HasPrefix(ck.Format, "debezium") {
 		return nil, fmt.Errorf("%s holds records in the Debezium format: tidemark consume reads the tidemark format; read it with a Debezium consumer (Kafka Connect, Flink's debezium-json), or sync into another prefix without --format debezium", o.Address)
 	}
 	conn, err := pgconf.OpenDefaultSSL(ctx, o.Target, "tidemark-consume")

@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -26,14 +27,16 @@ import (
 	"github.com/tidemark/tidemark/sink/kafka"
 )
 
-// dbzSink encodes every event with the Debezium encoder and keeps each table's records by key
-// and op, with the source fields that vary from run to run (times, LSN, transaction id) checked
-// against the event and then left out.
+// dbzSink encodes every event with the Debezium encoders (the default, precise decimals, and
+// string decimals with schemas) and keeps each table's records by key and op, with the source
+// fields that vary from run to run (times, LSN, transaction id) checked against the event and
+// then left out. A value the precise mode refuses is kept as its error. Every record with a
+// schema is checked against it (conforms).
 type dbzSink struct {
-	enc  *debezium.Encoder
-	mu   sync.Mutex
-	recs map[string][]string // table: "key op value" lines
-	errs []string
+	enc, schemas *debezium.Encoder
+	mu           sync.Mutex
+	recs         map[string][]string // table: "key op value" lines
+	errs         []string
 }
 
 func (s *dbzSink) Emit(ctx context.Context, evs []merge.Event) error {
@@ -41,41 +44,161 @@ func (s *dbzSink) Emit(ctx context.Context, evs []merge.Event) error {
 	defer s.mu.Unlock()
 	for i := range evs {
 		ev := &evs[i]
-		val, err := s.enc.AppendValue(ctx, nil, ev)
-		if err != nil {
-			return err
+		for _, enc := range []*debezium.Encoder{s.enc, s.schemas} {
+			line, err := s.encode(ctx, enc, ev)
+			if err != nil {
+				return err
+			}
+			s.recs[ev.Columns.Table] = append(s.recs[ev.Columns.Table], line)
 		}
-		key, keyed, err := s.enc.AppendKey(ctx, nil, ev)
-		if err != nil {
-			return err
-		}
+	}
+	return nil
+}
+
+func (s *dbzSink) encode(ctx context.Context, enc *debezium.Encoder, ev *merge.Event) (string, error) {
+	decode := func(b []byte) (map[string]any, error) {
 		var v map[string]any
-		d := json.NewDecoder(bytes.NewReader(val))
+		d := json.NewDecoder(bytes.NewReader(b))
 		d.UseNumber()
 		if err := d.Decode(&v); err != nil {
-			return fmt.Errorf("value %s: %w", val, err)
+			return nil, fmt.Errorf("%s: %w", b, err)
 		}
-		src := v["source"].(map[string]any)
-		if got := src["lsn"].(json.Number).String(); got != strconv.FormatUint(uint64(ev.LSN), 10) {
-			s.errs = append(s.errs, fmt.Sprintf("source.lsn %s, event LSN %d", got, uint64(ev.LSN)))
+		if enc.Schemas {
+			if err := conforms(v["schema"], v["payload"], "$"); err != nil {
+				s.errs = append(s.errs, fmt.Sprintf("%s %s: %v", ev.Columns.Table, ev.Op, err))
+			}
+			p, _ := v["payload"].(map[string]any)
+			return p, nil
 		}
-		if ev.XID != 0 && src["txId"].(json.Number).String() != strconv.FormatUint(uint64(ev.XID), 10) || ev.XID == 0 && src["txId"] != nil {
-			s.errs = append(s.errs, fmt.Sprintf("source.txId %v, event xid %d", src["txId"], ev.XID))
-		}
-		if ms, _ := src["ts_ms"].(json.Number).Int64(); ms != ev.Time.UnixMilli() {
-			s.errs = append(s.errs, fmt.Sprintf("source.ts_ms %d, event time %s", ms, ev.Time))
-		}
-		for _, f := range []string{"ts_ms", "ts_us", "ts_ns", "lsn", "txId"} {
-			delete(src, f)
-		}
-		norm, err := json.Marshal(v)
+		return v, nil
+	}
+	key, keyed, err := enc.AppendKey(ctx, nil, ev)
+	if err != nil {
+		return "", err
+	}
+	k := "-"
+	if keyed {
+		kv, err := decode(key)
 		if err != nil {
-			return err
+			return "", err
 		}
-		if !keyed {
-			key = []byte("-")
+		kb, _ := json.Marshal(kv)
+		k = string(kb)
+	}
+	format := strings.ReplaceAll(enc.Format(), " ", "")
+	val, err := enc.AppendValue(ctx, nil, ev)
+	if err != nil {
+		if enc.Decimal == pgjson.DecimalPrecise || enc.Schemas {
+			op := map[merge.Op]string{merge.Insert: "c", merge.Update: "u", merge.Delete: "d", merge.Snapshot: "r", merge.Truncate: "t", merge.Refresh: "t"}[ev.Op]
+			return fmt.Sprintf("%s %s %s error: %v", k, op, format, err), nil
 		}
-		s.recs[ev.Columns.Table] = append(s.recs[ev.Columns.Table], fmt.Sprintf("%s %s %s", key, v["op"], norm))
+		return "", err
+	}
+	v, err := decode(val)
+	if err != nil {
+		return "", err
+	}
+	src := v["source"].(map[string]any)
+	if got := src["lsn"].(json.Number).String(); got != strconv.FormatUint(uint64(ev.LSN), 10) {
+		s.errs = append(s.errs, fmt.Sprintf("source.lsn %s, event LSN %d", got, uint64(ev.LSN)))
+	}
+	if ev.XID != 0 && src["txId"].(json.Number).String() != strconv.FormatUint(uint64(ev.XID), 10) || ev.XID == 0 && src["txId"] != nil {
+		s.errs = append(s.errs, fmt.Sprintf("source.txId %v, event xid %d", src["txId"], ev.XID))
+	}
+	if ms, _ := src["ts_ms"].(json.Number).Int64(); ms != ev.Time.UnixMilli() {
+		s.errs = append(s.errs, fmt.Sprintf("source.ts_ms %d, event time %s", ms, ev.Time))
+	}
+	for _, f := range []string{"ts_ms", "ts_us", "ts_ns", "lsn", "txId"} {
+		delete(src, f)
+	}
+	norm, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s %s %s %s", k, v["op"], format, norm), nil
+}
+
+// conforms checks a value against a Kafka Connect schema as the JSON converter writes it:
+// what its converter with schemas.enable would accept.
+func conforms(schema, v any, path string) error {
+	sc, ok := schema.(map[string]any)
+	if !ok {
+		return fmt.Errorf("%s: schema %v is not an object", path, schema)
+	}
+	if v == nil {
+		if sc["optional"] != true {
+			return fmt.Errorf("%s: null, and the schema is not optional", path)
+		}
+		return nil
+	}
+	switch typ := sc["type"]; typ {
+	case "struct":
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s: %v is not an object", path, v)
+		}
+		fields, _ := sc["fields"].([]any)
+		seen := map[string]bool{}
+		for _, f := range fields {
+			fs := f.(map[string]any)
+			name := fs["field"].(string)
+			seen[name] = true
+			if err := conforms(fs, obj[name], path+"."+name); err != nil {
+				return err
+			}
+		}
+		for k := range obj {
+			if !seen[k] {
+				return fmt.Errorf("%s: field %s is not in the schema", path, k)
+			}
+		}
+	case "array":
+		arr, ok := v.([]any)
+		if !ok {
+			return fmt.Errorf("%s: %v is not an array", path, v)
+		}
+		for i, it := range arr {
+			if err := conforms(sc["items"], it, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	case "int8", "int16", "int32", "int64":
+		n, ok := v.(json.Number)
+		if !ok {
+			return fmt.Errorf("%s: %v is not a number", path, v)
+		}
+		bits := map[any]int{"int8": 8, "int16": 16, "int32": 32, "int64": 64}[typ]
+		if _, err := strconv.ParseInt(n.String(), 10, bits); err != nil {
+			return fmt.Errorf("%s: %v is not an %s: %v", path, v, typ, err)
+		}
+	case "float", "double":
+		switch x := v.(type) {
+		case json.Number:
+		case string:
+			if x != "NaN" && x != "Infinity" && x != "-Infinity" {
+				return fmt.Errorf("%s: %q is not a %s", path, x, typ)
+			}
+		default:
+			return fmt.Errorf("%s: %v is not a %s", path, v, typ)
+		}
+	case "boolean":
+		if _, ok := v.(bool); !ok {
+			return fmt.Errorf("%s: %v is not a boolean", path, v)
+		}
+	case "string":
+		if _, ok := v.(string); !ok {
+			return fmt.Errorf("%s: %v is not a string", path, v)
+		}
+	case "bytes":
+		x, ok := v.(string)
+		if !ok {
+			return fmt.Errorf("%s: %v is not bytes (base64)", path, v)
+		}
+		if _, err := base64.StdEncoding.DecodeString(x); err != nil {
+			return fmt.Errorf("%s: %q is not base64: %v", path, x, err)
+		}
+	default:
+		return fmt.Errorf("%s: schema type %v", path, typ)
 	}
 	return nil
 }
@@ -104,7 +227,10 @@ func TestDebeziumFormat(t *testing.T) {
 	enc := debezium.NewEncoder(pgjson.NewRegistry(conn))
 	enc.Name, enc.Database = "shop", "app"
 	enc.Now = func() time.Time { return time.Unix(1700000000, 0) }
-	sink := &dbzSink{enc: enc, recs: map[string][]string{}}
+	schemas := debezium.NewEncoder(pgjson.NewRegistry(conn))
+	schemas.Name, schemas.Database, schemas.Now = "shop", "app", enc.Now
+	schemas.Decimal, schemas.Schemas = pgjson.DecimalString, true
+	sink := &dbzSink{enc: enc, schemas: schemas, recs: map[string][]string{}}
 	var qualified []string
 	for _, tb := range typeTables {
 		qualified = append(qualified, "public."+tb)
@@ -130,8 +256,14 @@ func TestDebeziumFormat(t *testing.T) {
 		// A row's update carries the after its backfilled record had: one form per value.
 		after := map[string]string{}
 		for _, r := range recs {
+			fmt.Fprintf(&golden, "%s %s\n", tb, r)
 			key, rest, _ := strings.Cut(r, " ")
-			op, val, _ := strings.Cut(rest, " ")
+			op, rest, _ := strings.Cut(rest, " ")
+			format, val, _ := strings.Cut(rest, " ")
+			if strings.HasPrefix(val, "error: ") {
+				continue
+			}
+			key = format + " " + key
 			var v struct{ After json.RawMessage }
 			require.NoError(t, json.Unmarshal([]byte(val), &v))
 			switch op {
@@ -147,7 +279,6 @@ func TestDebeziumFormat(t *testing.T) {
 					require.Equal(t, "null", string(b.Before), "%s key %s", tb, key)
 				}
 			}
-			fmt.Fprintf(&golden, "%s %s\n", tb, r)
 		}
 	}
 	path := filepath.Join("testdata", "TestDebeziumFormat.golden")
@@ -202,6 +333,40 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 	require.Equal(t, map[string]int{"r": 50, "d": 1}, ops)
 	_, err = runSync(t, db, out, "--stop-when-caught-up")
 	require.ErrorContains(t, err, "would mix two formats")
+	// Another decimal mode, or the schemas, on the same output: two forms of a column.
+	_, err = runSync(t, db, out, "--format", "debezium", "--debezium-decimal", "string", "--stop-when-caught-up")
+	require.ErrorContains(t, err, "a run with --format debezium --debezium-decimal string would mix two formats")
+	_, err = runSync(t, db, out, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
+	require.ErrorContains(t, err, "give --format debezium,")
+	_, err = runSync(t, db, out, "--debezium-schemas", "--stop-when-caught-up")
+	require.ErrorContains(t, err, "--debezium-schemas is for --format debezium")
+	_, err = runSync(t, db, out, "--format", "debezium", "--debezium-decimal", "exact", "--stop-when-caught-up")
+	require.ErrorContains(t, err, `--debezium-decimal "exact": give precise, double or string`)
+
+	// With the schemas, each line is the JSON converter's {"schema","payload"}; a numeric NaN
+	// stops a precise run with the fix, and a string run writes it.
+	db3 := e2e.NewTestDB(t, server)
+	db3.Exec(`CREATE TABLE t (id int PRIMARY KEY, v numeric(6,2), w numeric)`)
+	db3.Exec(`INSERT INTO t VALUES (1, 12.34, 'NaN')`)
+	out3 := filepath.Join(t.TempDir(), "out.jsonl")
+	_, err = runSync(t, db3, out3, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
+	require.ErrorContains(t, err, "give --debezium-decimal string (or double)")
+	out3 = filepath.Join(t.TempDir(), "out.jsonl")
+	_, err = runSync(t, db3, out3, "--format", "debezium", "--debezium-schemas", "--debezium-decimal", "string", "--stop-when-caught-up")
+	require.NoError(t, err)
+	b3, err := os.ReadFile(out3)
+	require.NoError(t, err)
+	var rec struct {
+		Schema  map[string]any
+		Payload struct {
+			After map[string]any
+			Op    string
+		}
+	}
+	require.NoError(t, json.Unmarshal(bytes.TrimSpace(b3), &rec), "%s", b3)
+	require.Equal(t, "r", rec.Payload.Op)
+	require.Equal(t, map[string]any{"id": 1.0, "v": "12.34", "w": "NAN"}, rec.Payload.After)
+	require.Equal(t, "tidemark.public.t.Envelope", rec.Schema["name"])
 
 	addr := e2e.Kafka(t)
 	db2 := e2e.NewTestDB(t, server)

@@ -158,7 +158,8 @@ type syncFlags struct {
 	control, onSlotLoss, onRewrite, format                                      *string
 	audit, stopCaughtUp, noBackfill, quiet, kafkaCompact                        *bool
 	kafkaPartitions, kafkaReplication, kafkaMaxRecord                           *int
-	kafkaTopic                                                                  *string
+	kafkaTopic, dbzDecimal                                                      *string
+	dbzSchemas                                                                  *bool
 	natsPartitions, natsReplicas                                                *int
 	natsDupWindow                                                               *time.Duration
 	kafkaTxnTimeout                                                             *time.Duration
@@ -199,6 +200,8 @@ func defineSyncFlags(fs *flag.FlagSet) *syncFlags {
 	f.watch = fs.Duration("watch-interval", 10*time.Second, "time between two looks at what the stream does not carry (a table renamed, dropped or out of the publication, its partitions, UNLOGGED or rewritten, the publish option): a change undone within one interval is not seen")
 	f.testing = newTestingFlags(fs)
 	f.format = fs.String("format", "tidemark", "JSON lines, Kafka and NATS: what each event is written as: tidemark (Tidemark's line) or debezium (Debezium's change-event envelope, and a key record in Kafka; docs/cli.md)")
+	f.dbzDecimal = fs.String("debezium-decimal", "precise", "--format debezium: how numeric and money values are written, as Debezium's decimal.handling.mode: precise (Kafka Connect's Decimal, base64 bytes), double, or string")
+	f.dbzSchemas = fs.Bool("debezium-schemas", false, "--format debezium: each key and value carries its schema, as Kafka Connect's JSON converter writes them with schemas.enable ({\"schema\":...,\"payload\":...})")
 	f.kafkaPartitions = fs.Int("kafka-partitions", 1, "Kafka: partitions of each topic the sync creates (a key's changes stay in one partition, in order)")
 	f.kafkaReplication = fs.Int("kafka-replication", -1, "Kafka: replication factor of each topic the sync creates (-1: the brokers' default)")
 	f.kafkaTopic = fs.String("kafka-topic", "table", "Kafka: table (a topic per table, PREFIX.SCHEMA.TABLE) or single (one topic, PREFIX, the table in each record's tidemark.table header); kept for the output's life")
@@ -287,6 +290,16 @@ func (f *syncFlags) check(fs *flag.FlagSet) (syncPlan, []string) {
 	} else if *f.format == "debezium" && isDSN(*f.to) {
 		problems = append(problems, "--format is for JSON lines, Kafka and NATS: a PostgreSQL target writes rows")
 	}
+	if _, ok := pgjson.DecimalModes[*f.dbzDecimal]; !ok {
+		problems = append(problems, fmt.Sprintf("--debezium-decimal %q: give precise, double or string", *f.dbzDecimal))
+	}
+	if *f.format != "debezium" {
+		for _, name := range []string{"debezium-decimal", "debezium-schemas"} {
+			if flagGiven(fs, name) {
+				problems = append(problems, fmt.Sprintf("--%s is for --format debezium", name))
+			}
+		}
+	}
 	if !kafka.IsURL(*f.to) {
 		for _, name := range []string{"kafka-partitions", "kafka-replication", "kafka-compact", "kafka-topic", "kafka-transaction-timeout", "kafka-max-record-bytes"} {
 			if flagGiven(fs, name) {
@@ -362,6 +375,7 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 		}
 		d := debezium.NewEncoder(pgjson.NewRegistry(srcConn))
 		d.Name, d.Database = name, srcConn.Config().Database
+		d.Decimal, d.Schemas = pgjson.DecimalModes[*f.dbzDecimal], *f.dbzSchemas
 		return d
 	}
 	ready := func() error { return slotIdle(ctx, srcConn, *f.slot) }
@@ -396,10 +410,8 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 		}
 		js.SetEncoders(*f.encoders)
 		var ferr error
-		if *f.format == "debezium" {
-			dbz := debezium.NewEncoder(pgjson.NewRegistry(srcConn))
-			dbz.Database = srcConn.Config().Database
-			ferr = js.SetDebezium(dbz)
+		if d := dbz("tidemark"); d != nil {
+			ferr = js.SetDebezium(d)
 		} else {
 			ferr = js.CheckFormat()
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/pgconf"
@@ -192,7 +193,7 @@ func verifyLog(ctx context.Context, opts verify.Options, to string, tables []mer
 		if cerr != nil {
 			return nil, nil, cerr
 		}
-		if err := checkLogFormat(to, ck != nil, ck != nil && ck.Format == "debezium"); err != nil {
+		if err := checkLogFormat(to, ck != nil, ck != nil && strings.HasPrefix(ck.Format, "debezium")); err != nil {
 			return nil, nil, err
 		}
 		var names []string
@@ -209,7 +210,7 @@ func verifyLog(ctx context.Context, opts verify.Options, to string, tables []mer
 		if cerr != nil {
 			return nil, nil, cerr
 		}
-		if err := checkLogFormat(to, ck != nil, ck != nil && ck.Format == "debezium"); err != nil {
+		if err := checkLogFormat(to, ck != nil, ck != nil && strings.HasPrefix(ck.Format, "debezium")); err != nil {
 			return nil, nil, err
 		}
 		found, err = nats.WriteLines(ctx, addr, w)

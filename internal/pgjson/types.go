@@ -44,6 +44,7 @@ const (
 type Type struct {
 	OID     uint32
 	Name    string // type name, schema-qualified outside pg_catalog
+	base    string // a built-in base type's name (a domain's: its base type's); "hstore"; "" otherwise
 	kind    kind
 	prof    Profile
 	elem    *Type   // arrays: the element type
@@ -435,8 +436,8 @@ func isInteger(b []byte) bool {
 	if len(b) > 0 && b[0] == '-' {
 		b = b[1:]
 	}
-	if len(b) == 0 {
-		return false
+	if len(b) == 0 || len(b) > 1 && b[0] == '0' {
+		return false // no JSON integer (PostgreSQL prints no leading zero)
 	}
 	for _, c := range b {
 		if c < '0' || c > '9' {
@@ -639,11 +640,13 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 		t.fields = d.fields
 		t.comp.def.Store(d)
 	case typtype == 'b' && schema == "pg_catalog":
+		t.base = name
 		t.kind = builtinKinds[name]
 		if k, ok := airbyteKinds[name]; ok && r.profile == Airbyte {
 			t.kind = k
 		}
 	case typtype == 'b' && name == "hstore":
+		t.base = "hstore"
 		t.kind = kHstore
 	}
 	r.types[oid] = t

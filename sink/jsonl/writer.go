@@ -35,7 +35,7 @@ type Writer struct {
 	offset     int64  // bytes written to out
 	pool       *Pool  // encodes the lines (SetEncoders)
 	// dbz, when set, writes Debezium's envelopes instead (SetDebezium); format is the
-	// checkpoint's format ("" for lines, "debezium").
+	// checkpoint's format ("" for lines, debezium.Encoder.Format).
 	dbz    *debezium.Encoder
 	format string
 	buf    []byte
@@ -47,7 +47,7 @@ type CheckpointFile struct {
 	Position *merge.Position `json:"position"` // nil: no position yet (a first run)
 	Offset   int64           `json:"offset"`   // output length at Position
 	Output   string          `json:"output"`   // the output file's name
-	// Format is what the output holds: "" for Tidemark's lines, "debezium" for Debezium's
+	// Format is what the output holds: "" for Tidemark's lines, debezium.Encoder.Format for Debezium's
 	// envelopes. A run in another format is refused.
 	Format string    `json:"format,omitempty"`
 	Time   time.Time `json:"time"`
@@ -275,17 +275,20 @@ func (s *Writer) SetEncoders(n int) { s.pool = NewPool(s.pool.types, n) }
 // instead of Tidemark's line. An output whose checkpoint says it holds the other format is
 // refused: its consumers would meet both.
 func (s *Writer) SetDebezium(enc *debezium.Encoder) error {
-	if s.offset > 0 && s.format != "debezium" {
-		return fmt.Errorf("the output holds Tidemark's JSON lines (its checkpoint says so): a run with --format debezium would mix two formats in it; write to another file, or drop --format")
+	if s.offset > 0 && s.format == "" {
+		return fmt.Errorf("the output holds Tidemark's JSON lines (its checkpoint says so): a run with --format %s would mix two formats in it; write to another file, or drop --format", enc.Format())
 	}
-	s.dbz, s.format = enc, "debezium"
+	if s.offset > 0 && s.format != enc.Format() {
+		return fmt.Errorf("the output holds lines in the %s format (its checkpoint says so): a run with --format %s would mix two formats in it; give --format %s, or write to another file", s.format, enc.Format(), s.format)
+	}
+	s.dbz, s.format = enc, enc.Format()
 	return nil
 }
 
 // CheckFormat refuses a Tidemark-format run on an output that holds Debezium's envelopes.
 func (s *Writer) CheckFormat() error {
-	if s.dbz == nil && s.format == "debezium" && s.offset > 0 {
-		return fmt.Errorf("the output holds Debezium's envelopes (its checkpoint says so): a run without --format debezium would mix two formats in it; give --format debezium, or write to another file")
+	if s.dbz == nil && s.format != "" && s.offset > 0 {
+		return fmt.Errorf("the output holds Debezium's envelopes (its checkpoint says so): a run without --format debezium would mix two formats in it; give --format %s, or write to another file", s.format)
 	}
 	s.format = "" // an output with nothing in it yet takes this run's format
 	return nil

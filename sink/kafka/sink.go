@@ -74,7 +74,7 @@ type Checkpoint struct {
 	Version  int              `json:"version"`
 	Output   string           `json:"output"`   // the prefix
 	Slot     string           `json:"slot"`     // the capture's slot, also before its first position
-	Format   string           `json:"format"`   // "tidemark" or "debezium": what the records hold
+	Format   string           `json:"format"`   // "tidemark", or debezium.Encoder.Format: what the records hold
 	Layout   string           `json:"layout"`   // "table" (a topic per table; "" before it was recorded) or "single" (one topic, PREFIX)
 	Position *merge.Position  `json:"position"` // nil: none yet (the topics were created)
 	Topics   map[string]int32 `json:"topics"`
@@ -499,7 +499,7 @@ func (s *Sink) layout() string {
 
 func (s *Sink) format() string {
 	if s.o.Debezium != nil {
-		return "debezium"
+		return s.o.Debezium.Format()
 	}
 	return "tidemark"
 }

@@ -324,7 +324,7 @@ func sorted(s []string) []string {
 
 func (s *Sink) format() string {
 	if s.o.Debezium != nil {
-		return "debezium"
+		return s.o.Debezium.Format()
 	}
 	return "tidemark"
 }
