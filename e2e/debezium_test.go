@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/sink/debezium"
 	"github.com/tidemark/tidemark/sink/kafka"
+	"github.com/tidemark/tidemark/sink/nats"
 )
 
 // dbzSink encodes every event with the Debezium encoders (the default, precise decimals, and
@@ -337,7 +339,16 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 	_, err = runSync(t, db, out, "--format", "debezium", "--debezium-decimal", "string", "--stop-when-caught-up")
 	require.ErrorContains(t, err, "a run with --format debezium --debezium-decimal string would mix two formats")
 	_, err = runSync(t, db, out, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
-	require.ErrorContains(t, err, "give --format debezium,")
+	require.ErrorContains(t, err, "give --format debezium --debezium-decimal precise,")
+	// An output an earlier Tidemark wrote in its own value forms ("debezium") is not continued.
+	ckb, err := os.ReadFile(out + ".checkpoint")
+	require.NoError(t, err)
+	require.Contains(t, string(ckb), `"format": "debezium --debezium-decimal precise"`)
+	legacy := filepath.Join(t.TempDir(), "legacy.jsonl")
+	require.NoError(t, os.WriteFile(legacy, b, 0o644))
+	require.NoError(t, os.WriteFile(legacy+".checkpoint", bytes.Replace(bytes.Replace(ckb, []byte(`"debezium --debezium-decimal precise"`), []byte(`"debezium"`), 1), []byte(`"out.jsonl"`), []byte(`"legacy.jsonl"`), 1), 0o644))
+	_, err = runSync(t, db, legacy, "--format", "debezium", "--stop-when-caught-up")
+	require.ErrorContains(t, err, "an earlier Tidemark wrote this one's Debezium envelopes with its own value forms")
 	_, err = runSync(t, db, out, "--debezium-schemas", "--stop-when-caught-up")
 	require.ErrorContains(t, err, "--debezium-schemas is for --format debezium")
 	_, err = runSync(t, db, out, "--format", "debezium", "--debezium-decimal", "exact", "--stop-when-caught-up")
@@ -346,8 +357,9 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 	// With the schemas, each line is the JSON converter's {"schema","payload"}; a numeric NaN
 	// stops a precise run with the fix, and a string run writes it.
 	db3 := e2e.NewTestDB(t, server)
-	db3.Exec(`CREATE TABLE t (id int PRIMARY KEY, v numeric(6,2), w numeric)`)
-	db3.Exec(`INSERT INTO t VALUES (1, 12.34, 'NaN')`)
+	db3.Exec(`CREATE DOMAIN ts3 AS timestamp(3)`) // its column takes the domain's precision
+	db3.Exec(`CREATE TABLE t (id int PRIMARY KEY, v numeric(6,2), w numeric, ts ts3)`)
+	db3.Exec(`INSERT INTO t VALUES (1, 12.34, 'NaN', '2024-02-29 13:14:15.5')`)
 	out3 := filepath.Join(t.TempDir(), "out.jsonl")
 	_, err = runSync(t, db3, out3, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
 	require.ErrorContains(t, err, "give --debezium-decimal string (or double)")
@@ -365,8 +377,96 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(bytes.TrimSpace(b3), &rec), "%s", b3)
 	require.Equal(t, "r", rec.Payload.Op)
-	require.Equal(t, map[string]any{"id": 1.0, "v": "12.34", "w": "NAN"}, rec.Payload.After)
+	require.Equal(t, map[string]any{"id": 1.0, "v": "12.34", "w": "NAN", "ts": 1709212455500.0}, rec.Payload.After)
 	require.Equal(t, "tidemark.public.t.Envelope", rec.Schema["name"])
+
+	// An update that leaves a TOASTed value out: Debezium's placeholder without the schemas;
+	// with them (where it fits few columns' schemas), the row read again whole instead.
+	db5 := e2e.NewTestDB(t, server)
+	db5.Exec(`CREATE TABLE t (id int PRIMARY KEY, big text, n int, xs float8[])`)
+	db5.Exec(`ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL, ALTER COLUMN xs SET STORAGE EXTERNAL`)
+	db5.Exec(`INSERT INTO t SELECT 1, repeat('x', 5000), 1, array_fill(0.5::float8, ARRAY[1000])`)
+	lastLine := func(path string) map[string]any {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		ls := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+		var v map[string]any
+		d := json.NewDecoder(bytes.NewReader(ls[len(ls)-1]))
+		d.UseNumber()
+		require.NoError(t, d.Decode(&v))
+		if p, ok := v["payload"].(map[string]any); ok {
+			require.NoError(t, conforms(v["schema"], p, "$"))
+			return p
+		}
+		return v
+	}
+	plainOut, schemaOut := filepath.Join(t.TempDir(), "plain.jsonl"), filepath.Join(t.TempDir(), "schema.jsonl")
+	db5s := *db5
+	db5s.Slot += "_s"
+	for _, run := range []func() error{
+		func() error { _, err := runSync(t, db5, plainOut, "--format", "debezium", "--stop-when-caught-up"); return err },
+		func() error {
+			_, err := runSync(t, &db5s, schemaOut, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
+			return err
+		},
+	} {
+		require.NoError(t, run())
+	}
+	db5.Exec(`UPDATE t SET n = 2`)
+	_, err = runSync(t, db5, plainOut, "--format", "debezium", "--stop-when-caught-up")
+	require.NoError(t, err)
+	_, err = runSync(t, &db5s, schemaOut, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
+	require.NoError(t, err)
+	last := lastLine(plainOut)
+	require.Equal(t, "u", last["op"])
+	require.Equal(t, debezium.Unavailable, last["after"].(map[string]any)["big"])
+	require.Equal(t, debezium.Unavailable, last["after"].(map[string]any)["xs"])
+	last = lastLine(schemaOut)
+	require.Equal(t, "r", last["op"], "the row read again whole")
+	require.Equal(t, strings.Repeat("x", 5000), last["after"].(map[string]any)["big"])
+	require.Len(t, last["after"].(map[string]any)["xs"], 1000)
+	require.Equal(t, json.Number("2"), last["after"].(map[string]any)["n"])
+
+	// NATS: the envelopes with their schemas, one a message; a delete's before has the key.
+	naddr, _ := e2e.NATS(t)
+	db4 := e2e.NewTestDB(t, server)
+	versionedTable(t, db4, 10, 1)
+	_, err = runSync(t, db4, naddr.String(), "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
+	require.NoError(t, err)
+	db4.Exec(`DELETE FROM t WHERE id = 4`)
+	_, err = runSync(t, db4, naddr.String(), "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
+	require.NoError(t, err)
+	_, err = runSync(t, db4, naddr.String(), "--format", "debezium", "--stop-when-caught-up")
+	require.ErrorContains(t, err, "would mix two formats")
+	nc, err := naddr.Connect()
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	st, err := js.Stream(ctx, naddr.Stream)
+	require.NoError(t, err)
+	info, err := st.Info(ctx)
+	require.NoError(t, err)
+	ops = map[string]int{}
+	require.NoError(t, nats.Read(ctx, st, 1, info.State.LastSeq, func(m jetstream.Msg) error {
+		var v map[string]any
+		d := json.NewDecoder(bytes.NewReader(m.Data()))
+		d.UseNumber()
+		if err := d.Decode(&v); err != nil {
+			return err
+		}
+		if err := conforms(v["schema"], v["payload"], "$"); err != nil {
+			return err
+		}
+		p := v["payload"].(map[string]any)
+		ops[p["op"].(string)]++
+		if p["op"] == "d" {
+			require.Equal(t, json.Number("4"), p["before"].(map[string]any)["id"])
+		}
+		return nil
+	}))
+	require.Equal(t, map[string]int{"r": 10, "d": 1}, ops)
 
 	addr := e2e.Kafka(t)
 	db2 := e2e.NewTestDB(t, server)

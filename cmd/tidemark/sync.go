@@ -485,8 +485,9 @@ func (f *syncFlags) engineConfig(p syncPlan, srcDSN string) merge.Config {
 		ResyncLostSlot:        *f.onSlotLoss == "rebackfill",
 		RebackfillRewrites:    *f.onRewrite == "rebackfill",
 		// A compacted topic keeps a key's last record only: it must be the whole row, so an
-		// update without its unchanged TOASTed values is replaced by the row read again.
-		RereadPartial: kafka.IsURL(*f.to) && *f.kafkaCompact,
+		// update without its unchanged TOASTed values is replaced by the row read again. So it
+		// is with Debezium's schemas: its placeholder does not fit most columns' schemas.
+		RereadPartial: kafka.IsURL(*f.to) && *f.kafkaCompact || *f.format == "debezium" && *f.dbzSchemas,
 	}
 }
 

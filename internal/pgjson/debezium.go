@@ -71,6 +71,7 @@ const (
 	dHstore      // its JSON text, as a string
 	dBitBool     // bit(1), varbit(1): a boolean
 	dBits        // bit(n), varbit(n): the bits' little-endian bytes, base64
+	dTsvector    // its text (io.debezium.data.Tsvector)
 	dArray
 )
 
@@ -79,12 +80,13 @@ const (
 type Debezium struct {
 	form   dform
 	name   string // the type's name, for errors
+	base   string // Type.base
 	scale  int    // numeric with a declared scale; money: 2
 	prec   int    // numeric: the declared precision (0: none)
 	fixed  bool   // numeric: the scale is declared
 	micros bool   // time, timestamp: microseconds (the precision is over 3)
 	width  int    // timestamptz: the fraction's digits (0: as many as needed)
-	length int    // bit, varbit: the declared length (0: none)
+	length int    // bit, varbit: the declared length
 	mode   DecimalMode
 	elem   *Debezium // arrays
 	delim  byte
@@ -112,7 +114,10 @@ func temporalPrecision(typmod int32) int {
 // Debezium returns the Debezium form of t's values in a column of type modifier typmod. An
 // array's elements take the column's modifier, as Debezium's connector gives them.
 func (t *Type) Debezium(typmod int32, mode DecimalMode) *Debezium {
-	d := &Debezium{name: t.Name, mode: mode}
+	d := &Debezium{name: t.Name, base: t.base, mode: mode}
+	if typmod < 0 && t.hasDomTypmod {
+		typmod = t.domTypmod // a domain's column: the domain declares it
+	}
 	if t.kind == kArray {
 		d.form, d.elem, d.delim = dArray, t.elem.Debezium(typmod, mode), t.delim
 		return d
@@ -161,8 +166,11 @@ func (t *Type) Debezium(typmod int32, mode DecimalMode) *Debezium {
 		d.form = dInterval
 	case "hstore":
 		d.form = dHstore
+	case "tsvector":
+		d.form = dTsvector
 	case "bit", "varbit":
 		d.form = dBits
+		d.length = math.MaxInt32 // pgjdbc's length of a varbit without one
 		if typmod > 0 {
 			d.length = int(typmod)
 		}
@@ -266,12 +274,22 @@ func (d *Debezium) Append(dst, text []byte) ([]byte, error) {
 			us = -9223372036832400000 // Debezium's -infinity: PGStatement.DATE_NEGATIVE_INFINITY
 		case st.infinity:
 			us = 9223372036825200000 // PGStatement.DATE_POSITIVE_INFINITY
-		default:
+		case d.micros:
 			day, err := st.stampDays()
 			if err != nil {
 				return dst, err
 			}
 			us = day*86400e6 + st.clock.micros()
+		default:
+			// Milliseconds reach PostgreSQL's last year (294276) without overflow.
+			day, err := st.days()
+			if err == nil && (day > 1e11 || day < -1e11) {
+				err = fmt.Errorf("%w: timestamp of year %s out of range", errSyntax, st.year)
+			}
+			if err != nil {
+				return dst, err
+			}
+			return strconv.AppendInt(dst, day*86400e3+st.clock.micros()/1000, 10), nil
 		}
 		if !d.micros {
 			us = floorDiv(us, 1000)
@@ -285,12 +303,13 @@ func (d *Debezium) Append(dst, text []byte) ([]byte, error) {
 		if st.infinity {
 			return AppendString(dst, text), nil
 		}
-		day, err := st.stampDays()
+		day, err := st.days()
 		if err != nil {
 			return dst, err
 		}
-		us := day*86400e6 + st.clock.micros() - st.offsetMicros()
-		day, us = floorDiv(us, 86400e6), us-floorDiv(us, 86400e6)*86400e6
+		// The day and the time apart: no product that could overflow.
+		us := st.clock.micros() - st.offsetMicros()
+		day, us = day+floorDiv(us, 86400e6), us-floorDiv(us, 86400e6)*86400e6
 		b := appendISODate(append(dst, '"'), day)
 		b = appendClockMicros(append(b, 'T'), us, d.width)
 		return append(b, `Z"`...), nil
@@ -440,6 +459,10 @@ func unscaled(text []byte, scale int, fixed bool) (*big.Int, int, error) {
 	case len(fp) > scale:
 		// A negative declared scale, or more digits than it: the dropped ones must be zeros.
 		drop := len(fp) - scale
+		if drop >= len(digits) && strings.Trim(digits, "0") == "" {
+			digits = "0" // zero, at any scale
+			break
+		}
 		if drop > len(digits) || strings.Trim(digits[len(digits)-drop:], "0") != "" {
 			return nil, 0, fmt.Errorf("%w: %q has more digits than the scale %d", errSyntax, text, scale)
 		}
@@ -504,12 +527,9 @@ func appendTwosComplement(dst []byte, u *big.Int) []byte {
 // rounds it.
 func durationMicros(iv interval) int64 {
 	const daysPerMonth = 365.25 / 12.0
-	// The seconds as pgjdbc's PGInterval reads them: Double.parseDouble of "s.ffffff".
-	sign := ""
-	if iv.sec < 0 || iv.usec < 0 {
-		sign = "-"
-	}
-	secs, _ := strconv.ParseFloat(fmt.Sprintf("%s%d.%06d", sign, abs(iv.sec), abs(iv.usec)), 64)
+	// The seconds as pgjdbc's PGInterval.getSeconds gives them: whole seconds plus
+	// microseconds / 1e6 (it keeps them apart, rounded to the microsecond).
+	secs := float64(float64(iv.sec) + float64(float64(iv.usec)/1e6))
 	months := float64(int32(iv.year*12 + iv.mon))
 	days := float64(months*daysPerMonth) + float64(iv.day)
 	s := float64(float64(float64(float64(float64(float64(days*24)+float64(iv.hour))*60)+float64(iv.min))*60) + secs)
@@ -523,13 +543,6 @@ func durationMicros(iv interval) int64 {
 		return math.MinInt64
 	}
 	return int64(v) // truncation toward zero, as Java's (long) cast
-}
-
-func abs(v int64) int64 {
-	if v < 0 {
-		return -v
-	}
-	return v
 }
 
 func floorDiv(a, b int64) int64 {
@@ -582,8 +595,9 @@ func (st stamp) days() (int64, error) {
 	return daysFromCivil(y, m, d), nil
 }
 
-// stampDays is a timestamp's days, refused past the range of 64-bit microseconds (PostgreSQL's
-// timestamps end in 294276).
+// stampDays is a timestamp's days, refused past the range of 64-bit microseconds since 1970
+// (PostgreSQL's timestamps end in 294276, past it: Debezium's connector writes an overflowed
+// number there).
 func (st stamp) stampDays() (int64, error) {
 	day, err := st.days()
 	if err == nil && (day > 106751990 || day < -106751990) {
@@ -708,6 +722,8 @@ func (d *Debezium) AppendSchema(b []byte, field string, optional bool) []byte {
 		name, version = "io.debezium.data.Uuid", 1
 	case dXML:
 		name, version = "io.debezium.data.Xml", 1
+	case dTsvector:
+		name, version = "io.debezium.data.Tsvector", 1
 	case dDate:
 		typ, name, version = "int32", "io.debezium.time.Date", 1
 	case dTime:
@@ -764,10 +780,12 @@ func endSchema(b []byte, field string) []byte {
 // Unavailable is Debezium's placeholder for a TOASTed value an update did not carry.
 const Unavailable = "__debezium_unavailable_value"
 
-// AppendUnavailable appends the placeholder in the column's shape, as Debezium's connector
-// writes it: its bytes for bytea; for an array, the placeholder as one element (its bytes as
-// the elements of an integer array, a name-based UUID of them in a uuid array); an hstore of
-// the placeholder as key and value; the string otherwise.
+// AppendUnavailable appends the placeholder as Debezium's connector writes it for the column's
+// type (UnchangedToastedReplicationMessageColumn): an array of it for arrays of text, varchar,
+// char, json and jsonb; of its bytes for bytea[]; its bytes as numbers for int4[], date[] and
+// int8[]; a name-based UUID of it for uuid[]; an hstore of it as key and value; its bytes for
+// bytea; the string otherwise (where that string does not fit the column's schema, its connector
+// fails: with schemas, Tidemark reads such rows again whole instead, see the sync's wiring).
 func (d *Debezium) AppendUnavailable(dst []byte) []byte {
 	str := func(b []byte) []byte { return AppendString(b, Unavailable) }
 	bin := func(b []byte) []byte {
@@ -779,28 +797,43 @@ func (d *Debezium) AppendUnavailable(dst []byte) []byte {
 	case dHstore:
 		return AppendString(dst, `{"`+Unavailable+`":"`+Unavailable+`"}`)
 	case dArray:
-		dst = append(dst, '[')
-		switch d.elem.form {
-		case dInt16, dInt32, dInt64:
+		switch d.elem.base {
+		case "text", "varchar", "bpchar", "json", "jsonb":
+			return append(str(append(dst, '[')), ']')
+		case "bytea":
+			return append(bin(append(dst, '[')), ']')
+		case "int4", "date", "int8":
+			dst = append(dst, '[')
 			for i, c := range []byte(Unavailable) {
 				if i > 0 {
 					dst = append(dst, ',')
 				}
 				dst = strconv.AppendInt(dst, int64(c), 10)
 			}
-		case dBytes:
-			dst = bin(dst)
-		case dUUID:
+			return append(dst, ']')
+		case "uuid":
 			// java.util.UUID.nameUUIDFromBytes: MD5, version 3, IETF variant.
 			h := md5.Sum([]byte(Unavailable))
 			h[6] = h[6]&0x0f | 0x30
 			h[8] = h[8]&0x3f | 0x80
 			x := hex.EncodeToString(h[:])
-			dst = AppendString(dst, x[:8]+"-"+x[8:12]+"-"+x[12:16]+"-"+x[16:20]+"-"+x[20:])
-		default:
-			dst = str(dst)
+			return append(AppendString(append(dst, '['), x[:8]+"-"+x[8:12]+"-"+x[12:16]+"-"+x[16:20]+"-"+x[20:]), ']')
 		}
-		return append(dst, ']')
 	}
 	return str(dst)
+}
+
+// UnavailableFits reports whether the placeholder fits the column's schema: a string for a
+// string, bytes for bytes, an array of the element's type.
+func (d *Debezium) UnavailableFits() bool {
+	switch d.form {
+	case dString, dJSON, dXML, dUUID, dTsvector, dTimeTZ, dTimestampTZ, dBytes, dHstore:
+		return true
+	case dArray:
+		switch d.elem.base {
+		case "text", "varchar", "bpchar", "json", "jsonb", "bytea", "int4", "int8", "uuid":
+			return true
+		}
+	}
+	return false
 }

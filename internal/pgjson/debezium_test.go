@@ -110,6 +110,18 @@ func TestDebeziumForms(t *testing.T) {
 		{arr("int4"), -1, 0, "{{1,2},{3,4}}", "[[1,2],[3,4]]"},
 		{arr("numeric"), numeric(10, 2), DecimalPrecise, "{1.50,-3.00}", `["AJY=","/tQ="]`},
 		{arr("text"), -1, 0, `{"a,b",NULL,"NULL"}`, `["a,b",null,"NULL"]`},
+		// A domain's column takes the domain's modifier (its own is -1).
+		{&Type{Name: "d", base: "numeric", domTypmod: numeric(10, 2), hasDomTypmod: true}, -1, DecimalPrecise, "12.34", `"BNI="`},
+		{&Type{Name: "d", base: "timestamp", domTypmod: 3, hasDomTypmod: true}, -1, 0, "2024-02-29 13:14:15.5", "1709212455500"},
+		{&Type{Name: "d", base: "bit", domTypmod: 1, hasDomTypmod: true}, -1, 0, "1", "true"},
+		// pgjdbc keeps an interval's microseconds apart from its seconds: 1 + 0.003691.
+		{ty("interval"), -1, 0, "PT1.003691S", "1003690"},
+		{ty("interval"), -1, 0, "PT1.003969S", "1003969"},
+		{ty("numeric"), numeric(5, -2), DecimalPrecise, "0", `"AA=="`},
+		{ty("numeric"), numeric(5, -2), DecimalString, "0", `"0"`},
+		// The last years of PostgreSQL's timestamps: past 64-bit microseconds, not milliseconds.
+		{ty("timestamptz"), -1, 0, "294250-01-01 00:00:00+00", `"+294250-01-01T00:00:00.000000Z"`},
+		{ty("timestamp"), 3, 0, "294276-12-31 23:59:59.999", "9224318015999999"},
 	}
 	for _, c := range cases {
 		got, err := c.t.Debezium(c.typmod, c.mode).Append(nil, []byte(c.text))
@@ -153,6 +165,8 @@ func TestDebeziumSchemas(t *testing.T) {
 		{ty("timestamptz"), -1, 0, `{"type":"string","optional":false,"name":"io.debezium.time.ZonedTimestamp","version":1,"field":"c"}`},
 		{ty("interval"), -1, 0, `{"type":"int64","optional":false,"name":"io.debezium.time.MicroDuration","version":1,"field":"c"}`},
 		{ty("bit"), 3, 0, `{"type":"bytes","optional":false,"name":"io.debezium.data.Bits","version":1,"parameters":{"length":"3"},"field":"c"}`},
+		{ty("varbit"), -1, 0, `{"type":"bytes","optional":false,"name":"io.debezium.data.Bits","version":1,"parameters":{"length":"2147483647"},"field":"c"}`},
+		{ty("tsvector"), -1, 0, `{"type":"string","optional":false,"name":"io.debezium.data.Tsvector","version":1,"field":"c"}`},
 		{&Type{Name: "_date", kind: kArray, elem: ty("date"), delim: ','}, -1, 0, `{"type":"array","items":{"type":"int32","optional":true,"name":"io.debezium.time.Date","version":1},"optional":false,"field":"c"}`},
 	}
 	for _, c := range cases {

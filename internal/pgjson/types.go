@@ -45,6 +45,11 @@ type Type struct {
 	OID     uint32
 	Name    string // type name, schema-qualified outside pg_catalog
 	base    string // a built-in base type's name (a domain's: its base type's); "hstore"; "" otherwise
+	// domTypmod is a domain's declared type modifier (numeric(10,2), timestamp(3)): a column of
+	// the domain has none of its own. hasDomTypmod: it has one (the domain's or, for a domain
+	// over a domain, the nearest one's).
+	domTypmod    int32
+	hasDomTypmod bool
 	kind    kind
 	prof    Profile
 	elem    *Type   // arrays: the element type
@@ -572,9 +577,10 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 	var name, schema string
 	var typtype, category, delim byte
 	var elem, base, relid uint32
-	err := r.conn.QueryRow(ctx, `SELECT t.typname, n.nspname, t.typtype, t.typcategory, t.typelem, t.typbasetype, t.typdelim, t.typrelid
+	var typmod int32
+	err := r.conn.QueryRow(ctx, `SELECT t.typname, n.nspname, t.typtype, t.typcategory, t.typelem, t.typbasetype, t.typdelim, t.typrelid, t.typtypmod
 		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1`, oid).
-		Scan(&name, &schema, &typtype, &category, &elem, &base, &delim, &relid)
+		Scan(&name, &schema, &typtype, &category, &elem, &base, &delim, &relid, &typmod)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("type %d does not exist", oid)
 	}
@@ -599,6 +605,9 @@ func (r *Registry) load(ctx context.Context, oid uint32, depth int) (*Type, erro
 		}
 		c := *b
 		c.OID, c.Name = oid, t.Name
+		if typmod >= 0 {
+			c.domTypmod, c.hasDomTypmod = typmod, true
+		}
 		t = &c
 	case category == 'A' && elem != 0:
 		e, err := r.load(ctx, elem, depth+1)

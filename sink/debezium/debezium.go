@@ -23,6 +23,8 @@
 //     refuses an update without before: it needs REPLICA IDENTITY FULL, with Debezium too.)
 //   - A TOASTed value the update did not carry is Debezium's placeholder,
 //     __debezium_unavailable_value, in the column's shape (pgjson.Debezium.AppendUnavailable).
+//     With Schemas the sync has such rows read again whole (merge.Config.RereadPartial): the
+//     placeholder does not fit most columns' schemas (a number's, a Decimal's).
 //   - Values have Debezium's per-type forms (pgjson.Debezium: days, micros, Decimal bytes,
 //     ZonedTimestamp strings...), computed from the value's text, which is the same whether the
 //     backfill or the stream read it: one form per value. The decimal mode is Debezium's
@@ -68,14 +70,24 @@ type Encoder struct {
 // Format is the output's format as its checkpoint records it and a run's flags spell it: a run
 // in another one is refused, since a consumer would meet two forms of the same column.
 func (e *Encoder) Format() string {
-	f := "debezium"
-	if e.Decimal != pgjson.DecimalPrecise {
-		f += " --debezium-decimal " + e.Decimal.String()
-	}
+	f := "debezium --debezium-decimal " + e.Decimal.String()
 	if e.Schemas {
 		f += " --debezium-schemas"
 	}
 	return f
+}
+
+// legacy is the format an earlier Tidemark recorded for its Debezium envelopes, which held
+// Tidemark's value forms, not Debezium's.
+const legacy = "debezium"
+
+// Continue says how a run continues an output whose checkpoint records format held (a Format,
+// or "tidemark").
+func Continue(held string) string {
+	if held == legacy {
+		return "a new output (an earlier Tidemark wrote this one's Debezium envelopes with its own value forms, which no run writes now)"
+	}
+	return "--format " + held
 }
 
 type columns struct {
@@ -180,7 +192,7 @@ const sourceSchema = `{"type":"struct","fields":[` +
 	`{"type":"int64","optional":true,"field":"xmin"},` +
 	`{"type":"string","optional":true,"field":"origin"},` +
 	`{"type":"int64","optional":true,"field":"origin_lsn"}` +
-	`],"optional":false,"name":"io.debezium.connector.postgresql.Source","field":"source"}`
+	`],"optional":false,"name":"io.debezium.connector.postgresql.Source","version":1,"field":"source"}`
 
 // transactionSchema is the transaction block's schema (event.block); Tidemark writes it null.
 const transactionSchema = `{"type":"struct","fields":[` +
@@ -321,6 +333,11 @@ func (e *Encoder) row(b []byte, ec *columns, ev *merge.Event, n int, col func(in
 		}
 		v := col(i)
 		if v.Kind == replicator.Unchanged {
+			if e.Schemas && !ec.forms[i].UnavailableFits() {
+				// The sync reads such rows again whole (merge.Config.RereadPartial): one here
+				// would not match the column's schema.
+				return b, fmt.Errorf("column %s of %s.%s: an update left its TOASTed value out, and Debezium's placeholder does not fit the column's schema", ev.Columns.Names[i], ev.Columns.Schema, ev.Columns.Table)
+			}
 			b = ec.forms[i].AppendUnavailable(b)
 			continue
 		}

@@ -279,7 +279,7 @@ func (s *Writer) SetDebezium(enc *debezium.Encoder) error {
 		return fmt.Errorf("the output holds Tidemark's JSON lines (its checkpoint says so): a run with --format %s would mix two formats in it; write to another file, or drop --format", enc.Format())
 	}
 	if s.offset > 0 && s.format != enc.Format() {
-		return fmt.Errorf("the output holds lines in the %s format (its checkpoint says so): a run with --format %s would mix two formats in it; give --format %s, or write to another file", s.format, enc.Format(), s.format)
+		return fmt.Errorf("the output holds lines in the %s format (its checkpoint says so): a run with --format %s would mix two formats in it; give %s, or write to another file", s.format, enc.Format(), debezium.Continue(s.format))
 	}
 	s.dbz, s.format = enc, enc.Format()
 	return nil
@@ -288,7 +288,7 @@ func (s *Writer) SetDebezium(enc *debezium.Encoder) error {
 // CheckFormat refuses a Tidemark-format run on an output that holds Debezium's envelopes.
 func (s *Writer) CheckFormat() error {
 	if s.dbz == nil && s.format != "" && s.offset > 0 {
-		return fmt.Errorf("the output holds Debezium's envelopes (its checkpoint says so): a run without --format debezium would mix two formats in it; give --format %s, or write to another file", s.format)
+		return fmt.Errorf("the output holds Debezium's envelopes (its checkpoint says so): a run without --format debezium would mix two formats in it; give %s, or write to another file", debezium.Continue(s.format))
 	}
 	s.format = "" // an output with nothing in it yet takes this run's format
 	return nil

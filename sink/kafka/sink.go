@@ -220,8 +220,8 @@ func Open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 			held = "tidemark"
 		}
 		if held != s.format() && len(known) > 0 && pos != nil {
-			return fail(fmt.Errorf("%s holds records in the %s format (its checkpoint says so): a run with --format %s would mix two formats in its topics; give --format %s, or another prefix",
-				o.Address, held, s.format(), held))
+			return fail(fmt.Errorf("%s holds records in the %s format (its checkpoint says so): a run with --format %s would mix two formats in its topics; give %s, or another prefix",
+				o.Address, held, s.format(), debezium.Continue(held)))
 		}
 		layout := ck.Layout
 		if layout == "" {

@@ -285,8 +285,8 @@ func open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 		return fail(err)
 	}
 	if ck != nil && ck.Format != "" && ck.Format != s.format() && s.seq > 0 {
-		return fail(fmt.Errorf("%s holds messages in the %s format (its checkpoint says so): a run with --format %s would mix two formats in one stream; give --format %s, or another stream",
-			o.Address, ck.Format, s.format(), ck.Format))
+		return fail(fmt.Errorf("%s holds messages in the %s format (its checkpoint says so): a run with --format %s would mix two formats in one stream; give %s, or another stream",
+			o.Address, ck.Format, s.format(), debezium.Continue(ck.Format)))
 	}
 	var pos *merge.Position
 	if ck != nil {
