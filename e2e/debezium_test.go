@@ -404,7 +404,10 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 	db5s := *db5
 	db5s.Slot += "_s"
 	for _, run := range []func() error{
-		func() error { _, err := runSync(t, db5, plainOut, "--format", "debezium", "--stop-when-caught-up"); return err },
+		func() error {
+			_, err := runSync(t, db5, plainOut, "--format", "debezium", "--stop-when-caught-up")
+			return err
+		},
 		func() error {
 			_, err := runSync(t, &db5s, schemaOut, "--format", "debezium", "--debezium-schemas", "--stop-when-caught-up")
 			return err

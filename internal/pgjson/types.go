@@ -42,20 +42,20 @@ const (
 
 // Type is how one PostgreSQL type's values become JSON. Types are immutable and shared.
 type Type struct {
-	OID     uint32
-	Name    string // type name, schema-qualified outside pg_catalog
-	base    string // a built-in base type's name (a domain's: its base type's); "hstore"; "" otherwise
+	OID  uint32
+	Name string // type name, schema-qualified outside pg_catalog
+	base string // a built-in base type's name (a domain's: its base type's); "hstore"; "" otherwise
 	// domTypmod is a domain's declared type modifier (numeric(10,2), timestamp(3)): a column of
 	// the domain has none of its own. hasDomTypmod: it has one (the domain's or, for a domain
 	// over a domain, the nearest one's).
 	domTypmod    int32
 	hasDomTypmod bool
-	kind    kind
-	prof    Profile
-	elem    *Type   // arrays: the element type
-	delim   byte    // arrays: the element delimiter (',' for all but box, ';')
-	untyped bool    // Airbyte: an array the Java connector does not type (schema without items)
-	fields  []Field // composites: the fields as first loaded
+	kind         kind
+	prof         Profile
+	elem         *Type   // arrays: the element type
+	delim        byte    // arrays: the element delimiter (',' for all but box, ';')
+	untyped      bool    // Airbyte: an array the Java connector does not type (schema without items)
+	fields       []Field // composites: the fields as first loaded
 	// comp is a composite's current definition, shared by the domains over it: ALTER TYPE ...
 	// ADD or DROP ATTRIBUTE changes it while the capture runs (Registry.Reload). nil: fields.
 	comp *compositeHolder
