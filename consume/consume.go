@@ -43,7 +43,12 @@ type Options struct {
 	// StopWhenCaughtUp ends Run once the group has applied every record that was committed to
 	// the output when the consumer joined.
 	StopWhenCaughtUp bool
-	Log              zerolog.Logger
+	// SessionTimeout is how long the group waits for a member that stopped answering before it
+	// gives its tables to the others; 0: 10 s (not Kafka's 45). RebalanceTimeout is how long a
+	// rebalance waits for the members to join again; 0: 30 s (a member still applying a batch
+	// past it is left out, then finds its offsets moved, and reads again).
+	SessionTimeout, RebalanceTimeout time.Duration
+	Log                              zerolog.Logger
 }
 
 // tp is a topic partition.
@@ -147,12 +152,10 @@ func open(ctx context.Context, o Options) (*Consumer, error) {
 	}
 	c.cl, err = kgo.NewClient(append(opts,
 		kgo.ConsumerGroup(o.Group),
-		// A member killed holds its tables until the group gives up on it: 10 s, not Kafka's 45;
-		// in a rebalance, a member that does not join again within 30 s (not 60) is left out
-		// (one still applying a batch then finds its offsets moved, and reads again).
-		kgo.SessionTimeout(10*time.Second),
-		kgo.HeartbeatInterval(time.Second),
-		kgo.RebalanceTimeout(30*time.Second),
+		// A member killed holds its tables until the group gives up on it (Options).
+		kgo.SessionTimeout(orDefault(o.SessionTimeout, 10*time.Second)),
+		kgo.HeartbeatInterval(min(time.Second, orDefault(o.SessionTimeout, 10*time.Second)/3)),
+		kgo.RebalanceTimeout(orDefault(o.RebalanceTimeout, 30*time.Second)),
 		kgo.ConsumeTopics(topics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// An offset out of range (records deleted under the consumer, a topic made again) is an
@@ -593,4 +596,11 @@ func scanOffsets(rows pgx.Rows, err error) (map[tp]int64, error) {
 		return nil, fmt.Errorf("target: read the group's offsets: %w", err)
 	}
 	return out, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }

@@ -27,7 +27,7 @@ type consumer struct {
 
 func startConsume(t *testing.T, from, to, group string, args ...string) *consumer {
 	t.Helper()
-	cmd := exec.Command(tidemarkBinary(t), append([]string{"consume", "--from", from, "--to", to, "--group", group}, args...)...)
+	cmd := exec.Command(tidemarkBinary(t), append([]string{"consume", "--from", from, "--to", to, "--group", group}, append(quickGroup, args...)...)...)
 	c := &consumer{cmd: cmd, stderr: &e2e.SyncBuffer{}}
 	cmd.Stderr = c.stderr
 	require.NoError(t, cmd.Start())
@@ -42,13 +42,18 @@ func (c *consumer) kill() bool {
 	return ok && ee.Sys().(syscall.WaitStatus).Signaled()
 }
 
+// quickGroup are the group timeouts of the tests' members: a killed member's tables move on
+// after 6 s (the brokers' least), and a rebalance waits 6 s for the members, not the 10 s and
+// 30 s of the defaults, which the kills of TestConsumeKilled would otherwise wait out again and again.
+var quickGroup = []string{"--session-timeout", "6s", "--rebalance-timeout", "6s"}
+
 // runConsume runs `tidemark consume --stop-when-caught-up` to its end.
 func runConsume(t *testing.T, from, to, group string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, tidemarkBinary(t), append([]string{"consume", "--from", from, "--to", to, "--group", group,
-		"--stop-when-caught-up"}, args...)...).CombinedOutput()
+		"--stop-when-caught-up"}, append(quickGroup, args...)...)...).CombinedOutput()
 	return string(out), err
 }
 

@@ -17,10 +17,11 @@ import (
 func TestFlagRanges(t *testing.T) {
 	source := "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable"
 	base := map[string][]string{
-		"sync":  {"--source", source, "--tables", "public.t", "--to", t.TempDir() + "/out.jsonl"},
-		"demo":  nil,
-		"bench": nil,
-		"chaos": {"--mode", "jsonl"},
+		"sync":    {"--source", source, "--tables", "public.t", "--to", t.TempDir() + "/out.jsonl"},
+		"demo":    nil,
+		"bench":   nil,
+		"chaos":   {"--mode", "jsonl"},
+		"consume": {"--from", "kafka://127.0.0.1:1/p", "--to", source, "--group", "g"},
 	}
 	type limit struct {
 		cmd, flag string
@@ -57,6 +58,8 @@ func TestFlagRanges(t *testing.T) {
 		{"sync", "nats-replicas", 1, 5, false, natsTo},
 		{"sync", "nats-duplicate-window", int64(time.Second), int64(7 * 24 * time.Hour), true, natsTo},
 		{"chaos", "nats-replicas", 1, 5, false, nil},
+		{"consume", "session-timeout", int64(time.Second), int64(time.Hour), true, nil},
+		{"consume", "rebalance-timeout", int64(time.Second), int64(time.Hour), true, nil},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
