@@ -154,7 +154,7 @@ func open(ctx context.Context, o Options) (*Consumer, error) {
 		kgo.ConsumerGroup(o.Group),
 		// A member killed holds its tables until the group gives up on it (Options).
 		kgo.SessionTimeout(orDefault(o.SessionTimeout, 10*time.Second)),
-		kgo.HeartbeatInterval(min(time.Second, orDefault(o.SessionTimeout, 10*time.Second)/3)),
+		kgo.HeartbeatInterval(min(time.Second, orDefault(o.SessionTimeout, 10*time.Second)/3, orDefault(o.RebalanceTimeout, 30*time.Second)/3)),
 		kgo.RebalanceTimeout(orDefault(o.RebalanceTimeout, 30*time.Second)),
 		kgo.ConsumeTopics(topics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -427,7 +427,7 @@ func (c *Consumer) run(ctx context.Context) error {
 			case errors.Is(err, kerr.InconsistentGroupProtocol), errors.Is(err, kerr.InvalidSessionTimeout),
 				errors.Is(err, kerr.GroupMaxSizeReached), errors.Is(err, kerr.InvalidGroupID):
 				if ferr == nil {
-					ferr = fmt.Errorf("join group %s: %w (a group of tidemark consume members only, a session timeout of 10 s that the brokers allow (group.min.session.timeout.ms), room for one more member)", c.o.Group, err)
+					ferr = fmt.Errorf("join group %s: %w (a group of tidemark consume members only, a --session-timeout (%s) that the brokers allow (group.min.session.timeout.ms, 6 s by default, to group.max.session.timeout.ms, 30 min), room for one more member)", c.o.Group, err, orDefault(c.o.SessionTimeout, 10*time.Second))
 				}
 			case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
 				errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.SaslAuthenticationFailed):

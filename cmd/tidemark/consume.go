@@ -23,7 +23,7 @@ func runConsume(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	problems := outOfRange(durationRange("session-timeout", *session, time.Second, time.Hour),
-		durationRange("rebalance-timeout", *rebalance, time.Second, time.Hour))
+		durationRange("rebalance-timeout", *rebalance, 3*time.Second, time.Hour))
 	if *from == "" {
 		problems = append(problems, "--from is needed (kafka://HOST:PORT[,...]/PREFIX)")
 	}

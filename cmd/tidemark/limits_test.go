@@ -59,7 +59,7 @@ func TestFlagRanges(t *testing.T) {
 		{"sync", "nats-duplicate-window", int64(time.Second), int64(7 * 24 * time.Hour), true, natsTo},
 		{"chaos", "nats-replicas", 1, 5, false, nil},
 		{"consume", "session-timeout", int64(time.Second), int64(time.Hour), true, nil},
-		{"consume", "rebalance-timeout", int64(time.Second), int64(time.Hour), true, nil},
+		{"consume", "rebalance-timeout", int64(3 * time.Second), int64(time.Hour), true, nil},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

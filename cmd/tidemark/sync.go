@@ -387,7 +387,7 @@ func (f *syncFlags) openOutput(ctx context.Context, e *env, srcConn *pgx.Conn, p
 		var addr nats.Address
 		if addr, err = nats.ParseURL(*f.to); err == nil {
 			out, pos, err = nats.Open(ctx, nats.Options{Address: addr, Tables: names, Partitions: *f.natsPartitions, Replicas: *f.natsReplicas,
-				DuplicateWindow: *f.natsDupWindow, Debezium: dbz(addr.Stream), Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, ready)
+				DuplicateWindow: *f.natsDupWindow, Debezium: dbz(addr.Stream), RereadPartial: *f.format == "debezium" && *f.dbzSchemas, Slot: *f.slot, Types: pgjson.NewRegistry(srcConn), Log: e.log}, ready)
 		}
 	case kafka.IsURL(*f.to):
 		var addr kafka.Address

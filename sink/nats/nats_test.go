@@ -19,6 +19,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgjson"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
+	"github.com/tidemark/tidemark/sink/debezium"
 	tmnats "github.com/tidemark/tidemark/sink/nats"
 )
 
@@ -39,6 +40,8 @@ type failAfter struct {
 	// beforeRefresh: the run stops before its first refresh, after the stream took what came
 	// before it.
 	beforeRefresh bool
+	// afterSnapshot: the run stops once the stream took its first backfilled (or re-read) row.
+	afterSnapshot bool
 }
 
 func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
@@ -54,6 +57,15 @@ func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
 		}
 	}
 	*f.emitted += len(events)
+	if f.afterSnapshot && slices.ContainsFunc(events, func(e merge.Event) bool { return e.Op == merge.Snapshot }) {
+		if err := f.Sink.Emit(ctx, events); err != nil {
+			return err
+		}
+		if err := f.Sink.Flush(ctx); err != nil {
+			return err
+		}
+		return errStop
+	}
 	return f.Sink.Emit(ctx, events)
 }
 
@@ -83,6 +95,8 @@ type run struct {
 	history       string
 	refresh       []string // tables re-backfilled (sync --rebackfill)
 	beforeRefresh bool
+	afterSnapshot bool
+	reread        bool // merge.Config.RereadPartial, and the output told so
 }
 
 // capture runs the engine into the output at addr until it has caught up (or its failAt-th
@@ -96,13 +110,13 @@ func capture(t *testing.T, db *e2e.TestDB, addr tmnats.Address, r run, tables ..
 		names = append(names, "public."+name)
 	}
 	s, from, err := tmnats.Open(ctx, tmnats.Options{Address: addr, Tables: names, Partitions: r.partitions, Replicas: r.replicas, Slot: db.Slot,
-		Types: pgjson.NewRegistry(conn), Log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)}, func() error { return nil })
+		RereadPartial: r.reread, Types: pgjson.NewRegistry(conn), Log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)}, func() error { return nil })
 	if err != nil {
 		return 0, err
 	}
 	defer s.Close(ctx)
 	cfg := merge.Config{Source: replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication, CreateSlot: true},
-		AckCheckpoints: true, StopWhenCaughtUp: true, ChunkSize: 7, ChunkGrowth: 1}
+		AckCheckpoints: true, StopWhenCaughtUp: true, ChunkSize: 7, ChunkGrowth: 1, RereadPartial: r.reread}
 	for _, name := range tables {
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: name})
 	}
@@ -112,7 +126,7 @@ func capture(t *testing.T, db *e2e.TestDB, addr tmnats.Address, r run, tables ..
 		}
 	}
 	var emitted int
-	eng, err := merge.New(cfg, &failAfter{Sink: s, n: r.failAt, emitted: &emitted, history: r.history, beforeRefresh: r.beforeRefresh},
+	eng, err := merge.New(cfg, &failAfter{Sink: s, n: r.failAt, emitted: &emitted, history: r.history, beforeRefresh: r.beforeRefresh, afterSnapshot: r.afterSnapshot},
 		zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
 	require.NoError(t, err)
 	err = eng.Run(ctx, from)
@@ -315,6 +329,58 @@ func TestSecondWriterFences(t *testing.T) {
 	err := first.Checkpoint(ctx, pos)
 	require.ErrorContains(t, err, "another tidemark sync took over")
 	require.NoError(t, second.Checkpoint(ctx, pos))
+}
+
+// TestRereadNotSkipped: with RereadPartial (Debezium's schemas), an update that leaves a TOASTed
+// value out is no event: its row is read again. A run killed once the stream took such a row,
+// before its checkpoint, is followed by an update of the same row: the next run reads the row
+// again (both updates lack the value) and must write it, though the stream has a reading of the
+// row past the checkpoint, older than this one.
+func TestRereadNotSkipped(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	addr, _ := e2e.NATS(t)
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY, big text, ver bigint)`)
+	db.Exec(`ALTER TABLE a ALTER COLUMN big SET STORAGE EXTERNAL`)
+	db.Exec(`INSERT INTO a VALUES (1, repeat('x', 5000), 1)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
+	_, err := capture(t, db, addr, run{reread: true}, "a")
+	require.NoError(t, err)
+	db.Exec(`UPDATE a SET ver = 2`)
+	_, err = capture(t, db, addr, run{reread: true, afterSnapshot: true}, "a")
+	require.ErrorIs(t, err, errStop)
+	db.Exec(`UPDATE a SET ver = 3`)
+	_, err = capture(t, db, addr, run{reread: true}, "a")
+	require.NoError(t, err)
+	replay(t, db, addr, "a")
+}
+
+// TestFormatTakenWhileEmpty: a run in another format on an output whose stream holds nothing
+// yet records its format before its first message (it is refused once the stream holds any):
+// else a run killed before its first checkpoint would leave its messages under the checkpoint
+// of the other format, and a run in that format would append to them.
+func TestFormatTakenWhileEmpty(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	addr, _ := e2e.NATS(t)
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
+	ctx := context.Background()
+	open := func(dbz *debezium.Encoder) {
+		s, _, err := tmnats.Open(ctx, tmnats.Options{Address: addr, Tables: []string{"public.a"}, Slot: db.Slot, Debezium: dbz,
+			Types: pgjson.NewRegistry(db.Connect()), Log: zerolog.Nop()}, func() error { return nil })
+		require.NoError(t, err)
+		require.NoError(t, s.Close(ctx))
+	}
+	format := func() string {
+		ck, err := tmnats.ReadCheckpoint(ctx, addr)
+		require.NoError(t, err)
+		return ck.Format
+	}
+	open(nil)
+	require.Equal(t, "tidemark", format())
+	dbz := debezium.NewEncoder(pgjson.NewRegistry(db.Connect()))
+	open(dbz)
+	require.Equal(t, dbz.Format(), format())
+	open(nil)
+	require.Equal(t, "tidemark", format())
 }
 
 // TestStreamRefused: a stream holding messages no checkpoint accounts for, a stream with other

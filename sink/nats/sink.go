@@ -50,6 +50,12 @@ type Options struct {
 	Log   zerolog.Logger
 	// Debezium, when set, writes Debezium's envelopes instead of Tidemark's lines.
 	Debezium *debezium.Encoder
+	// RereadPartial is the engine's merge.Config.RereadPartial: an update without its unchanged
+	// TOASTed values is no event, its row is read again instead. A row read past the checkpoint
+	// is then no promise that the stream holds the row's every change after it (the update may
+	// be only in the next reading), so a restart skips none of them: a row may come twice, and
+	// none is lost.
+	RereadPartial bool
 }
 
 // CheckpointVersion is the version of the checkpoint this package writes and reads.
@@ -288,6 +294,14 @@ func open(ctx context.Context, o Options, ready func() error) (*Sink, *merge.Pos
 		return fail(fmt.Errorf("%s holds messages in the %s format (its checkpoint says so): a run with --format %s would mix two formats in one stream; give %s, or another stream",
 			o.Address, ck.Format, s.format(), debezium.Continue(ck.Format)))
 	}
+	if ck != nil && ck.Stream && ck.Format != s.format() && s.seq == 0 {
+		// Nothing in the stream yet: the output takes this run's format, recorded before its
+		// first message, so that a later run in the earlier format is refused once it holds any.
+		next.Format = s.format()
+		if err := s.writeCheckpoint(ctx, next); err != nil {
+			return fail(err)
+		}
+	}
 	var pos *merge.Position
 	if ck != nil {
 		pos = ck.Position
@@ -519,6 +533,9 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 		t, op := h.Get(HeaderTable), h.Get(HeaderOp)
 		switch op {
 		case merge.Snapshot.String():
+			if s.o.RereadPartial {
+				return nil
+			}
 			if s.skip[t] == nil {
 				s.skip[t] = map[string]bool{}
 			}
