@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -333,6 +334,9 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{"r": 50, "d": 1}, ops)
+	vout, err := exec.Command(tidemarkBinary(t), "verify", "--source", db.DSN, "--tables", "public.t", "--to", out).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(vout), "holds records in the Debezium format: verify replays the tidemark format")
 	_, err = runSync(t, db, out, "--stop-when-caught-up")
 	require.ErrorContains(t, err, "would mix two formats")
 	// Another decimal mode, or the schemas, on the same output: two forms of a column.

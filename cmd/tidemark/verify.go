@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/tidemark/tidemark/internal/pgconf"
 	"github.com/tidemark/tidemark/internal/secret"
 	"github.com/tidemark/tidemark/merge"
+	"github.com/tidemark/tidemark/sink/jsonl"
 	"github.com/tidemark/tidemark/sink/kafka"
 	"github.com/tidemark/tidemark/sink/nats"
 	"github.com/tidemark/tidemark/verify"
@@ -95,6 +97,12 @@ func runVerify(ctx context.Context, args []string, e *env) (err error) {
 			return fmt.Errorf("%w: what the output's partitions hold differs from one order (a consumer per partition would see another history): %s", errDiffers, found[0])
 		}
 	} else {
+		// A file in the Debezium format (its checkpoint beside it says so) is refused by name,
+		// not at its first line.
+		var ck jsonl.CheckpointFile
+		if b, rerr := os.ReadFile(*to + ".checkpoint"); rerr == nil && json.Unmarshal(b, &ck) == nil && strings.HasPrefix(ck.Format, "debezium") {
+			return checkLogFormat(*to, true, true)
+		}
 		rep, err = verify.JSONLines(ctx, opts, *to)
 	}
 	if err != nil {
