@@ -500,3 +500,47 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 	_, err = runSync(t, db2, addr.String(), "--stop-when-caught-up")
 	require.ErrorContains(t, err, "would mix two formats")
 }
+
+// TestDebeziumTypmodChanged: a column's type modifier changed without a rewrite (timestamp(3)
+// to timestamp(6)) between the stream's last description of the table and a re-backfill: the
+// backfilled rows take the modifier the chunk read (microseconds), not the stream's older one
+// (milliseconds), since the stream says it anew with the next change. One form per value.
+func TestDebeziumTypmodChanged(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ts timestamp(3))`)
+	db.Exec(`INSERT INTO t SELECT g, '2024-02-29 13:14:15.5' FROM generate_series(1, 5) g`)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	_, err := runSync(t, db, out, "--format", "debezium", "--stop-when-caught-up", "--quiet")
+	require.NoError(t, err)
+	db.Exec(`UPDATE t SET id = id WHERE id = 1`) // described to the stream as timestamp(3)
+	conn := db.Connect()
+	defer conn.Close(context.Background())
+	filenode := func() (n uint32) {
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT pg_relation_filenode('t')`).Scan(&n))
+		return n
+	}
+	before := filenode()
+	db.Exec(`ALTER TABLE t ALTER COLUMN ts TYPE timestamp(6)`)
+	require.Equal(t, before, filenode(), "raising a timestamp's precision does not rewrite the table")
+	_, err = runSync(t, db, out, "--format", "debezium", "--stop-when-caught-up", "--quiet", "--rebackfill", "public.t", "--chunk-size", "2")
+	require.NoError(t, err)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var forms []string
+	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var v struct {
+			Op    string
+			After map[string]any
+		}
+		require.NoError(t, json.Unmarshal(l, &v), "%s", l)
+		if v.After != nil {
+			forms = append(forms, fmt.Sprintf("%s %v", v.Op, v.After["ts"]))
+		} else {
+			forms = append(forms, v.Op)
+		}
+	}
+	// The first backfill in milliseconds, the re-backfill (after its refresh, t) in
+	// microseconds.
+	ms, us := "r 1.7092124555e+12", "r 1.7092124555e+15"
+	require.Equal(t, []string{ms, ms, ms, ms, ms, "t", us, us, us, us, us}, forms)
+}

@@ -555,11 +555,13 @@ func identityName(r *replicator.Relation) string {
 	return "DEFAULT, the primary key " + strings.Join(keys, ", ")
 }
 
-// describes reports whether the stream's description r has the columns a chunk of t reads (names
-// and types, in order).
+// describes reports whether the stream's description r has the columns a chunk of t reads (names,
+// types and type modifiers, in order). A modifier changed without a rewrite (timestamp(3) to
+// timestamp(6), varbit(1) to varbit(8)) changes the forms of some outputs (Debezium's
+// milliseconds or microseconds): rows read since take the chunk's, until the stream says it.
 func describes(r *replicator.Relation, t *chunker.Table) bool {
 	return slices.EqualFunc(r.Columns, t.Columns, func(x replicator.Column, y chunker.Column) bool {
-		return x.Name == y.Name && x.TypeOID == y.TypeOID
+		return x.Name == y.Name && x.TypeOID == y.TypeOID && x.TypeMod == y.TypeMod
 	})
 }
 
