@@ -403,9 +403,10 @@ func (r *Reader) inTx(ctx context.Context, t *Table, c *Chunk, stmts []statement
 }
 
 // snapshotSQL captures the transaction's snapshot (it is taken by this first query) and reads
-// the table's columns and name, which checkSnapshot compares.
+// the table's columns (names, types and type modifiers: a modifier changed without a rewrite
+// changes some outputs' forms) and name, which checkSnapshot compares.
 func snapshotSQL(t *Table) string {
-	return fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid, ',' ORDER BY attnum)
+	return fmt.Sprintf(`SELECT pg_current_snapshot()::text, (SELECT string_agg(attname || ':' || atttypid || ':' || atttypmod, ',' ORDER BY attnum)
 		FROM pg_attribute WHERE attrelid = %d AND attnum > 0 AND NOT attisdropped AND attgenerated = ''),
 		(SELECT n.nspname = %s AND c.relname = %s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %d)`,
 		t.OID, sqlfix.Literal(t.Schema), sqlfix.Literal(t.Name), t.OID)
@@ -425,7 +426,7 @@ func checkSnapshot(t *Table, row [][]byte) (Snapshot, error) {
 	}
 	var want []string
 	for _, c := range t.Columns {
-		want = append(want, fmt.Sprintf("%s:%d", c.Name, c.TypeOID))
+		want = append(want, fmt.Sprintf("%s:%d:%d", c.Name, c.TypeOID, c.TypeMod))
 	}
 	var got []string
 	for _, col := range strings.Split(string(row[1]), ",") {

@@ -544,3 +544,47 @@ func TestDebeziumTypmodChanged(t *testing.T) {
 	ms, us := "r 1.7092124555e+12", "r 1.7092124555e+15"
 	require.Equal(t, []string{ms, ms, ms, ms, ms, "t", us, us, us, us, us}, forms)
 }
+
+// TestDebeziumTypmodChangedWhileBackfilling: the same change while a backfill runs, followed by
+// an update (the stream says the new modifier): the chunks read after it are read again with
+// the table's new definition, so the last backfilled rows and the update are in microseconds.
+func TestDebeziumTypmodChangedWhileBackfilling(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ts timestamp(3))`)
+	db.Exec(`INSERT INTO t SELECT g, '2024-02-29 13:14:15.5' FROM generate_series(1, 4000) g`)
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	done := make(chan error, 1)
+	go func() {
+		_, err := runSync(t, db, out, "--format", "debezium", "--stop-when-caught-up", "--quiet", "--chunk-size", "10")
+		done <- err
+	}()
+	e2e.WaitFor(t, time.Minute, "a part of the backfill", func() bool {
+		b, _ := os.ReadFile(out)
+		return bytes.Count(b, []byte("\n")) > 300
+	})
+	db.Exec(`ALTER TABLE t ALTER COLUMN ts TYPE timestamp(6)`)
+	db.Exec(`UPDATE t SET id = id WHERE id = 1`)
+	require.NoError(t, <-done)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	ls := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+	var lastR, update string
+	forms := map[string]int{}
+	for _, l := range ls {
+		var v struct {
+			Op    string
+			After map[string]json.RawMessage
+		}
+		require.NoError(t, json.Unmarshal(l, &v), "%s", l)
+		switch v.Op {
+		case "r":
+			lastR = string(v.After["ts"])
+			forms[lastR]++
+		case "u":
+			update = string(v.After["ts"])
+		}
+	}
+	require.Equal(t, "1709212455500000", update)
+	require.Equal(t, "1709212455500000", lastR, "the last backfilled row takes the new modifier")
+	require.Positive(t, forms["1709212455500"], "the backfill was under way when the type changed: %v", forms)
+}
