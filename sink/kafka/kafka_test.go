@@ -59,6 +59,19 @@ func capture(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, table
 	return err
 }
 
+// setupCapture is capture to the end, for a test's setup: a run that the in-process broker
+// fails with OUT_OF_ORDER_SEQUENCE_NUMBER (seen once, on a loaded machine, on a fresh
+// cluster's first transaction: kfake's answer to a produce request retried) is run again from
+// its checkpoint, as tidemark sync runs again after a failed transaction.
+func setupCapture(t *testing.T, db *e2e.TestDB, addr kafka.Address, tables ...string) error {
+	err := capture(t, db, addr, 0, tables...)
+	if err != nil && strings.Contains(err.Error(), "OUT_OF_ORDER_SEQUENCE_NUMBER") {
+		t.Logf("the broker failed the run, which runs again: %v", err)
+		err = capture(t, db, addr, 0, tables...)
+	}
+	return err
+}
+
 // captureCount is capture, and returns the events emitted.
 func captureCount(t *testing.T, db *e2e.TestDB, addr kafka.Address, failAt int, tables ...string) (int, error) {
 	return captureWith(t, db, addr, failAt, 0, 0, tables...)
@@ -209,7 +222,7 @@ func TestTopicsRefused(t *testing.T) {
 
 	// The partitions changed after a run.
 	addr = e2e.Kafka(t)
-	require.NoError(t, capture(t, db, addr, 0, "a"))
+	require.NoError(t, setupCapture(t, db, addr, "a"))
 	_, err = kadm.NewClient(client(addr)).CreatePartitions(ctx, 3, kafka.TopicOf(addr.Prefix, "public", "a"))
 	require.NoError(t, err)
 	_, _, err = kafka.Open(ctx, opts(addr, db.Slot), func() error { return nil })
@@ -231,7 +244,7 @@ func TestTopicsRefused(t *testing.T) {
 
 	// Another slot's checkpoint: refused before ready (the slot check) runs.
 	addr2 := e2e.Kafka(t)
-	require.NoError(t, capture(t, db, addr2, 0, "a"))
+	require.NoError(t, setupCapture(t, db, addr2, "a"))
 	_, _, err = kafka.Open(ctx, opts(addr2, "another_slot"), func() error { t.Fatal("ready called"); return nil })
 	require.ErrorContains(t, err, "holds the checkpoint of slot "+db.Slot)
 }
