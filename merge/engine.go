@@ -45,6 +45,19 @@ type Resumer interface {
 	Resume(pos *Position, over bool)
 }
 
+// Leftover is a Sink whose output keeps what a run wrote past its checkpoint (a JetStream
+// stream keeps what a killed run published). Leftover reports, at the start of a run, whether it
+// holds such events under a checkpoint that has no position: a run ended before its first
+// checkpoint. When this run had to create its slot (that run, ending, dropped the slot it had
+// created), those events were read from a slot that is gone, the changes since were in none,
+// and nothing will read them again: every table's output starts over (a refresh first, as a
+// re-backfill's), or rows written then and deleted since would stay in the output. With the
+// slot still there (a run killed), the run reads from where that run began and the sink checks
+// it reads those events again.
+type Leftover interface {
+	Leftover() bool
+}
+
 // Replayer is a Sink that may be writing again, at the start of a run, what its output holds
 // past its checkpoint (a JetStream stream keeps what a killed run published): it checks that the
 // run reads those events again one for one, so no table's output may start over meanwhile. A

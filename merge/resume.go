@@ -58,6 +58,10 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 			from, resync = nil, true
 		}
 	}
+	if l, ok := e.sink.(Leftover); ok && from == nil && stream.Slot().Created && l.Leftover() {
+		e.log.Warn().Str("slot", stream.Slot().Name).Msg("the output holds events of a run that ended before its first checkpoint, read from a slot that run created and dropped: every table's output starts over from the new slot")
+		resync = true
+	}
 	if e.cfg.AddToPublication {
 		if err := e.addToPublication(ctx, conn, from); err != nil {
 			return nil, nil, nil, err

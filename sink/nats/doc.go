@@ -44,7 +44,12 @@
 //     when their chunks are read again: the row the stream has, with every change after it, is
 //     the row as of now. (Only the keys written past the checkpoint the run starts from: a run
 //     killed twice within one chunk's re-read writes some rows again, each a correct copy at a
-//     later point, as a refresh of the row.)
+//     later point, as a refresh of the row.) A delete of the key, in those messages or in the
+//     run, ends that: a row under the key after it is another row, which may have come without
+//     its unchanged TOASTed values (moved onto the key) and is the one the engine reads again.
+//   - A run that ended before its first checkpoint dropped the slot it had created; what it
+//     published stays. On a slot created again, nothing is read again and the changes between
+//     are in no slot: merge.Leftover has the engine start every table's output over.
 //   - The message id (Nats-Msg-Id) is SLOT:HISTORY:LSN:SEQ:IDX: the stream's duplicate window drops a
 //     message sent twice within it, a net behind the marks; a duplicate reported back is an
 //     error, never taken silently.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,6 +43,12 @@ type failAfter struct {
 	beforeRefresh bool
 	// afterSnapshot: the run stops once the stream took its first backfilled (or re-read) row.
 	afterSnapshot bool
+	// then, when set, runs once the stream took the second chunk's rows; the run checkpoints
+	// nothing after it (its checkpoints are dropped, the slot is not confirmed), and stops once
+	// the stream took an insert.
+	then      func()
+	held      bool
+	snapshots int
 }
 
 func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
@@ -57,6 +64,28 @@ func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
 		}
 	}
 	*f.emitted += len(events)
+	if f.then != nil {
+		if err := f.Sink.Emit(ctx, events); err != nil {
+			return err
+		}
+		switch {
+		case !f.held && slices.ContainsFunc(events, func(e merge.Event) bool { return e.Op == merge.Snapshot }):
+			if f.snapshots++; f.snapshots < 2 {
+				return nil
+			}
+			if err := f.Sink.Flush(ctx); err != nil {
+				return err
+			}
+			f.then()
+			f.held = true
+		case f.held && slices.ContainsFunc(events, func(e merge.Event) bool { return e.Op == merge.Insert }):
+			if err := f.Sink.Flush(ctx); err != nil {
+				return err
+			}
+			return errStop
+		}
+		return nil
+	}
 	if f.afterSnapshot && slices.ContainsFunc(events, func(e merge.Event) bool { return e.Op == merge.Snapshot }) {
 		if err := f.Sink.Emit(ctx, events); err != nil {
 			return err
@@ -70,6 +99,9 @@ func (f *failAfter) Emit(ctx context.Context, events []merge.Event) error {
 }
 
 func (f *failAfter) Checkpoint(ctx context.Context, pos *merge.Position) error {
+	if f.held {
+		return nil
+	}
 	if f.seen++; f.n > 0 && f.seen >= f.n {
 		if err := f.Sink.Flush(ctx); err != nil {
 			return err
@@ -97,6 +129,8 @@ type run struct {
 	beforeRefresh bool
 	afterSnapshot bool
 	reread        bool // merge.Config.RereadPartial, and the output told so
+	then          func()
+	afterLow      func() // merge.Hooks.AfterLow, for the run's first chunk
 }
 
 // capture runs the engine into the output at addr until it has caught up (or its failAt-th
@@ -116,9 +150,13 @@ func capture(t *testing.T, db *e2e.TestDB, addr tmnats.Address, r run, tables ..
 	}
 	defer s.Close(ctx)
 	cfg := merge.Config{Source: replicator.Config{DSN: db.DSN, Slot: db.Slot, Publication: db.Publication, CreateSlot: true},
-		AckCheckpoints: true, StopWhenCaughtUp: true, ChunkSize: 7, ChunkGrowth: 1, RereadPartial: r.reread}
+		AckCheckpoints: r.then == nil, StopWhenCaughtUp: true, ChunkSize: 7, ChunkGrowth: 1, RereadPartial: r.reread}
 	for _, name := range tables {
 		cfg.Tables = append(cfg.Tables, merge.TableConfig{Schema: "public", Name: name})
+	}
+	if r.afterLow != nil {
+		var once sync.Once
+		cfg.Hooks.AfterLow = func(context.Context, int64) { once.Do(r.afterLow) }
 	}
 	if from != nil {
 		for _, name := range r.refresh {
@@ -126,7 +164,7 @@ func capture(t *testing.T, db *e2e.TestDB, addr tmnats.Address, r run, tables ..
 		}
 	}
 	var emitted int
-	eng, err := merge.New(cfg, &failAfter{Sink: s, n: r.failAt, emitted: &emitted, history: r.history, beforeRefresh: r.beforeRefresh, afterSnapshot: r.afterSnapshot},
+	eng, err := merge.New(cfg, &failAfter{Sink: s, n: r.failAt, emitted: &emitted, history: r.history, beforeRefresh: r.beforeRefresh, afterSnapshot: r.afterSnapshot, then: r.then},
 		zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
 	require.NoError(t, err)
 	err = eng.Run(ctx, from)
@@ -352,6 +390,67 @@ func TestRereadNotSkipped(t *testing.T) {
 	_, err = capture(t, db, addr, run{reread: true}, "a")
 	require.NoError(t, err)
 	replay(t, db, addr, "a")
+}
+
+// TestSkipEndsAtDelete: a row the stream has as backfilled past the checkpoint, then deleted
+// and its key taken by another row moved onto it with its TOASTed value unchanged (the insert
+// carries no value for it, so the engine reads the key again): that row must be written, not
+// passed over as one the stream has with every change after it. The delete in the stream past
+// the checkpoint (the run before wrote it) or only in the run (chaos, nats mode: "column big: no
+// value in the output"). And a run that starts on a new slot (the one before failed before its
+// first checkpoint and dropped the slot it had created) reads none of the stream's messages
+// again, and the changes between the two runs are in no slot: nothing is passed over, and every
+// table starts over with a refresh (row 2, which that run wrote and the move deleted, goes).
+func TestSkipEndsAtDelete(t *testing.T) {
+	setup := func(t *testing.T) (*e2e.TestDB, tmnats.Address, func(string) func()) {
+		db := e2e.NewTestDB(t, server)
+		addr, _ := e2e.NATS(t)
+		db.Exec(`CREATE TABLE a (id int PRIMARY KEY, big text, ver bigint)`)
+		db.Exec(`ALTER TABLE a ALTER COLUMN big SET STORAGE EXTERNAL`)
+		db.Exec(`INSERT INTO a SELECT i, repeat(i::text, 3000), 1 FROM generate_series(1, 60) i`)
+		db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
+		conn := db.Connect()
+		exec := func(sql string) func() {
+			return func() {
+				_, err := conn.Exec(context.Background(), sql)
+				require.NoError(t, err)
+			}
+		}
+		return db, addr, exec
+	}
+	// Chunks of 7 rows: the second (keys 8 to 14) is the one past the checkpoint.
+	const move = `DELETE FROM a WHERE id = 8; UPDATE a SET id = 8, ver = 2 WHERE id = 9`
+	t.Run("delete in the run", func(t *testing.T) {
+		// The move inside the window of the chunk read again: its row 8 is not emitted there,
+		// and the engine reads key 8 again on its own.
+		db, addr, exec := setup(t)
+		_, err := capture(t, db, addr, run{failAt: 2}, "a")
+		require.ErrorIs(t, err, errStop)
+		_, err = capture(t, db, addr, run{afterLow: exec(move)}, "a")
+		require.NoError(t, err)
+		replay(t, db, addr, "a")
+	})
+	t.Run("delete in the stream", func(t *testing.T) {
+		// The move in the stream before the run stopped, and an update without the TOASTed
+		// value inside the window of the chunk read again: the row goes out whole there (its
+		// TOASTed value did not change inside the window), which is the engine's one read of
+		// key 8 after the move.
+		db, addr, exec := setup(t)
+		_, err := capture(t, db, addr, run{then: exec(move)}, "a")
+		require.ErrorIs(t, err, errStop)
+		_, err = capture(t, db, addr, run{afterLow: exec(`UPDATE a SET ver = 3 WHERE id = 8`)}, "a")
+		require.NoError(t, err)
+		replay(t, db, addr, "a")
+	})
+	t.Run("new slot", func(t *testing.T) {
+		db, addr, exec := setup(t)
+		_, err := capture(t, db, addr, run{failAt: 1}, "a")
+		require.ErrorIs(t, err, errStop)
+		exec(`DELETE FROM a WHERE id = 1; UPDATE a SET id = 1, ver = 2 WHERE id = 2`)()
+		_, err = capture(t, db, addr, run{}, "a")
+		require.NoError(t, err)
+		replay(t, db, addr, "a")
+	})
 }
 
 // TestFormatTakenWhileEmpty: a run in another format on an output whose stream holds nothing

@@ -167,6 +167,8 @@ type Sink struct {
 	// horizon is the stream's last message when the run opened (a run before wrote it): the
 	// events up to it are read again, not written (place).
 	horizon *Mark
+	// leftover: the stream holds messages past a checkpoint without a position (merge.Leftover).
+	leftover bool
 	// replaying is set while the run has not gone past horizon (merge.Replayer).
 	replaying atomic.Bool
 	skip      map[string]map[string]bool // table: keys backfilled after the last checkpoint by a run before
@@ -511,6 +513,7 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 		h := *s.last
 		s.horizon = &h
 		s.replaying.Store(true)
+		s.leftover = ck.Position == nil
 	}
 	// The keys backfilled after the checkpoint (or since TailFrom): the engine reads their
 	// chunks again, and their rows are in the stream already (with every change after them).
@@ -543,6 +546,11 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 			return nil
 		case merge.Truncate.String(), merge.Refresh.String():
 			delete(s.skip, t)
+		case merge.Delete.String():
+			// The row backfilled before it is gone: a row under its key after it may have been
+			// inserted without its unchanged TOASTed values (moved onto the key), which the engine
+			// reads again and the stream lacks.
+			delete(s.skip[t], h.Get(HeaderKey))
 		}
 		if mk.LSN < from {
 			return nil // covered by the checkpoint: the run does not read it again
@@ -685,6 +693,11 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 			delete(s.skip[name], string(key))
 			s.skipped++
 			continue
+		}
+		if ev.Op == merge.Delete {
+			// As in the stream's messages read at open: a row under this key after the delete is
+			// not the one the stream has.
+			delete(s.skip[name], string(key))
 		}
 		var value []byte
 		if s.o.Debezium != nil {
@@ -987,6 +1000,10 @@ func (s *Sink) Resume(pos *merge.Position, over bool) {
 		}
 	}
 }
+
+// Leftover reports whether the stream holds messages of a run that ended before its first
+// checkpoint (merge.Leftover): on a slot created again, the run starts every table over.
+func (s *Sink) Leftover() bool { return s.leftover }
 
 // Replaying reports whether the run has yet to read again what the stream holds past the
 // checkpoint (merge.Replayer): a table's output must not start over meanwhile.
