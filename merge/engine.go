@@ -46,16 +46,17 @@ type Resumer interface {
 }
 
 // Leftover is a Sink whose output keeps what a run wrote past its checkpoint (a JetStream
-// stream keeps what a killed run published). Leftover reports, at the start of a run, whether it
-// holds such events under a checkpoint that has no position: a run ended before its first
-// checkpoint. When this run had to create its slot (that run, ending, dropped the slot it had
-// created), those events were read from a slot that is gone, the changes since were in none,
-// and nothing will read them again: every table's output starts over (a refresh first, as a
-// re-backfill's), or rows written then and deleted since would stay in the output. With the
-// slot still there (a run killed), the run reads from where that run began and the sink checks
-// it reads those events again.
+// stream keeps what a killed run published). Leftover is asked, at the start of a run without a
+// position (a run before ended before its first checkpoint), with the LSN the run will stream
+// from (its slot's confirmed flush): it reports whether the output holds events past its
+// checkpoint that this run will not read again, the slot starting after them (a slot created
+// again: the run before, ending, dropped the one it had created, or someone did). The changes
+// between were in no slot: every table's output starts over (a refresh first, as a
+// re-backfill's), or rows written then and deleted since would stay in the output. A slot still
+// there (a run killed) starts where that run began, and the sink checks the run reads those
+// events again. A wrapping sink must pass it on, as it passes Resumer and Replayer.
 type Leftover interface {
-	Leftover() bool
+	Leftover(start pglogrepl.LSN) bool
 }
 
 // Replayer is a Sink that may be writing again, at the start of a run, what its output holds

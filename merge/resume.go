@@ -58,8 +58,9 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 			from, resync = nil, true
 		}
 	}
-	if l, ok := e.sink.(Leftover); ok && from == nil && stream.Slot().Created && l.Leftover() {
-		e.log.Warn().Str("slot", stream.Slot().Name).Msg("the output holds events of a run that ended before its first checkpoint, read from a slot that run created and dropped: every table's output starts over from the new slot")
+	if l, ok := e.sink.(Leftover); ok && from == nil && l.Leftover(stream.Slot().ConfirmedFlush) {
+		e.log.Warn().Str("slot", stream.Slot().Name).Stringer("slot_start", stream.Slot().ConfirmedFlush).
+			Msg("the output holds events of a run that ended before its first checkpoint, read before this slot's start (the slot was created again): the changes between are in no slot, so every table's output starts over")
 		resync = true
 	}
 	if e.cfg.AddToPublication {

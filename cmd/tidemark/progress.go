@@ -75,6 +75,13 @@ func (w statsSink) Replaying() bool {
 	return ok && r.Replaying()
 }
 
+// Leftover says whether the output holds events of a run before that this one will not read
+// again, when it can tell (merge.Leftover).
+func (w statsSink) Leftover(start pglogrepl.LSN) bool {
+	l, ok := w.Sink.(merge.Leftover)
+	return ok && l.Leftover(start)
+}
+
 // Resume tells the output where the run resumes, when it asks (merge.Resumer).
 func (w statsSink) Resume(pos *merge.Position, over bool) {
 	if r, ok := w.Sink.(merge.Resumer); ok {

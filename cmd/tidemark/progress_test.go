@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tidemark/tidemark/e2e"
@@ -87,4 +88,35 @@ func TestProgressDisplay(t *testing.T) {
 	defer m2.Close()
 	defer s2.Close()
 	require.False(t, newEnv(s2, s2).terminal)
+}
+
+// optionalSink is an output with every optional interface of merge.Sink that the engine asks
+// for by type: the stats wrapper must pass each on (a wrapper that hid Leftover once kept a
+// NATS output from starting over on a slot created again).
+type optionalSink struct {
+	merge.Sink
+	calls []string
+}
+
+func (o *optionalSink) Replaying() bool              { o.calls = append(o.calls, "replaying"); return true }
+func (o *optionalSink) Resume(*merge.Position, bool) { o.calls = append(o.calls, "resume") }
+func (o *optionalSink) Leftover(start pglogrepl.LSN) bool {
+	o.calls = append(o.calls, "leftover")
+	return start == 7
+}
+
+func TestStatsSinkPassesOn(t *testing.T) {
+	o := &optionalSink{}
+	var w merge.Sink = statsSink{Sink: o, s: newSyncStats(nil)}
+	r, ok := w.(merge.Replayer)
+	require.True(t, ok)
+	require.True(t, r.Replaying())
+	rs, ok := w.(merge.Resumer)
+	require.True(t, ok)
+	rs.Resume(&merge.Position{}, false)
+	l, ok := w.(merge.Leftover)
+	require.True(t, ok)
+	require.True(t, l.Leftover(7))
+	require.False(t, l.Leftover(8))
+	require.Equal(t, []string{"replaying", "resume", "leftover", "leftover"}, o.calls)
 }

@@ -48,8 +48,9 @@
 //     run, ends that: a row under the key after it is another row, which may have come without
 //     its unchanged TOASTed values (moved onto the key) and is the one the engine reads again.
 //   - A run that ended before its first checkpoint dropped the slot it had created; what it
-//     published stays. On a slot created again, nothing is read again and the changes between
-//     are in no slot: merge.Leftover has the engine start every table's output over.
+//     published stays. On a slot created again (it starts past those messages), nothing is read
+//     again and the changes between are in no slot: merge.Leftover has the engine start every
+//     table's output over. On the slot a killed run left, the run starts where that one began.
 //   - The message id (Nats-Msg-Id) is SLOT:HISTORY:LSN:SEQ:IDX: the stream's duplicate window drops a
 //     message sent twice within it, a net behind the marks; a duplicate reported back is an
 //     error, never taken silently.

@@ -400,7 +400,8 @@ func TestRereadNotSkipped(t *testing.T) {
 // value in the output"). And a run that starts on a new slot (the one before failed before its
 // first checkpoint and dropped the slot it had created) reads none of the stream's messages
 // again, and the changes between the two runs are in no slot: nothing is passed over, and every
-// table starts over with a refresh (row 2, which that run wrote and the move deleted, goes).
+// table starts over with a refresh (row 2, which that run wrote and the move deleted, goes);
+// also when the slot was made again by hand.
 func TestSkipEndsAtDelete(t *testing.T) {
 	setup := func(t *testing.T) (*e2e.TestDB, tmnats.Address, func(string) func()) {
 		db := e2e.NewTestDB(t, server)
@@ -447,6 +448,18 @@ func TestSkipEndsAtDelete(t *testing.T) {
 		_, err := capture(t, db, addr, run{failAt: 1}, "a")
 		require.ErrorIs(t, err, errStop)
 		exec(`DELETE FROM a WHERE id = 1; UPDATE a SET id = 1, ver = 2 WHERE id = 2`)()
+		_, err = capture(t, db, addr, run{}, "a")
+		require.NoError(t, err)
+		replay(t, db, addr, "a")
+	})
+	t.Run("slot created again by hand", func(t *testing.T) {
+		// The same, the slot made again by an operator before the next run (which then did not
+		// create it).
+		db, addr, exec := setup(t)
+		_, err := capture(t, db, addr, run{failAt: 1}, "a")
+		require.ErrorIs(t, err, errStop)
+		exec(`DELETE FROM a WHERE id = 1; UPDATE a SET id = 1, ver = 2 WHERE id = 2`)()
+		exec(`SELECT pg_create_logical_replication_slot('` + db.Slot + `', 'pgoutput')`)()
 		_, err = capture(t, db, addr, run{}, "a")
 		require.NoError(t, err)
 		replay(t, db, addr, "a")

@@ -1001,9 +1001,13 @@ func (s *Sink) Resume(pos *merge.Position, over bool) {
 	}
 }
 
-// Leftover reports whether the stream holds messages of a run that ended before its first
-// checkpoint (merge.Leftover): on a slot created again, the run starts every table over.
-func (s *Sink) Leftover() bool { return s.leftover }
+// Leftover reports whether the stream holds messages past a checkpoint without a position (a
+// run that ended before its first checkpoint) read before start, where the run's slot starts
+// (merge.Leftover): the slot was created again, the run reads none of them again, and it starts
+// every table over.
+func (s *Sink) Leftover(start pglogrepl.LSN) bool {
+	return s.leftover && s.horizon != nil && start > s.horizon.LSN
+}
 
 // Replaying reports whether the run has yet to read again what the stream holds past the
 // checkpoint (merge.Replayer): a table's output must not start over meanwhile.
