@@ -182,6 +182,12 @@ func TestBackfillAcrossSyncs(t *testing.T) {
 		return n
 	}
 	for ; syncs < 600; syncs++ {
+		if syncs == 10 {
+			// Ten syncs resumed mid-table (about 60 at this pace to the end, a minute and a
+			// half of the test run): the rest in larger chunks and a longer budget.
+			e.cfg["backfill_chunk_size"] = 5000
+			e.cfg["sync_time_budget_seconds"] = 5
+		}
 		before := liveRows()
 		r := e.tryRead(cat, state)
 		for try := 0; r.code != 0 && strings.Contains(r.stderr, `"failure_type":"transient_error"`) && try < 3; try++ {

@@ -699,12 +699,25 @@ func runWithSync(t *testing.T, bin string, env []string, runs [][]string, contro
 // (doctor's findings aside, it exits 1 when it finds one); the control run's may fail, the
 // planted objects being no faithful copies. stream runs until interrupted.
 func runCommand(t *testing.T, bin string, env, args []string, control bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	limit := 3 * time.Minute
+	if control {
+		// The control run's commands meet the planted objects, which may slow them or make them
+		// fail (a chaos run whose capture could not keep up waited 95 s for it): they call what
+		// they call early, and a bound keeps the test's time (SIGINT, as an operator's Ctrl-C).
+		limit = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = env
 	var outBuf, errBuf strings.Builder
-	cmd.Stdout, cmd.Stderr = &outBuf, &errBuf
+	command := func() *exec.Cmd {
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = env
+		cmd.Stdout, cmd.Stderr = &outBuf, &errBuf
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGINT) }
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
+	}
+	cmd := command()
 	if args[0] == "stream" {
 		require.NoError(t, cmd.Start())
 		time.Sleep(3 * time.Second)
@@ -725,9 +738,7 @@ func runCommand(t *testing.T, bin string, env, args []string, control bool) {
 			}
 			outBuf.Reset()
 			errBuf.Reset()
-			cmd = exec.CommandContext(ctx, bin, args...)
-			cmd.Env = env
-			cmd.Stdout, cmd.Stderr = &outBuf, &errBuf
+			cmd = command()
 		}
 	default:
 		err = cmd.Run()
