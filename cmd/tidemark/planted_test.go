@@ -611,8 +611,8 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 			{"rebackfill", "--control", filepath.Join(dir, "ctl", "sync.sock"), "--tables", "public.items"},
 			{"cleanup", "--source", srcDSN, "--slot", "planted_e_" + pass, "--publication", "", "--yes"},
 		},
-		"demo":  {{"demo", "--rows", "2000", "--live", "1s"}},
-		"bench": {{"bench", "--rows", "3000", "--reps", "1", "--changes", "2000", "--chunk-size", "1000"}},
+		"demo":  {{"demo", "--rows", "300", "--live", "1s"}},
+		"bench": {{"bench", "--rows", "500", "--reps", "1", "--changes", "300", "--chunk-size", "100"}},
 		"chaos": {{"chaos", "--mode", "postgres", "--source", srcDSN, "--target", tgtDSN, "--duration", "4s", "--rows", "300",
 			"--faults", "kill", "--connector", bins["source-postgres"]},
 			{"chaos", "--mode", "kafka", "--kafka", kf.ListenAddrs()[0], "--source", srcDSN, "--duration", "4s", "--rows", "300", "--faults", "kill"},
@@ -621,6 +621,13 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 	for _, cmd := range commands {
 		runs, ok := recipes[cmd.name]
 		require.True(t, ok, "the planted-objects test has no recipe for command %q: add one", cmd.name)
+		if keep, ok := controlRuns[cmd.name]; control && ok {
+			var kept [][]string
+			for _, i := range keep {
+				kept = append(kept, runs[i])
+			}
+			runs = kept
+		}
 		if cmd.name == "rebackfill" {
 			runWithSync(t, bins["tidemark"], env, runs, control)
 			continue
@@ -649,7 +656,7 @@ func runPlanted(t *testing.T, srv *e2e.Server, bins map[string]string, plantFile
 	readLog(t, logFile, start, r)
 	entries, err := os.ReadDir(logs)
 	require.NoError(t, err)
-	require.NotEmpty(t, entries, "the demo's and the bench's servers left their logs")
+	require.NotEmpty(t, entries, "the bench's servers (and the demo's) left their logs")
 	for _, e := range entries {
 		readLog(t, filepath.Join(logs, e.Name()), 0, r)
 	}
@@ -661,6 +668,15 @@ func fileSize(t *testing.T, path string) int64 {
 	require.NoError(t, err)
 	return fi.Size()
 }
+
+// controlRuns are the runs (by index in the command's recipe) the control run makes of some
+// commands. Chaos's three modes run the same workload and the engine as sync does, so one of
+// them meets what the others would of the planted objects; with those objects in the way the
+// PostgreSQL mode crawled (up to 95 s, in a package over its time budget), the NATS one takes
+// about 10 s. An object only the others call fails the check that the control run met every
+// planted object: run them again in the control then. (Demo, bench and the workload call
+// functions no other command does.)
+var controlRuns = map[string][]int{"chaos": {2}}
 
 // runWithSync runs runs[0], a sync, in the background until its control socket (the value of its
 // --control) answers, then the other commands (runCommand), the sync going on for a while after
