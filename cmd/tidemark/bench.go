@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -42,7 +43,7 @@ var benchSettings = map[string]string{
 
 func runBench(ctx context.Context, args []string, e *env) error {
 	fs := newFlags("bench", "bench [--quick] [--rows N] [--memory]", e)
-	quick := fs.Bool("quick", false, "a small run (about a minute) that checks the benchmark works; its figures are informative only")
+	quick := fs.Bool("quick", false, "a small run (about a minute) that checks the benchmark works; its figures are informative only (--rows, --changes and the other sizes given with it are taken)")
 	rows := fs.Int("rows", 5_000_000, "rows of the backfill table")
 	reps := fs.Int("reps", 3, "repetitions of each figure (the median is reported)")
 	chunk := fs.Int("chunk-size", 10000, "backfill chunk size")
@@ -84,8 +85,19 @@ func runBench(ctx context.Context, args []string, e *env) error {
 		defer pprof.StopCPUProfile()
 	}
 	if *quick {
-		*rows, *reps, *changes = 200_000, 1, 100_000
-		*txRows, *wideRows, *wideMB, *msgMB = 200_000, 20, 1, 40
+		// The small run's sizes, where no flag gives another.
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		for _, v := range []struct {
+			name  string
+			p     *int
+			quick int
+		}{{"rows", rows, 200_000}, {"reps", reps, 1}, {"changes", changes, 100_000}, {"tx-rows", txRows, 200_000},
+			{"wide-rows", wideRows, 20}, {"wide-mb", wideMB, 1}, {"message-mb", msgMB, 40}} {
+			if !given[v.name] {
+				*v.p = v.quick
+			}
+		}
 	}
 	self, err := os.Executable()
 	if err != nil {

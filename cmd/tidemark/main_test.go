@@ -217,7 +217,7 @@ func TestBenchQuick(t *testing.T) {
 	leaked := make(chan string, 1)
 	go watchArgs(stop, leaked)
 	e, out, errOut := testEnv(t)
-	require.Equal(t, 0, run(context.Background(), []string{"bench", "--quick"}, e), errOut.String())
+	require.Equal(t, 0, run(context.Background(), []string{"bench", "--quick", "--rows", "50000", "--changes", "30000"}, e), errOut.String())
 	close(stop)
 	select {
 	case l := <-leaked:
