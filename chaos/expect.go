@@ -352,6 +352,8 @@ var transientMarks = []string{
 	"terminating connection", "the database system is", "server closed the connection", "conn closed",
 	"connection closed", "use of closed network connection", "i/o timeout", "timeout", "deadline exceeded",
 	"sqlstate 57p", "sqlstate 08", replicator.ErrSlotInUse.Error(), replicator.ErrTimeout.Error(),
+	// A JetStream node killed (the node fault) while it served a request.
+	"nats: server shutdown", "nats: no responders",
 	// The process before, killed, still holds the slot or the output for a moment.
 	"is in use by server process", "another tidemark sync is writing",
 }

@@ -390,3 +390,12 @@ func TestTailCountsMarksAcrossWrites(t *testing.T) {
 		require.True(t, tl.holding(), "cut %d: streaming again", cut)
 	}
 }
+
+// TestNodeLossIsTransient: a capture that failed because a JetStream node it was reading from
+// was killed (the node fault) failed as a dropped connection does, not on a cause of its own
+// (a CI run: "read the messages after the checkpoint: nats: server shutdown").
+func TestNodeLossIsTransient(t *testing.T) {
+	require.True(t, transient(`tidemark sync: stream tidemark_chaos_687333_14eaa1: read the messages after the checkpoint: nats: server shutdown`))
+	require.True(t, transient(`tidemark sync: stream s: read its last message (9), which came after the checkpoint: nats: no responders available for request`))
+	require.False(t, transient(`tidemark sync: stream s holds messages that no checkpoint of this output accounts for`))
+}

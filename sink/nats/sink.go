@@ -597,9 +597,14 @@ func Read(ctx context.Context, st jetstream.Stream, from, to uint64, fn func(jet
 		return err
 	}
 	empty, unanswered := 0, 0
+	// A pull to a node that stops answers "no responders" or "server shutdown" (the node was
+	// killed while it served the pull: a chaos run's node fault met an open's read).
+	gone := func(err error) bool {
+		return errors.Is(err, natsgo.ErrNoResponders) || errors.Is(err, jetstream.ErrServerShutdown)
+	}
 	for {
 		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
-		if errors.Is(err, natsgo.ErrNoResponders) && unanswered < 60 {
+		if gone(err) && unanswered < 60 {
 			// The ordered consumer is being made again (it does so by itself after a gap or a
 			// node lost), or its node is not there yet: it resumes after the last message
 			// delivered.
@@ -628,7 +633,7 @@ func Read(ctx context.Context, st jetstream.Stream, from, to uint64, fn func(jet
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			if errors.Is(err, natsgo.ErrNoResponders) && unanswered < 60 {
+			if gone(err) && unanswered < 60 {
 				unanswered++
 				time.Sleep(time.Second)
 				continue
