@@ -443,27 +443,22 @@ func TestSkipEndsAtDelete(t *testing.T) {
 		require.NoError(t, err)
 		replay(t, db, addr, "a")
 	})
-	t.Run("new slot", func(t *testing.T) {
-		db, addr, exec := setup(t)
-		_, err := capture(t, db, addr, run{failAt: 1}, "a")
-		require.ErrorIs(t, err, errStop)
-		exec(`DELETE FROM a WHERE id = 1; UPDATE a SET id = 1, ver = 2 WHERE id = 2`)()
-		_, err = capture(t, db, addr, run{}, "a")
-		require.NoError(t, err)
-		replay(t, db, addr, "a")
-	})
-	t.Run("slot created again by hand", func(t *testing.T) {
-		// The same, the slot made again by an operator before the next run (which then did not
-		// create it).
-		db, addr, exec := setup(t)
-		_, err := capture(t, db, addr, run{failAt: 1}, "a")
-		require.ErrorIs(t, err, errStop)
-		exec(`DELETE FROM a WHERE id = 1; UPDATE a SET id = 1, ver = 2 WHERE id = 2`)()
-		exec(`SELECT pg_create_logical_replication_slot('` + db.Slot + `', 'pgoutput')`)()
-		_, err = capture(t, db, addr, run{}, "a")
-		require.NoError(t, err)
-		replay(t, db, addr, "a")
-	})
+	// A new slot: made again by the next run, or by an operator before it (the run then did
+	// not create it).
+	for _, byHand := range []bool{false, true} {
+		t.Run(map[bool]string{false: "new slot", true: "slot created again by hand"}[byHand], func(t *testing.T) {
+			db, addr, exec := setup(t)
+			_, err := capture(t, db, addr, run{failAt: 1}, "a")
+			require.ErrorIs(t, err, errStop)
+			exec(`DELETE FROM a WHERE id = 1; UPDATE a SET id = 1, ver = 2 WHERE id = 2`)()
+			if byHand {
+				exec(`SELECT pg_create_logical_replication_slot('` + db.Slot + `', 'pgoutput')`)()
+			}
+			_, err = capture(t, db, addr, run{}, "a")
+			require.NoError(t, err)
+			replay(t, db, addr, "a")
+		})
+	}
 }
 
 // TestFormatTakenWhileEmpty: a run in another format on an output whose stream holds nothing
