@@ -88,6 +88,12 @@ type Config struct {
 	// MaxChunkBytes is the capture's bound on the bytes of a chunk; the workload writes now and
 	// then a value above it. Zero: 256 KiB.
 	MaxChunkBytes int
+	// Rate bounds the workload's transactions per second, all its connections together (the
+	// one that holds transactions open across chunk windows included). Zero: as many as the
+	// server takes, which on a shared machine is the most the machine gives: the test suite's
+	// short runs bound it so that their cost does not grow with the machine's speed, and the
+	// long runs do not.
+	Rate int
 	// Readers is how many tables the capture backfills at once (tidemark sync --readers, the
 	// connector's backfill_readers). Zero: drawn from the seed, 1, 2 or 3.
 	Readers int
@@ -518,6 +524,9 @@ func (r *run) command() string {
 	if c.Readers > 0 {
 		parts = append(parts, "--readers", fmt.Sprint(c.Readers))
 	}
+	if c.Rate > 0 {
+		parts = append(parts, "--rate", fmt.Sprint(c.Rate))
+	}
 	if c.InTurn {
 		parts = append(parts, "--in-turn")
 	}
@@ -602,7 +611,7 @@ func (r *run) execute(ctx context.Context) error {
 	if err := capt.prepare(ctx); err != nil {
 		return err
 	}
-	w := &workload{dsn: r.dsn, seed: r.cfg.Seed, rows: r.cfg.Rows, schema: r.schema, bigValue: r.cfg.MaxChunkBytes}
+	w := &workload{dsn: r.dsn, seed: r.cfg.Seed, rows: r.cfg.Rows, schema: r.schema, bigValue: r.cfg.MaxChunkBytes, pace: newPacer(r.cfg.Rate)}
 	r.work = w
 	wctx, stopWorkload := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -398,4 +399,24 @@ func TestNodeLossIsTransient(t *testing.T) {
 	require.True(t, transient(`tidemark sync: stream tidemark_chaos_687333_14eaa1: read the messages after the checkpoint: nats: server shutdown`))
 	require.True(t, transient(`tidemark sync: stream s: read its last message (9), which came after the checkpoint: nats: no responders available for request`))
 	require.False(t, transient(`tidemark sync: stream s holds messages that no checkpoint of this output accounts for`))
+}
+
+// TestPacerSpacesTransactions: the pacer (Config.Rate) gives out start times one interval apart,
+// to all connections together, so n waits take at least n-1 intervals; without a rate it never
+// waits.
+func TestPacerSpacesTransactions(t *testing.T) {
+	require.Nil(t, newPacer(0))
+	newPacer(0).wait(context.Background()) // a nil pacer returns at once
+	p := newPacer(200)                     // 5 ms apart
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			for range 7 {
+				p.wait(context.Background())
+			}
+		})
+	}
+	wg.Wait()
+	require.GreaterOrEqual(t, time.Since(start), 20*5*time.Millisecond, "21 starts, 5 ms apart")
 }

@@ -151,11 +151,43 @@ type workload struct {
 	// gate is held (read) by each transaction; pause takes it to stop the workload between
 	// transactions (while the source is restored).
 	gate sync.RWMutex
+	pace *pacer // Config.Rate; nil: no bound
 }
 
 // connections is how many connections the workload writes on; the last keeps its transactions
 // open for long.
 const connections = 3
+
+// pacer spaces the workload's transactions (Config.Rate): each connection takes the next start
+// time, one interval after the last one given out, and waits for it; a nil pacer never waits.
+// After a pause (the gate, a fault) the schedule starts again from now rather than catching up.
+type pacer struct {
+	mu    sync.Mutex
+	every time.Duration
+	next  time.Time
+}
+
+func newPacer(rate int) *pacer {
+	if rate <= 0 {
+		return nil
+	}
+	return &pacer{every: time.Second / time.Duration(rate)}
+}
+
+func (p *pacer) wait(ctx context.Context) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	now := time.Now()
+	if p.next.Before(now) {
+		p.next = now
+	}
+	at := p.next
+	p.next = p.next.Add(p.every)
+	p.mu.Unlock()
+	sleep(ctx, time.Until(at))
+}
 
 // pause stops the workload once its transactions in progress have ended; resume lets it go on.
 func (w *workload) pause()  { w.gate.Lock() }
@@ -190,6 +222,7 @@ func (w *workload) connection(ctx context.Context, rng *rand.Rand, long bool) {
 			}
 			conn = c
 		}
+		w.pace.wait(ctx)
 		w.gate.RLock()
 		stmts := w.transaction(rng)
 		if long {

@@ -40,6 +40,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	breakEngine := fs.String("break", "", "test build only (-tags tidemark_faults): break the capture on purpose ("+strings.Join(chaos.Breaks(), ", ")+") to see the harness catch it; without --faults, with the faults that provoke it")
 	maxChunkBytes := fs.Int("max-chunk-bytes", 256<<10, "the capture's bound on the bytes of a chunk (the workload writes values above it now and then)")
 	watermarks := fs.String("watermarks", "", "the capture's watermark transport: message or table; default drawn from the seed")
+	rate := fs.Int("rate", 0, "bound the workload to this many transactions per second (0: as many as the server takes)")
 	readers := fs.Int("readers", 0, "tables the capture backfills at once (sync --readers, the connector's backfill_readers); 0: drawn from the seed, 1 to 3")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -48,7 +49,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 		durationRange("fault-every", *every, 10*time.Millisecond, time.Hour),
 		intRange("rows", *rows, 1, 100_000_000), intRange("chunk-size", *chunk, 1, 1_000_000),
 		intRange("max-chunk-bytes", *maxChunkBytes, 1<<10, 1<<30), intRange("readers", *readers, 0, merge.MaxReaders),
-		intRange("nats-replicas", *natsReplicas, 1, 5))); err != nil {
+		intRange("nats-replicas", *natsReplicas, 1, 5), intRange("rate", *rate, 0, 1_000_000))); err != nil {
 		return err
 	}
 	if *breakEngine != "" && !merge.FaultsBuilt {
@@ -108,7 +109,7 @@ func runChaos(ctx context.Context, args []string, e *env) error {
 	for _, m := range modes {
 		cfg := chaos.Config{Mode: m, Seed: *seed, Duration: *duration, FaultEvery: *every, Source: *source, Target: *target,
 			Tidemark: self, Rows: *rows, Faults: faultList, InTurn: *inTurn, ChunkSize: *chunk, Break: *breakEngine, Keep: *keep, Log: e.log,
-			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks, Readers: *readers}
+			MaxChunkBytes: *maxChunkBytes, Watermarks: *watermarks, Readers: *readers, Rate: *rate}
 		if m == chaos.Kafka {
 			cfg.Kafka = strings.Split(*kafkaBrokers, ",")
 		}
