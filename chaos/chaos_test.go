@@ -39,14 +39,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	tidemarkBin, connectorBin = filepath.Join(dir, "tidemark"), filepath.Join(dir, "source-postgres")
-	gobin, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		fmt.Fprintln(os.Stderr, "the chaos tests build the binaries with the go command:", err)
 		os.Exit(1)
 	}
 	for bin, pkg := range map[string]string{tidemarkBin: "../cmd/tidemark", connectorBin: "../cmd/source-postgres"} {
-		if out, err := exec.Command(gobin, "build", "-tags", "tidemark_faults", "-o", bin, pkg).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+		if err := e2e.GoBuild(bin, pkg, "tidemark_faults"); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n", pkg, err)
 			os.Exit(1)
 		}
 	}

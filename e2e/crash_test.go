@@ -36,10 +36,7 @@ func tidemarkBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "tidemark")
-		out, err := exec.Command("go", "build", "-tags", "tidemark_faults", "-o", binPath, "../cmd/tidemark").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %w: %s", err, out)
-		}
+		buildErr = e2e.GoBuild(binPath, "../cmd/tidemark", "tidemark_faults")
 	})
 	require.NoError(t, buildErr)
 	return binPath

@@ -429,10 +429,18 @@ func TestColumnAddedInsideWindow(t *testing.T) {
 }
 
 // workload runs a random mix of transactions on t(id, v, ver) until stopped: inserts, updates,
-// deletes, primary-key updates, multi-row updates, several statements per transaction.
+// deletes, primary-key updates, multi-row updates, several statements per transaction, with
+// workloadPause between transactions.
 func workload(t *testing.T, db *e2e.TestDB, seed uint64, maxID int) func() {
-	return workloadWith(t, db, seed, maxID, "", 0)
+	return workloadWith(t, db, seed, maxID, "", workloadPause)
 }
+
+// workloadPause is the pause between the transactions of workload: at most 200 a second.
+// Unbounded, a test's workload takes all the machine gives, and the server, the capture and the
+// replay follow it, so that a test's cost grew with the machine's speed and the tests beside it
+// slowed (TestKafkaCrashPoints: 32 CPU s unbounded, 18 at 5 ms, alone). TestBackfillWhileLive200k,
+// the test of a dense workload against a long backfill, runs unbounded.
+const workloadPause = 5 * time.Millisecond
 
 // workloadWith is workload with an extra statement at the end of every transaction ("" for
 // none) and a pause between transactions.
@@ -479,7 +487,7 @@ func workloadWith(t *testing.T, db *e2e.TestDB, seed uint64, maxID int, extra st
 func TestBackfillWhileLive200k(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 200000, 1)
-	stop := workload(t, db, 42, 200000)
+	stop := workloadWith(t, db, 42, 200000, "", 0) // unbounded: as dense as the server takes
 	cfg := engineConfig(db, "public.t")
 	cfg.ChunkSize = 10000
 	sink := newMemSink()

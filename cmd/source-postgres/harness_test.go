@@ -43,9 +43,7 @@ func TestMain(m *testing.M) {
 	_ = os.Chmod(dir, 0o755)
 	binPath = filepath.Join(dir, "source-postgres")
 	// "go" from PATH: go test puts the bin directory of its own GOROOT first on the test's PATH.
-	build := exec.Command("go", "build", "-o", binPath, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := e2e.GoBuild(binPath, ".", ""); err != nil {
 		fmt.Fprintln(os.Stderr, "build the connector:", err)
 		os.Exit(1)
 	}

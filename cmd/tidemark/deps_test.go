@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tidemark/tidemark/e2e"
 )
 
 // testCode matches the packages of test code and test-only libraries: none may be linked into a
@@ -44,8 +46,8 @@ func TestProductBuildHasNoFaultSwitches(t *testing.T) {
 	dir := t.TempDir()
 	tm, conn := filepath.Join(dir, "tidemark"), filepath.Join(dir, "source-postgres")
 	for bin, pkg := range map[string]string{tm: ".", conn: "../source-postgres"} {
-		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		if err := e2e.GoBuild(bin, pkg, ""); err != nil {
+			t.Fatalf("go build %s: %v", pkg, err)
 		}
 	}
 	for _, args := range [][]string{

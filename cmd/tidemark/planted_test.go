@@ -204,8 +204,7 @@ func TestPlantedObjects(t *testing.T) {
 func buildBinaries(t *testing.T, dir string) map[string]string {
 	bins := map[string]string{"tidemark": filepath.Join(dir, "tidemark"), "source-postgres": filepath.Join(dir, "source-postgres")}
 	for name, pkg := range map[string]string{"tidemark": ".", "source-postgres": "../source-postgres"} {
-		out, err := exec.Command("go", "build", "-tags", "tidemark_faults", "-o", bins[name], pkg).CombinedOutput()
-		require.NoError(t, err, "go build %s: %s", pkg, out)
+		require.NoError(t, e2e.GoBuild(bins[name], pkg, "tidemark_faults"))
 	}
 	return bins
 }

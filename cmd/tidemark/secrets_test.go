@@ -91,8 +91,7 @@ func TestNoSecretInOutput(t *testing.T) {
 	dir := t.TempDir()
 	bin, conn := filepath.Join(dir, "tidemark"), filepath.Join(dir, "source-postgres")
 	for b, pkg := range map[string]string{bin: ".", conn: "../source-postgres"} {
-		out, err := exec.Command("go", "build", "-o", b, pkg).CombinedOutput()
-		require.NoError(t, err, "%s", out)
+		require.NoError(t, e2e.GoBuild(b, pkg, ""))
 	}
 	free := closedPort(t)
 	dsns := map[string]string{
