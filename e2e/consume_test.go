@@ -63,6 +63,7 @@ func runConsume(t *testing.T, from, to, group string, args ...string) (string, e
 // changes) runs. The target's offsets commit with the rows they cover: once caught up, the
 // target equals the source (tidemark verify), every change applied once.
 func TestConsumeKilled(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	addr := e2e.Kafka(t)
 	url := e2e.KafkaURL(addr)

@@ -105,6 +105,7 @@ func replayFile(t *testing.T, path string, keys map[string][]string) *e2e.Oracle
 // going back to an older version. The output file is cut back to its checkpoint on every
 // restart, so it holds no duplicate from a replay.
 func TestCrashPoints(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20000, 1)
 	stop := workload(t, db, 7, 20000)

@@ -22,6 +22,7 @@ import (
 // transaction that the next run's producer aborts (its epoch fences the dead one's), so a
 // read_committed consumer sees each change once; the topics replay to the source.
 func TestKafkaCrashPoints(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	addr := e2e.Kafka(t)
 	url := e2e.KafkaURL(addr)

@@ -18,6 +18,7 @@ import (
 // to abort): the next run reads the stream's end and writes nothing twice, so the stream holds
 // each change once and replays to the source.
 func TestNATSCrashPoints(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	addr, _ := e2e.NATS(t)
 	url := addr.String()

@@ -78,6 +78,7 @@ func killSyncRepeatedly(t *testing.T, db *e2e.TestDB, to string, args []string, 
 // audit ledger shows every source transaction applied once: one applied twice would have failed
 // on the ledger's primary key, one skipped would lack its log row.
 func TestSyncPostgresKill9(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20000, 1)
 	tgt := targetDB(t, db)
@@ -113,6 +114,7 @@ func TestSyncPostgresKill9(t *testing.T) {
 // TestSyncJSONLKill9: the same with a JSON lines target: the file, replayed up to its
 // checkpoint, equals the source.
 func TestSyncJSONLKill9(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20000, 1)
 	stop := auditedWorkload(t, db, 12, 20000)

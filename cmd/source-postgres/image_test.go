@@ -31,6 +31,7 @@ import (
 // second resumes from the last state it sent, and a deduplicating destination fed both equals the
 // source.
 func TestImage(t *testing.T) {
+	t.Parallel()   // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := newEnv(t) // skips without a PostgreSQL server (outside CI)
 	ctx := context.Background()
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)

@@ -172,9 +172,15 @@ func queryWorkload(t *testing.T, e *env, tables []string, keyless string, ids in
 // SIGKILL mid-table and its retry resumes after the last chunk the platform saw; a later read is
 // killed at a random moment. Once the workload stops, every row of the source is in the
 // destination with its values (deleted rows may stay: these methods do not see deletes).
-func TestSyncRoundsStandard(t *testing.T) { syncRoundsQueries(t, "Standard") }
+func TestSyncRoundsStandard(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
+	syncRoundsQueries(t, "Standard")
+}
 
-func TestSyncRoundsXmin(t *testing.T) { syncRoundsQueries(t, "Xmin") }
+func TestSyncRoundsXmin(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
+	syncRoundsQueries(t, "Xmin")
+}
 
 func syncRoundsQueries(t *testing.T, method string) {
 	e := newEnv(t)
@@ -655,6 +661,7 @@ func TestStandardResumesMidScan(t *testing.T) {
 // over several reads, each resuming where the last one's state left it, and the destination
 // ends equal to the source.
 func TestQueryLoadAcrossSyncs(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE big (id int PRIMARY KEY, v text)`)
 	e.db.Exec(`INSERT INTO big SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g`)
@@ -686,6 +693,7 @@ func TestQueryLoadAcrossSyncs(t *testing.T) {
 // transaction running when the load began. A table rewritten since (VACUUM FULL: rows on other
 // pages) starts its load over, and nothing is missed.
 func TestXminResumesKeylessLoad(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE nokey (id int NOT NULL, v text)`)
 	e.db.Exec(`INSERT INTO nokey SELECT g, repeat('x', 200) FROM generate_series(1, 60000) g`)

@@ -91,6 +91,7 @@ func TestUnknownFieldsAreIgnored(t *testing.T) {
 }
 
 func TestSIGTERMEndsCleanlyWithAState(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := ordersEnv(t, 200000)
 	e.cfg["backfill_chunk_size"] = 2000
 	e.cfg["continuous"] = true
@@ -442,6 +443,7 @@ func indexOf(ms []msg, m msg) int {
 }
 
 func TestStatesKeepComing(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := ordersEnv(t, 60000)
 	e.cfg["backfill_chunk_size"] = 500
 	e.cfg["continuous"] = true

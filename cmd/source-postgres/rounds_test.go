@@ -75,6 +75,7 @@ func liveWorkload(t *testing.T, e *env, tables []string, ids int) (stop chan str
 // the read-only role of Airbyte's setup guide (SELECT and REPLICATION, read-only transactions,
 // a slot and publication the DBA made): it writes to no table of the source.
 func TestSyncRounds(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := newEnv(t)
 	for _, tb := range []string{"orders", "events"} {
 		e.db.Exec(`CREATE TABLE ` + tb + ` (id int PRIMARY KEY, v text)`)
@@ -139,6 +140,7 @@ func TestSyncRounds(t *testing.T) {
 // syncs, each ending with a state the next resumes from mid-table, while the changes of another
 // table arrive in every sync.
 func TestBackfillAcrossSyncs(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e := newEnv(t)
 	e.db.Exec(`CREATE TABLE big (id int PRIMARY KEY, v text)`)
 	e.db.Exec(`INSERT INTO big SELECT g, repeat('x', 100) FROM generate_series(1, 200000) g`)

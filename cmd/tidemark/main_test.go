@@ -212,6 +212,7 @@ func TestUsage(t *testing.T) {
 // No process it starts (psql, pg_recvlogical, tidemark sync, the connector) has a password in
 // its arguments, which every user of the machine reads in the process list.
 func TestBenchQuick(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	stop := make(chan struct{})
 	leaked := make(chan string, 1)
@@ -247,6 +248,7 @@ func TestBenchQuick(t *testing.T) {
 // lines, and their CPU beside the wall; --only kafka without --kafka (nats without --nats) is a
 // usage error.
 func TestBenchKafkaNATS(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	addr := e2e.Kafka(t)
 	naddr, _ := e2e.NATS(t)
@@ -274,6 +276,7 @@ func TestBenchKafkaNATS(t *testing.T) {
 // TestBenchMemorySmall: bench --memory runs each of its figures, at small sizes, and the foreign
 // message (64 MB here) is streamed past without being held.
 func TestBenchMemorySmall(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	e, out, errOut := testEnv(t)
 	require.Equal(t, 0, run(context.Background(), []string{"bench", "--memory", "--tx-rows", "2000", "--wide-rows", "2", "--wide-mb", "1", "--message-mb", "64"}, e), errOut.String())
@@ -290,6 +293,7 @@ func TestBenchMemorySmall(t *testing.T) {
 // TestBenchScaleSmall: bench --scale backfills into both sinks under the live workload, samples
 // through each run, and writes the samples and their plot.
 func TestBenchScaleSmall(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	e, out, errOut := testEnv(t)
 	dir := t.TempDir()

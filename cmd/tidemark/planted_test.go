@@ -105,6 +105,7 @@ func plantedList(t *testing.T) (fns, ops []string) {
 }
 
 func TestPlantedObjects(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "it starts a PostgreSQL of its own to read its log")
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -61,6 +61,7 @@ func leaks(secret, text string) []string {
 // checkpoint that does not exist, a usage error, -h): no piece of 6 characters of the password is
 // in what any of them prints. The connector likewise, its password in its config.
 func TestNoSecretInOutput(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "it makes a role with a password on the server the tests started")
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
