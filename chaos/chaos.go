@@ -124,6 +124,7 @@ type Report struct {
 	Readers      int           // the capture's backfill readers
 	Duration     time.Duration // the whole run, setup and checks included
 	Transactions int64         // workload transactions committed
+	WorkloadTime time.Duration // how long the workload ran (its pauses for a restore included)
 	Faults       map[string]int
 	// Void are the faults of Faults that had no effect (a kill with no capture running, no
 	// walsender or connection to end, a commit stall that could not hold a backend, a restart
@@ -616,7 +617,9 @@ func (r *run) execute(ctx context.Context) error {
 	wctx, stopWorkload := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		began := time.Now()
 		w.run(wctx)
+		r.report.WorkloadTime = time.Since(began)
 	})
 	r.sup = &supervisor{start: capt.start, exited: r.exited, log: r.log}
 	sctx, stopCapture := context.WithCancel(ctx)

@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,12 +14,12 @@ import (
 // what it links in the build cache, keyed by every input): the test packages that need the same
 // binary (the tidemark of a test build: the chaos, cmd/tidemark and e2e packages) link it once
 // per change of its sources instead of once each, which on a 2-core machine cost a few CPU
-// seconds per link. The binary is copied to out, so that out is the caller's to run, move, or
-// hand to another user. When the cache gives no executable (an older go command, a cache turned
-// off), it builds with go build -o.
+// seconds per link. The binary is linked or copied to out (copyExecutable), so that out stays
+// the caller's whatever the cache does later. When the cache gives no executable (an older go
+// command, a cache turned off), it builds with go build -o.
 //
-// Executables from go run are linked without DWARF debugging information (-ldflags=-w by
-// default); panics and stack traces are unchanged.
+// Executables from go run are linked stripped (-s -w: no symbol table, no DWARF); panics and
+// stack traces are unchanged, and no test reads a binary's symbols.
 func GoBuild(out, pkg, tags string) error {
 	args := []string{"run", "-exec", "echo"}
 	if tags != "" {
@@ -56,19 +54,18 @@ func GoBuild(out, pkg, tags string) error {
 	return nil
 }
 
-// copyExecutable copies the file from to a new file to, executable by everyone.
-func copyExecutable(from, to string) (err error) {
-	src, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
+// copyExecutable makes to a copy of the executable from: a hard link when both are on one file
+// system (the cache never changes a file in place), else a copy by cp. Neither writes the file
+// from this process: a file this process holds open for writing while the test starts children
+// (the parallel tests do) would be inherited by them for a moment, and running it then fails
+// with "text file busy".
+func copyExecutable(from, to string) error {
 	_ = os.Remove(to)
-	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		return err
+	if err := os.Link(from, to); err == nil {
+		return nil
 	}
-	defer func() { err = errors.Join(err, dst.Close()) }()
-	_, err = io.Copy(dst, src)
-	return err
+	if b, err := exec.Command("cp", from, to).CombinedOutput(); err != nil {
+		return fmt.Errorf("cp %s %s: %w: %s", from, to, err, strings.TrimSpace(string(b)))
+	}
+	return os.Chmod(to, 0o755)
 }

@@ -212,7 +212,6 @@ func TestUsage(t *testing.T) {
 // No process it starts (psql, pg_recvlogical, tidemark sync, the connector) has a password in
 // its arguments, which every user of the machine reads in the process list.
 func TestBenchQuick(t *testing.T) {
-	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	e2e.NeedsLocal(t, server, "the benchmark starts a local cluster of its own")
 	stop := make(chan struct{})
 	leaked := make(chan string, 1)
