@@ -402,7 +402,6 @@ func TestPublicationDropStopsCapture(t *testing.T) {
 // member. Two such steps between two looks cannot be told from a table that left the publication
 // and came back, and stop as that does.
 func TestPublicationLayoutChanged(t *testing.T) {
-	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db, cfg, sink := capturedOnce(t)
 	pub := db.Publication
 	member := func() string {

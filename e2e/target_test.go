@@ -187,7 +187,6 @@ func TestPrecreatedTargets(t *testing.T) {
 // the sync runs again, and that run re-backfills it. An enum label renamed stops at the re-backfill's rows with the statement that
 // renames it on the target.
 func TestTargetRewritesRebackfilled(t *testing.T) {
-	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, price numeric(12,2), m mood, v text)`)
