@@ -55,9 +55,21 @@ func NATS(t testing.TB) (addr tmnats.Address, c *NATSCluster) {
 	return tmnats.Address{Servers: c.Addrs(), Stream: stream}, c
 }
 
+// natsStarting is held from the choice of a cluster's ports until its nodes listen on them: the
+// ports are found free by listening and closing, so two clusters of one test process started at
+// once (parallel tests) could otherwise be given the same port, and a node would not start.
+var natsStarting sync.Mutex
+
 // StartNATSCluster starts n JetStream nodes clustered together, their files under dir; each of
 // configure changes every node's options (users, say).
 func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*NATSCluster, error) {
+	natsStarting.Lock()
+	started := false
+	defer func() {
+		if !started {
+			natsStarting.Unlock()
+		}
+	}()
 	ports := make([]int, 2*n)
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -94,6 +106,8 @@ func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*N
 			return nil, err
 		}
 	}
+	started = true
+	natsStarting.Unlock()
 	// Ready when JetStream answers (the cluster elected its meta leader).
 	deadline := time.Now().Add(60 * time.Second)
 	if len(configure) > 0 {
