@@ -210,6 +210,7 @@ func airbyteSchema(s map[string]any) map[string]any {
 // are TestTypeFidelity's golden). Intervals, and composites and arrays holding them, are checked
 // against PostgreSQL's own text under IntervalStyle postgres, the Java connector's session's.
 func TestAirbytePublishedForms(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE EXTENSION IF NOT EXISTS hstore`)
 	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')`)

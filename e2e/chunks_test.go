@@ -17,6 +17,7 @@ import (
 // chunk ends at the bound (not done), so a table of wide rows is read a few rows at a time
 // instead of a hundred at once; every row is read once over the chunks.
 func TestChunkByteBound(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE w (id int PRIMARY KEY, v text)`)
 	// Random text: TOAST's compression would shrink a repeated one.

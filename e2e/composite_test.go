@@ -42,6 +42,7 @@ func (s *textSink) Checkpoint(context.Context, *merge.Position) error { return n
 // loaded when it fits, else with the type read again (its current fields, null for one the
 // value did not have yet, a dropped one's value left out).
 func TestCompositeTypeChanged(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TYPE pair AS (a int, b text)`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, p pair)`)

@@ -154,6 +154,7 @@ func TestConsumeKilled(t *testing.T) {
 // back into a target table of the same definition, equal to the source's (tidemark verify
 // compares their texts).
 func TestConsumeTypes(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	addr := e2e.Kafka(t)
 	url := e2e.KafkaURL(addr)
@@ -196,6 +197,7 @@ func TestConsumeTypes(t *testing.T) {
 // table, a compacted output; and a topic partition whose records were deleted before the group
 // applied them.
 func TestConsumeRefuses(t *testing.T) {
+	t.Parallel()
 	db, addr, url, tgt, conn := syncedToKafka(t, 100)
 	var err error
 	exec := func(q string) {
@@ -267,6 +269,7 @@ func TestConsumeRefuses(t *testing.T) {
 // applies nothing of its batch: its transaction is rolled back when it finds the offset moved,
 // and it reads the partition again from the target's offset.
 func TestConsumeFence(t *testing.T) {
+	t.Parallel()
 	db, _, url, tgt, conn := syncedToKafka(t, 50)
 	var err error
 	_, err = conn.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY, v text, ver bigint NOT NULL)`)
@@ -295,6 +298,7 @@ func TestConsumeFence(t *testing.T) {
 // compares it with the source: equal after the sync caught up, DIFFERENT (exit 3) once the
 // source changed without a sync.
 func TestVerifyLogOutputs(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 300, 1)
 	db.Exec(`TRUNCATE t`)

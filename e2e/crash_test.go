@@ -50,15 +50,22 @@ func runSync(t *testing.T, db *e2e.TestDB, out string, args ...string) (killed b
 }
 
 // runSyncTo runs `tidemark sync` into to with args.
+// killed reports a SIGKILL of the process (a crash point's); a run still going after syncLimit
+// is an error.
 func runSyncTo(t *testing.T, db *e2e.TestDB, to string, args ...string) (killed bool, err error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), syncLimit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tidemarkBinary(t), append([]string{"sync", "--source", db.DSN, "--slot", db.Slot,
 		"--publication", db.Publication, "--to", to}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	err = cmd.Run()
+	if ctx.Err() != nil {
+		// The kill of the timeout, not of a crash point: a point the run never reached (one of
+		// the backfill's, after the backfill was done, say) must not pass for one it reached.
+		return false, fmt.Errorf("tidemark sync %s did not end within %s (killed): %s", strings.Join(args, " "), syncLimit, lastLines(stderr.String(), 15))
+	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
@@ -70,6 +77,9 @@ func runSyncTo(t *testing.T, db *e2e.TestDB, to string, args ...string) (killed 
 	}
 	return false, nil
 }
+
+// syncLimit bounds a run of runSyncTo.
+const syncLimit = 3 * time.Minute
 
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
@@ -118,13 +128,19 @@ func TestCrashPoints(t *testing.T) {
 		}
 	})
 	out := filepath.Join(t.TempDir(), "out.jsonl")
-	points := []string{"before-low:3", "after-low:3", "after-select:3", "after-high:3", "after-emit:40", "after-checkpoint:4", "after-emit:7", "after-high:1"}
+	// The backfill's points first: each run ends within a few chunks of the 40, so the backfill
+	// cannot end before them (a point never reached fails the run, see runSyncTo); emits and
+	// checkpoints come from the stream too.
+	points := []string{"before-low:3", "after-low:3", "after-select:3", "after-high:3", "after-high:1", "after-emit:40", "after-checkpoint:4", "after-emit:7"}
 	for _, p := range points {
+		start := time.Now()
 		killed, err := runSync(t, db, out, "--chunk-size", "500", "--crash-at", p)
 		require.NoError(t, err, "crash point %s", p)
 		require.True(t, killed, "the process reached crash point %s", p)
+		ran := time.Since(start)
 		rows := replayFile(t, out, map[string][]string{"public.t": {"id"}})
 		require.Empty(t, rows.Violations(), "after a crash at %s", p)
+		t.Logf("crash point %s: the sync ran %s, the replay of %d records %s", p, ran.Round(time.Millisecond), rows.Records(), (time.Since(start) - ran).Round(time.Millisecond))
 	}
 	stop()
 	stopBig()
@@ -142,6 +158,7 @@ func TestCrashPoints(t *testing.T) {
 // TestResumeFromOlderCheckpoint: a checkpoint older than what the slot was confirmed to
 // (the newer one was lost) is refused with the slot's and the position's LSNs.
 func TestResumeFromOlderCheckpoint(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 3000, 1)
 	dir := t.TempDir()

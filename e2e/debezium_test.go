@@ -213,6 +213,7 @@ func (s *dbzSink) Checkpoint(context.Context, *merge.Position) error { return ni
 // after), a delete (op d, before: the key and nulls) and a truncate (op t); source.lsn,
 // source.txId and source.ts_ms are the event's.
 func TestDebeziumFormat(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET TimeZone = 'America/Caracas'`)
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET DateStyle = 'German'`)
@@ -310,6 +311,7 @@ func TestDebeziumFormat(t *testing.T) {
 // file and key and envelope records to Kafka (a delete followed by its tombstone); a run in the
 // other format on the same output is refused before it writes.
 func TestDebeziumFormatOutputs(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 50, 1)
 	out := filepath.Join(t.TempDir(), "out.jsonl")
@@ -506,6 +508,7 @@ func TestDebeziumFormatOutputs(t *testing.T) {
 // backfilled rows take the modifier the chunk read (microseconds), not the stream's older one
 // (milliseconds), since the stream says it anew with the next change. One form per value.
 func TestDebeziumTypmodChanged(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ts timestamp(3))`)
 	db.Exec(`INSERT INTO t SELECT g, '2024-02-29 13:14:15.5' FROM generate_series(1, 5) g`)

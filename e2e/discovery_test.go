@@ -19,6 +19,7 @@ import (
 // TestDiscoverKeys: the key is the replica identity's; tables without a usable key are refused
 // with what to do; an override must be NOT NULL, unique and carried by the replica identity.
 func TestDiscoverKeys(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE pk (a int, b text, c int NOT NULL, PRIMARY KEY (b, a))`)
 	db.Exec(`CREATE TABLE idx (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)`)
@@ -108,6 +109,7 @@ func TestDiscoverKeys(t *testing.T) {
 // chunk read and the key of the same row's insert in the stream are the same bytes, on a
 // database whose defaults for every text-output setting differ from Tidemark's.
 func TestKeyIdentityAcrossPaths(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	for _, set := range []string{"TimeZone = 'Pacific/Chatham'", "DateStyle = 'SQL, DMY'", "IntervalStyle = 'sql_standard'",
 		"extra_float_digits = -2", "bytea_output = 'escape'", "lc_monetary = 'C.UTF-8'"} {
@@ -160,6 +162,7 @@ func (s *keySink) Checkpoint(context.Context, *merge.Position) error { return ni
 // a table the DBA created and only granted is refused; given to the role, a least-privilege
 // role (REPLICATION and SELECT) runs the backfill.
 func TestSignalTableRights(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20, 1)
 	role := "tm_" + db.Name[2:]
@@ -208,6 +211,7 @@ func TestSignalTableRights(t *testing.T) {
 // a slot and publication a DBA created: the engine writes to no table. Revoking the message
 // function from the role stops the capture with the GRANT that fixes it.
 func TestReadOnlyRoleMessages(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 50, 1)
 	role := "ro_" + db.Name[2:]
@@ -243,6 +247,7 @@ func TestReadOnlyRoleMessages(t *testing.T) {
 // TestResumeAfterStop: an engine stopped in the middle of a backfill (its context cancelled)
 // ends at a transaction boundary with a checkpoint; a new run from it finishes without a gap.
 func TestResumeAfterStop(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 2000, 1)
 	stop := workload(t, db, 3, 2000)
@@ -279,6 +284,7 @@ func TestResumeAfterStop(t *testing.T) {
 // TestOlderPositionSlotNotAdvanced: the platform lost the latest state but the slot was never
 // confirmed past the older one: replay from it redoes the chunks and converges.
 func TestOlderPositionSlotNotAdvanced(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 300, 1)
 	cfg := engineConfig(db, "public.t")
@@ -319,6 +325,7 @@ func TestOlderPositionSlotNotAdvanced(t *testing.T) {
 // a chunk; it then reads the whole rest of the range and sorts it for every chunk (a backfill in
 // O(n²)). Chunks are read in key order from the key's index whatever the statistics say.
 func TestChunkPlanWithoutStatistics(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE loaded (id bigint PRIMARY KEY, tenant int NOT NULL, v text) WITH (autovacuum_enabled = off)`)
 	db.Exec(`CREATE UNIQUE INDEX loaded_tenant_id ON loaded (tenant, id)`)

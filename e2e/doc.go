@@ -34,6 +34,15 @@
 // dropped with its slots when the test ends, passed or failed. Replication slots and publications
 // are per database, so tests cannot see each other's changes.
 //
+// So most of this package's tests call t.Parallel and run two at a time (the package waits more
+// than it computes), after the others. A test stays serial when it changes what every database of
+// the server sees (ALTER SYSTEM: synchronous_standby_names, TimeZone), ends other sessions,
+// sets the process's environment (t.Setenv), measures the whole test process (its heap), waits
+// for the server's own periodic records (a slot's restart_lsn advancing), or races a watch of a
+// few hundred milliseconds that a loaded neighbour could make it miss. A test that holds a
+// transaction open delays every slot created on the server meanwhile: keep that short, or the
+// test serial.
+//
 // # Docker
 //
 // StartEngine finds a Docker engine: $DOCKER_HOST's, the system's, or, as root with Debian's

@@ -146,6 +146,7 @@ func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejec
 // TestAppendsDuringBackfill: with inserts at the tail all along, the backfill ends at the key
 // it captured at its start; later rows arrive as inserts.
 func TestAppendsDuringBackfill(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id bigserial PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -182,6 +183,7 @@ func TestAppendsDuringBackfill(t *testing.T) {
 // TestCopyInsideWindow: a COPY (one multi-insert: many changes share LSNs) inside a window
 // evicts every key it touches.
 func TestCopyInsideWindow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 50, 10000)
 	conn := db.Connect()
@@ -210,6 +212,7 @@ func TestCopyInsideWindow(t *testing.T) {
 // written with the previous chunk's high watermark (I22: the pair fails, so the previous chunk
 // is withdrawn too, and redone).
 func TestLowWatermarkFails(t *testing.T) {
+	t.Parallel()
 	for _, id := range []int64{1, 2} {
 		t.Run(fmt.Sprintf("L%d", id), func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
@@ -231,6 +234,7 @@ func TestLowWatermarkFails(t *testing.T) {
 // TestHighWatermarkFails: a high watermark that fails once is written again with the same
 // chunk id; one that keeps failing abandons the chunk, which is redone; no row is emitted twice.
 func TestHighWatermarkFails(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		times     int // how many writes of chunk 2's high watermark fail
@@ -269,6 +273,7 @@ func TestHighWatermarkFails(t *testing.T) {
 // TestHighWatermarkTwice: a high watermark seen twice (a retried write whose first commit
 // succeeded) acts once.
 func TestHighWatermarkTwice(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -286,6 +291,7 @@ func TestHighWatermarkTwice(t *testing.T) {
 // of the same slot from another run shows up inside a window: each engine ignores marks that
 // are not its own.
 func TestForeignWatermarks(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 60, 1)
 	db.Exec(`CREATE PUBLICATION other FOR TABLE t`)
@@ -319,6 +325,7 @@ func TestForeignWatermarks(t *testing.T) {
 // TestICUTextKey: a text key under an ICU collation, read one row per chunk: no key skipped
 // or repeated; ordering is PostgreSQL's.
 func TestICUTextKey(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (k text COLLATE "en-x-icu" PRIMARY KEY, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -349,6 +356,7 @@ func TestICUTextKey(t *testing.T) {
 // database whose default TimeZone is not UTC: keys read by the chunk and by the stream are
 // equal, so an update inside the window evicts the chunk's row.
 func TestCompositeKeyTypesAndTimeZone(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET TimeZone = 'Asia/Kolkata'`)
 	db.Exec(`CREATE SEQUENCE ver`)
@@ -378,6 +386,7 @@ func TestCompositeKeyTypesAndTimeZone(t *testing.T) {
 
 // TestFloatAndNumericBoundaries: NaN, the infinities and -0 as chunk boundaries round-trip.
 func TestFloatAndNumericBoundaries(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE f (k float8 PRIMARY KEY, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -399,6 +408,7 @@ func TestFloatAndNumericBoundaries(t *testing.T) {
 // Relation) inside a window: the chunk is abandoned and read again with the new column; events
 // before and after carry their own columns.
 func TestColumnAddedInsideWindow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 1)
 	cfg := engineConfig(db, "public.t")
@@ -485,6 +495,7 @@ func workloadWith(t *testing.T, db *e2e.TestDB, seed uint64, maxID int, extra st
 // TestBackfillWhileLive200k: a 200,000-row table backfilled while a random workload runs the
 // whole time; the output replays to the table, and no key's version ever goes back.
 func TestBackfillWhileLive200k(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 200000, 1)
 	stop := workloadWith(t, db, 42, 200000, "", 0) // unbounded: as dense as the server takes
@@ -503,6 +514,7 @@ func TestBackfillWhileLive200k(t *testing.T) {
 // TestHotKey: one key updated in every window of a small-chunk backfill: the backfill still
 // finishes (the cursor moves on the chunk's last key, not on emitted rows).
 func TestHotKey(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 300, 1)
 	conn := db.Connect()

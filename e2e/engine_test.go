@@ -188,6 +188,7 @@ const upd = `UPDATE t SET v = '%s', ver = nextval('ver') WHERE id = %d`
 // TestBackfillOnly: with no concurrent changes, every row arrives once as a snapshot row, and
 // the checkpoints end with the backfill done.
 func TestBackfillOnly(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 95, 1)
 	sink := newMemSink()
@@ -204,6 +205,7 @@ func TestBackfillOnly(t *testing.T) {
 
 // TestUpdateBetweenLowAndSelect: the chunk row is evicted, the update emitted once.
 func TestUpdateBetweenLowAndSelect(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -217,6 +219,7 @@ func TestUpdateBetweenLowAndSelect(t *testing.T) {
 // TestUpdateBetweenSelectAndHigh: the chunk read the old row; the update inside the window
 // evicts it.
 func TestUpdateBetweenSelectAndHigh(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -230,6 +233,7 @@ func TestUpdateBetweenSelectAndHigh(t *testing.T) {
 // TestUpdateBeforeLow: the update precedes the window; the chunk row, read after it, carries
 // the same version (a duplicate, counted).
 func TestUpdateBeforeLow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -243,6 +247,7 @@ func TestUpdateBeforeLow(t *testing.T) {
 
 // TestDeleteInsideWindow: no snapshot row after the delete; the key stays gone.
 func TestDeleteInsideWindow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -255,6 +260,7 @@ func TestDeleteInsideWindow(t *testing.T) {
 
 // TestDeleteThenInsertInsideWindow: in separate transactions and in one.
 func TestDeleteThenInsertInsideWindow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -271,6 +277,7 @@ func TestDeleteThenInsertInsideWindow(t *testing.T) {
 // TestInsertInsideWindow: a new key inside the chunk's range, seen by the SELECT: the insert
 // is emitted and the chunk's copy evicted.
 func TestInsertInsideWindow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 2)
 	cfg := engineConfig(db, "public.t")
@@ -283,6 +290,7 @@ func TestInsertInsideWindow(t *testing.T) {
 
 // TestInsertUpdateDeleteInOneTransaction: the key ends absent and is never snapshotted.
 func TestInsertUpdateDeleteInOneTransaction(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 2)
 	cfg := engineConfig(db, "public.t")
@@ -297,6 +305,7 @@ func TestInsertUpdateDeleteInOneTransaction(t *testing.T) {
 // TestKeyMovesBehindCursor: a key update moves a row from the unscanned range to the scanned
 // one between chunks: delete of the old key, insert of the new; no chunk finds the old key.
 func TestKeyMovesBehindCursor(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 2)
 	cfg := engineConfig(db, "public.t")
@@ -311,6 +320,7 @@ func TestKeyMovesBehindCursor(t *testing.T) {
 // TestKeyMovesAheadOfCursor: a row moves from the scanned range to the unscanned one: the
 // later chunk reads the new key and emits it again after the event (a duplicate, same value).
 func TestKeyMovesAheadOfCursor(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 2)
 	cfg := engineConfig(db, "public.t")
@@ -347,6 +357,7 @@ func spanningTxn(t *testing.T, db *e2e.TestDB, cfg *merge.Config, setCommit func
 // the low watermark, but it commits inside the window, so it evicts (window membership is by
 // commit order).
 func TestTransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")
@@ -361,6 +372,7 @@ func TestTransactionFromBeforeLowCommitsInsideWindow(t *testing.T) {
 // high watermark, then the transaction's update, at a higher position: a destination that keeps
 // the row with the highest position ends with the new value.
 func TestTransactionFromBeforeLowCommitsAfterHigh(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	cfg := engineConfig(db, "public.t")

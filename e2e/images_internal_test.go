@@ -9,6 +9,7 @@ import (
 // TestSourceFor: the Debian mirror for debootstrap is found in both forms of apt sources, for the
 // machine's suite and component main only.
 func TestSourceFor(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)

@@ -63,6 +63,7 @@ func TestKafkaCrashPoints(t *testing.T) {
 // TestKafkaSecondSync: a second `tidemark sync` of the same slot into the same prefix is
 // refused before it touches the output (the slot is in use), and the first goes on.
 func TestKafkaSecondSync(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	addr := e2e.Kafka(t)
 	url := e2e.KafkaURL(addr)
@@ -95,6 +96,7 @@ func TestKafkaSecondSync(t *testing.T) {
 // one table among the other's changes), applied by tidemark consume, and verified, it gives the
 // source. A run with the other layout is refused.
 func TestKafkaSingleTopic(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	addr := e2e.Kafka(t)
 	url := e2e.KafkaURL(addr)

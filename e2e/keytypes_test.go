@@ -22,6 +22,7 @@ import (
 // in two schemas) are backfilled one row per chunk, with a change inside a window: every key
 // once, the output equal to the source, and each chunk read from the key's index.
 func TestKeysOfTypesOutsideCatalog(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE EXTENSION citext`)
 	db.Exec(`CREATE DOMAIN ci AS citext CHECK (VALUE <> '')`)
@@ -114,6 +115,7 @@ func TestKeysOfTypesOutsideCatalog(t *testing.T) {
 // an array key is compared as an array (not element by element), a domain key is not run
 // through its domain's CHECK on the source.
 func TestKeyListReadsEveryKeyType(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE DOMAIN positive AS int CHECK (VALUE > 0) NOT NULL`)
 	db.Exec(`CREATE TABLE padded (k char(5) PRIMARY KEY, v text)`)
@@ -160,6 +162,7 @@ func TestKeyListReadsEveryKeyType(t *testing.T) {
 // OPERATOR(public.>) applied to the domain column would prefer (an exact match). It must not
 // run: the capture's role stays what it was.
 func TestKeyOperatorsCannotBeShadowed(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE EXTENSION citext`)
 	db.Exec(`CREATE DOMAIN ci AS citext`)

@@ -63,13 +63,56 @@ var natsStarting sync.Mutex
 // StartNATSCluster starts n JetStream nodes clustered together, their files under dir; each of
 // configure changes every node's options (users, say).
 func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*NATSCluster, error) {
-	natsStarting.Lock()
-	started := false
-	defer func() {
-		if !started {
-			natsStarting.Unlock()
+	// A port found free can still be taken by another process before its node binds it (the
+	// lock below holds within this process only): a node that does not start is tried again,
+	// the whole cluster on new ports and empty files.
+	var c *NATSCluster
+	var err error
+	for attempt := 1; ; attempt++ {
+		if c, err = startNodes(dir, n, configure); err == nil {
+			break
 		}
-	}()
+		if attempt == natsStartAttempts {
+			return nil, fmt.Errorf("%w (%d attempts, each on new ports)", err, attempt)
+		}
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			return nil, fmt.Errorf("%w; and clearing its files for another attempt: %v", err, rerr)
+		}
+	}
+	// Ready when JetStream answers (the cluster elected its meta leader).
+	deadline := time.Now().Add(60 * time.Second)
+	if len(configure) > 0 {
+		return c, nil // ready for connections; JetStream is the test's to wait for
+	}
+	for {
+		nc, err := (tmnats.Address{Servers: c.Addrs()}).Connect()
+		if err == nil {
+			js, _ := jetstream.New(nc)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err = js.AccountInfo(ctx)
+			cancel()
+			nc.Close()
+			if err == nil {
+				return c, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			c.Shutdown()
+			return nil, fmt.Errorf("the NATS cluster did not become ready: %w", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// natsStartAttempts is how many times StartNATSCluster starts a cluster's nodes on new ports
+// before it gives up.
+const natsStartAttempts = 3
+
+// startNodes starts the n nodes of a cluster on ports free at that moment, holding natsStarting
+// until they listen.
+func startNodes(dir string, n int, configure []func(*server.Options)) (*NATSCluster, error) {
+	natsStarting.Lock()
+	defer natsStarting.Unlock()
 	ports := make([]int, 2*n)
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -106,31 +149,7 @@ func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*N
 			return nil, err
 		}
 	}
-	started = true
-	natsStarting.Unlock()
-	// Ready when JetStream answers (the cluster elected its meta leader).
-	deadline := time.Now().Add(60 * time.Second)
-	if len(configure) > 0 {
-		return c, nil // ready for connections; JetStream is the test's to wait for
-	}
-	for {
-		nc, err := (tmnats.Address{Servers: c.Addrs()}).Connect()
-		if err == nil {
-			js, _ := jetstream.New(nc)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err = js.AccountInfo(ctx)
-			cancel()
-			nc.Close()
-			if err == nil {
-				return c, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			c.Shutdown()
-			return nil, fmt.Errorf("the NATS cluster did not become ready: %w", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return c, nil
 }
 
 func (c *NATSCluster) start(i int) error {

@@ -200,6 +200,7 @@ func onChunkFunc(id int64, fn func()) func(context.Context, int64) {
 // fix instead of emitting a delete without a key. Restoring the identity does not help the
 // changes already logged; a re-backfill does.
 func TestReplicaIdentityWithoutKeyStops(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -246,6 +247,7 @@ func TestReplicaIdentityWithoutKeyStops(t *testing.T) {
 // had been killed before its first checkpoint). A table new to a capture with a position is the
 // same.
 func TestRebackfillWithoutPosition(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -283,6 +285,7 @@ func TestRebackfillWithoutPosition(t *testing.T) {
 // TestSyncRebackfillWithoutCheckpoint: tidemark sync's --rebackfill applies on a run whose output
 // has no checkpoint yet, which is where the stop it remedies can come from.
 func TestSyncRebackfillWithoutCheckpoint(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)`)
 	db.Exec(`INSERT INTO t (id, email, v) SELECT g, 'u' || g || '@x', 'v' FROM generate_series(1, 20) g`)
@@ -311,6 +314,7 @@ func indexOfOp(s *memSink, op string) int {
 // root's key sends deletes without the key, through the root (publish_via_partition_root): the
 // capture stops naming the table instead of emitting a delete with an empty key.
 func TestPartitionWithAnotherIdentity(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, email text NOT NULL, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
 	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
@@ -334,6 +338,7 @@ func TestPartitionWithAnotherIdentity(t *testing.T) {
 // the old name, says where the table went; configured with the new one, it is a new output,
 // backfilled under that name.
 func TestRenamedTableIsFollowed(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 40, 1)
 	cfg := engineConfig(db, "public.t")
@@ -377,6 +382,7 @@ func capturedOnce(t *testing.T) (*e2e.TestDB, merge.Config, *memSink) {
 // without a word from the stream; the capture notices and stops. Put back, it is not resumed as
 // if nothing happened (its changes in between are in no slot): a re-backfill is needed.
 func TestPublicationDropStopsCapture(t *testing.T) {
+	t.Parallel()
 	db, cfg, sink := capturedOnce(t)
 
 	cont := cfg
@@ -402,6 +408,7 @@ func TestPublicationDropStopsCapture(t *testing.T) {
 // member. Two such steps between two looks cannot be told from a table that left the publication
 // and came back, and stop as that does.
 func TestPublicationLayoutChanged(t *testing.T) {
+	t.Parallel()
 	db, cfg, sink := capturedOnce(t)
 	pub := db.Publication
 	member := func() string {
@@ -448,6 +455,7 @@ func TestPublicationLayoutChanged(t *testing.T) {
 // between is in no slot: any change of a partition's membership stops, as before the layout
 // changes were followed; so does a row filter added to its own row while a capture runs.
 func TestPartitionMembershipChangeStops(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
 	db.Exec(`CREATE TABLE l PARTITION OF p FOR VALUES FROM (0) TO (1000)`)
@@ -478,6 +486,7 @@ func TestPartitionMembershipChangeStops(t *testing.T) {
 // changes stream under its partitions' names; the capture of the root stops instead of skipping
 // them.
 func TestPublishViaRootTurnedOff(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
 	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
@@ -498,6 +507,7 @@ func TestPublishViaRootTurnedOff(t *testing.T) {
 // the capture stops while it runs, and a later run refuses to go on as if it had not happened,
 // until the table is re-backfilled.
 func TestAttachPartitionDetected(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
 	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
@@ -521,6 +531,7 @@ func TestAttachPartitionDetected(t *testing.T) {
 // change changes what chunks read, and the stream says nothing until the next change: the
 // backfill goes on with the new columns instead of abandoning every chunk until it fails.
 func TestQuietColumnChangeDuringBackfill(t *testing.T) {
+	t.Parallel()
 	for _, ddl := range []string{`ALTER TABLE t ADD COLUMN c int DEFAULT 7`, `ALTER TABLE t DROP COLUMN v`} {
 		t.Run(ddl, func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
@@ -559,6 +570,7 @@ func TestQuietColumnChangeDuringBackfill(t *testing.T) {
 // TestRowFilterRefused: a publication that filters a table's rows would stream a part of the
 // table while the backfill reads all of it; the table is refused with the reason.
 func TestRowFilterRefused(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t WHERE (id > 5)`)
@@ -571,6 +583,7 @@ func TestRowFilterRefused(t *testing.T) {
 // whose slot is new) holds none of the changes since the position: the capture refuses the
 // position, or, when asked, starts over from the new slot with every table's output rebuilt.
 func TestSlotRecreatedUnderOldPosition(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20, 1)
 	cfg := engineConfig(db, "public.t")
@@ -590,6 +603,7 @@ func TestSlotRecreatedUnderOldPosition(t *testing.T) {
 // re-backfill the table; run once with --rebackfill (the identity restored), the JSON lines get
 // a refresh line, the table's rows again, and replay to the source.
 func TestSyncRebackfill(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL UNIQUE, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -626,6 +640,7 @@ func TestSyncRebackfill(t *testing.T) {
 // loses rows. Such a key is refused at start, with the fix; a key override on a unique index
 // that is not deferrable is accepted.
 func TestDeferrableKeyRefused(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE d (id int PRIMARY KEY DEFERRABLE, code int NOT NULL UNIQUE, v text)`)
 	db.Exec(`ALTER TABLE d REPLICA IDENTITY FULL`)
@@ -694,6 +709,7 @@ func TestRefreshUpperBoundWhileStalled(t *testing.T) {
 // stay to be read, so every withheld update comes out (the Airbyte profile). Found by an
 // adversarial review.
 func TestWideRereadsAcrossChunks(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text, big text, ver bigint NOT NULL DEFAULT nextval('ver'))`)
@@ -748,6 +764,7 @@ func TestFirstRunBesideIdleTransaction(t *testing.T) {
 // start, until the table is re-backfilled. A VACUUM FULL of a partition with rows is no stop.
 // Found by an adversarial review.
 func TestPartitionTruncateDetected(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE m (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1) PARTITION BY RANGE (id)`)
 	db.Exec(`CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)`)
@@ -849,6 +866,7 @@ func TestValuesRewrittenDetected(t *testing.T) {
 // 'insert, update, truncate': pgoutput then filters deletes by the option in force when each was
 // written) stops the capture while it runs, naming the option and the fix.
 func TestPublishOptionNarrowed(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, ver bigint NOT NULL DEFAULT 1)`)
 	db.Exec(`INSERT INTO t (id) SELECT g FROM generate_series(1, 20) g`)
@@ -885,6 +903,7 @@ func capturedUnderAllTables(t *testing.T) (*e2e.TestDB, merge.Config, *memSink) 
 // TestSetUnloggedWhileRunning: a table made UNLOGGED (allowed under a FOR ALL TABLES publication)
 // has its writes in no WAL record: the capture stops while it runs, saying so.
 func TestSetUnloggedWhileRunning(t *testing.T) {
+	t.Parallel()
 	db, cfg, sink := capturedUnderAllTables(t)
 	done, stopIt := watching(t, cfg, sink)
 	db.Exec(`ALTER TABLE t SET UNLOGGED`)
@@ -898,6 +917,7 @@ func TestSetUnloggedWhileRunning(t *testing.T) {
 // persistence and before it read the membership (which an UNLOGGED table leaves) is still named
 // as UNLOGGED, not as a table taken out of the publication (a CI run met that order).
 func TestSetUnloggedBetweenLooks(t *testing.T) {
+	t.Parallel()
 	db, cfg, sink := capturedUnderAllTables(t)
 	require.NotNil(t, sink.last(), "the first run checkpointed")
 	other := db.Connect()
@@ -924,6 +944,7 @@ func TestSetUnloggedBetweenLooks(t *testing.T) {
 // TRUNCATE also gives new files, and is explained by the stream: one streamed after the position
 // (the next run carries it), and one streamed before it whose files no look had recorded.
 func TestStorageReplacedBetweenRuns(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
 	db.Exec(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 30) g`)
@@ -1005,6 +1026,7 @@ func TestStorageReplacedBetweenRuns(t *testing.T) {
 // delivered all along, and the output equal to the source afterwards. A table not captured is
 // refused; a capture that is not running says so.
 func TestRebackfillWhileRunning(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	for _, tab := range []string{"t", "u"} {
@@ -1095,6 +1117,7 @@ func TestRebackfillWhileRunning(t *testing.T) {
 // and the statement that renames it on a PostgreSQL target, until the table is re-backfilled. A
 // label added stops nothing.
 func TestEnumLabelRenamed(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, m mood, ms mood[])`)

@@ -16,6 +16,7 @@ func str(s string) *string { return &s }
 // earlier record of the key had the column (the replay used to keep the old value: a chunk
 // that lacked a column after ADD COLUMN went unseen).
 func TestOracleWholeRows(t *testing.T) {
+	t.Parallel()
 	o := e2e.NewOracle("ver")
 	o.Apply(e2e.Record{Table: "s.t", Op: "insert", Key: "1", Values: map[string]*string{"id": str("1"), "ver": str("1"), "x": str(`"a"`), "big": str(`"B"`)}, LSN: 10})
 	// An update leaving big unchanged keeps it; x is in the update.
@@ -33,6 +34,7 @@ func TestOracleWholeRows(t *testing.T) {
 // TestOracleUnchangedParsed: the JSON lines' "unchanged" list reaches the record (it was dropped,
 // and the replay kept every column a record lacked), and "original" keeps a NaN apart from NULL.
 func TestOracleUnchangedParsed(t *testing.T) {
+	t.Parallel()
 	lines := `{"op":"insert","table":"s.t","key":{"id":1},"after":{"id":1,"ver":1,"big":"B","n":null},"original":{"n":"NaN"},"lsn":"0/10","seq":0,"xid":5}
 {"op":"update","table":"s.t","key":{"id":1},"after":{"id":1,"ver":2,"n":1.50},"unchanged":["big"],"lsn":"0/20","seq":0,"xid":6}
 `
@@ -64,6 +66,7 @@ func TestOracleUnchangedParsed(t *testing.T) {
 // violation, and positions must increase; a backfilled row repeating the key's version at a
 // later position is a counted duplicate only.
 func TestOracleExactlyOnce(t *testing.T) {
+	t.Parallel()
 	rec := func(op string, ver string, lsn uint64, seq int) e2e.Record {
 		return e2e.Record{Table: "s.t", Op: op, Key: "1", Values: map[string]*string{"id": str("1"), "ver": str(ver)}, LSN: lsn, Seq: seq}
 	}
@@ -110,6 +113,7 @@ func TestOracleExactlyOnce(t *testing.T) {
 // deleted is a resurrection, also when the output never showed the key's versions before the
 // delete (the oracle knew only the versions it had seen).
 func TestOracleResurrection(t *testing.T) {
+	t.Parallel()
 	deleted := map[string]int64{"s.t|1|7": 9, "s.t||8": 20}
 	resolve := func(table, key, txn string) (int64, bool) {
 		v, ok := deleted[table+"|"+key+"|"+txn]
@@ -145,6 +149,7 @@ func TestOracleResurrection(t *testing.T) {
 // TestOracleFillMissing: a column a row lacks counts as the source's default only when the
 // row's last record came before any record of the table carried the column.
 func TestOracleFillMissing(t *testing.T) {
+	t.Parallel()
 	o := e2e.NewOracle("ver")
 	o.Apply(e2e.Record{Table: "s.t", Op: "snapshot", Key: "1", Values: map[string]*string{"id": str("1"), "ver": str("1")}, LSN: 10})
 	o.Apply(e2e.Record{Table: "s.t", Op: "insert", Key: "2", Values: map[string]*string{"id": str("2"), "ver": str("2"), "x1": str(`"a"`)}, LSN: 20})

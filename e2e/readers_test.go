@@ -62,6 +62,7 @@ func (s *windowSpans) overlaps(readers int64) int {
 // (each reader writes its fence when it has nothing left; the run ends at a fence with no work
 // pending anywhere).
 func TestReadersInParallel(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE SEQUENCE ver`)
 	names := []string{"a", "b", "c"}
@@ -111,6 +112,7 @@ func TestReadersInParallel(t *testing.T) {
 // stopped in the middle and resumed with two readers from its last checkpoint, whose ranges
 // (three) are dealt to the two; the output replays to the source.
 func TestKeyRangeReaders(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 9000, 1)
 	db.Exec(`ANALYZE t`)

@@ -36,6 +36,7 @@ func createSlot(t *testing.T, db *e2e.TestDB) {
 // transaction over three tables, REPLICA IDENTITY FULL, NULL against unchanged TOAST, and a
 // Relation change mid-stream all decode, as whole transactions in commit order.
 func TestStreamDecodesChanges(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text)`)
 	db.Exec(`CREATE TABLE b (id int PRIMARY KEY, v text)`)
@@ -143,6 +144,7 @@ func TestStreamDecodesChanges(t *testing.T) {
 // the changes of a transaction can have LSNs below the commit LSN of a transaction delivered
 // before it.
 func TestStreamCommitOrder(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
@@ -177,6 +179,7 @@ func TestStreamCommitOrder(t *testing.T) {
 // TestStreamLogicalMessages: the logical messages of the prefix a stream asks for are decoded
 // with their prefix and content (a stream asks for none unless told: Config.Messages).
 func TestStreamLogicalMessages(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
@@ -203,6 +206,7 @@ func insertTxns(t *testing.T, db *e2e.TestDB, from, to int) {
 // (the server has the acknowledgement) and after the connection was killed before it could send
 // the acknowledgement (the requested LSN decides).
 func TestRestartFromAcknowledged(t *testing.T) {
+	t.Parallel()
 	for _, clean := range []bool{true, false} {
 		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)
@@ -328,6 +332,7 @@ func TestSlotLSNAdvances(t *testing.T) {
 
 // TestOpenErrors: each broken prerequisite gives an error that names the object and the fix.
 func TestOpenErrors(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
 
@@ -420,6 +425,7 @@ func TestOpenErrors(t *testing.T) {
 
 // TestOpenErrorWalLevel: a server with wal_level=replica is refused with the setting to change.
 func TestOpenErrorWalLevel(t *testing.T) {
+	t.Parallel()
 	e2e.NeedsLocal(t, server, "needs a local cluster of its own with wal_level=replica")
 	ctx := context.Background()
 	srv, err := e2e.Start(ctx, e2e.Options{Settings: map[string]string{"wal_level": "replica", "max_wal_senders": "10"}})
@@ -434,6 +440,7 @@ func TestOpenErrorWalLevel(t *testing.T) {
 // TestStreamPinsSessionSettings: values reach the stream in the pinned text forms whatever the
 // server's and the role's settings are.
 func TestStreamPinsSessionSettings(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET TimeZone = 'America/New_York'`)
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET DateStyle = 'SQL, DMY'`)
@@ -456,6 +463,7 @@ func TestStreamPinsSessionSettings(t *testing.T) {
 // TestStreamStopsOnCancel: cancelling the context ends Run promptly with the cause, even while it
 // waits for a server that sends nothing.
 func TestStreamStopsOnCancel(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE a`)
@@ -485,6 +493,7 @@ func TestStreamStopsOnCancel(t *testing.T) {
 // with a catalog that has no publication, and the walsender fails on every start with
 // "publication does not exist", so the slot can never advance. Writers commit all along here.
 func TestPublicationCreatedBeforeSlot(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE w (id bigserial PRIMARY KEY, v text)`)
 	stop := background(t, func(ctx context.Context) {
@@ -511,6 +520,7 @@ func TestPublicationCreatedBeforeSlot(t *testing.T) {
 // search_path puts public first, loses the pin; the check of the pinned settings must see it,
 // although a function planted in public answers for current_setting as if nothing had changed.
 func TestPinLossNotHidden(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE FUNCTION public.current_setting(text) RETURNS text LANGUAGE sql AS $f$
 		SELECT CASE WHEN $1 = 'search_path' THEN 'pg_catalog, pg_temp' ELSE pg_catalog.current_setting($1) END $f$`)

@@ -17,6 +17,7 @@ import (
 // ALTER's), and the chunk would end the backfill with the rest of the table unread. Found by an
 // adversarial review.
 func TestRewriteWhileChunkWaits(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 95, 1)
 	cfg := engineConfig(db, "public.t")
@@ -46,6 +47,7 @@ func TestRewriteWhileChunkWaits(t *testing.T) {
 // TestRewriteWhileFirstChunkWaits: the same while the table's first read (its upper bound, or
 // whether it is empty) waits for the rewrite's lock.
 func TestRewriteWhileFirstChunkWaits(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 95, 1)
 	db.Exec(`SELECT pg_create_logical_replication_slot('` + db.Slot + `', 'pgoutput')`)

@@ -56,6 +56,7 @@ func TestPinnedSettingsWinOverConnectionString(t *testing.T) {
 // must fail the chunk read with PostgreSQL's error, not hand over the rows the policy lets
 // through as if they were the table (row_security is pinned off, as pg_dump does).
 func TestRowSecurityFailsTheRead(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	role := "rls_" + db.Name[2:]
 	db.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'pw'`, role))

@@ -20,6 +20,7 @@ import (
 // carrying triggers or rules, is refused with the owner, the triggers and the SQL that fixes it;
 // once fixed, the capture runs.
 func TestSignalTableTrust(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20, 1)
 	role := "tm_" + db.Name[2:]
@@ -79,6 +80,7 @@ func TestSignalTableTrust(t *testing.T) {
 // it granted TRIGGER, or whoever dropped and made the table again) never runs; the capture
 // stops at once with what changed and the fix.
 func TestSignalTableChangedWhileRunning(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 30, 1)
 	db.Exec(`CREATE TABLE fired (at timestamptz)`)

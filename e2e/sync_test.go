@@ -141,6 +141,7 @@ func TestSyncJSONLKill9(t *testing.T) {
 // infinity and -infinity, both null in JSON) come out of a sync so that a replay keyed as the key's
 // = compares (the oracle, and tidemark verify) equals the source, deletes included.
 func TestSyncKeysEqualAsPostgres(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE public.n (k numeric PRIMARY KEY, v text); INSERT INTO public.n VALUES (1.0, 'old'), (2, 'two');
 		CREATE TABLE public.h (id int, valid_to date, v text, PRIMARY KEY (id, valid_to)); INSERT INTO public.h VALUES (1, 'infinity', 'a')`)
@@ -169,6 +170,7 @@ func TestSyncKeysEqualAsPostgres(t *testing.T) {
 // and a replay of the output equals the source afterwards (with its exactly-once log). A table
 // the sync does not capture is refused; with no sync running, it says so.
 func TestRebackfillCommand(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 3000, 1)
 	stop := auditedWorkload(t, db, 21, 3000)
@@ -255,6 +257,7 @@ type syncBuffer = e2e.SyncBuffer
 // the changes stream: the output equals the source afterwards, the changes made while the slot
 // was lost included.
 func TestOnSlotLossRebackfill(t *testing.T) {
+	t.Parallel()
 	e2e.NeedsLocal(t, server, "needs a local cluster of its own with a small max_slot_wal_keep_size")
 	ctx := context.Background()
 	srv, err := e2e.Start(ctx, e2e.Options{Settings: map[string]string{"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "max_wal_size": "32MB", "min_wal_size": "32MB"}})

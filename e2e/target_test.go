@@ -37,6 +37,7 @@ func targetEquals(t *testing.T, db *e2e.TestDB, tgt, table string) {
 // TestTargetFollowsColumnChanges: the source's schema changes reach the PostgreSQL target where
 // that is safe, or stop the sync with the statement to run; the target never diverges silently.
 func TestTargetFollowsColumnChanges(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, amount numeric(12,2), v text)`)
 	db.Exec(`INSERT INTO t SELECT g, g * 1.25, 'v' || g FROM generate_series(1, 20) g`)
@@ -96,6 +97,7 @@ func TestTargetFollowsColumnChanges(t *testing.T) {
 // next sync with the cause and both ways on; --rebackfill makes the target equal to the source; a
 // VACUUM FULL leaves the same sign and is acknowledged with --maintenance, for one run.
 func TestTargetStorageReplaced(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
 	db.Exec(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g`)
@@ -126,6 +128,7 @@ func TestTargetStorageReplaced(t *testing.T) {
 // (with --on-rewrite fail) stops the sync with the statement that renames the label on the target; once run there, a
 // sync told so (--types-changed) goes on, and the target equals the source.
 func TestTargetEnumLabelRenamed(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TYPE mood AS ENUM ('sad', 'happy')`)
 	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, m mood)`)
@@ -151,6 +154,7 @@ func TestTargetEnumLabelRenamed(t *testing.T) {
 // on the target is refused with the reason (tables are applied in the capture's order, and
 // backfilled one after the other).
 func TestPrecreatedTargets(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE t (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)`)
 	db.Exec(`INSERT INTO t (v) SELECT 'v' || g FROM generate_series(1, 20) g`)

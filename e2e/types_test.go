@@ -226,6 +226,7 @@ func captureBothPaths(t *testing.T, db *e2e.TestDB, tables []string) map[pgjson.
 // backfill read it or the stream carried it (an UPDATE of every row during streaming), and every
 // row validates against the JSON schema of its table.
 func TestTypeFidelity(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	// Session defaults that differ from the pinned settings must not matter.
 	db.Exec(`ALTER DATABASE ` + db.Name + ` SET TimeZone = 'America/Caracas'`)
@@ -314,6 +315,7 @@ func compileSchema(t *testing.T, schema map[string]any) *jsonschema.Schema {
 // backfill (the update evicts the chunk's row, which held the only whole copy) and after it: the
 // replayed output has the whole values, and never a NULL for them.
 func TestUnchangedTOAST(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"DEFAULT", "FULL", "DEFAULT/RereadPartial"} {
 		identity, rereadPartial := strings.CutSuffix(mode, "/RereadPartial")
 		t.Run(mode, func(t *testing.T) {
@@ -429,6 +431,7 @@ func toastedTable(db *e2e.TestDB, table string, rows, items int) {
 }
 
 func TestHotRowReadWhole(t *testing.T) {
+	t.Parallel()
 	for _, rereadPartial := range []bool{false, true} {
 		t.Run(fmt.Sprint("RereadPartial=", rereadPartial), func(t *testing.T) {
 			db := e2e.NewTestDB(t, server)

@@ -17,6 +17,7 @@ import (
 // back to its checkpoint before it ever found the slot busy, and the first kept writing at its own
 // offset, leaving NUL bytes and lost events inside a checkpointed range.
 func TestSecondJSONLWriterRefused(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 20000, 1)
 	stop := workload(t, db, 21, 20000)
@@ -53,6 +54,7 @@ func fileSize(path string) int64 {
 // TestSecondPostgresWriterRefused: a second `tidemark sync` into the same target checkpoint is
 // refused before it writes anything: the first holds a lock on the target for its whole run.
 func TestSecondPostgresWriterRefused(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 5000, 1)
 	tgt := targetDB(t, db)
@@ -79,6 +81,7 @@ func TestSecondPostgresWriterRefused(t *testing.T) {
 // server process that ends only when the target notices; a restart right after waits for it
 // instead of failing (CI met this between two kills of TestSyncPostgresKill9).
 func TestTargetLockFreedWithinTheWait(t *testing.T) {
+	t.Parallel()
 	db := e2e.NewTestDB(t, server)
 	versionedTable(t, db, 100, 1)
 	tgt := targetDB(t, db)
