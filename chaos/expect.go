@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/chunker"
+	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -352,6 +353,9 @@ var transientMarks = []string{
 	"terminating connection", "the database system is", "server closed the connection", "conn closed",
 	"connection closed", "use of closed network connection", "i/o timeout", "timeout", "deadline exceeded",
 	"sqlstate 57p", "sqlstate 08", replicator.ErrSlotInUse.Error(), replicator.ErrTimeout.Error(),
+	// The engine's own mark of a failure of the connection class (the run starts again): the
+	// sinks wrap it, the NATS sink's when a message the run counted on was lost with a node.
+	pgerr.ErrTimeout.Error(),
 	// A JetStream node killed (the node fault) while it served a request.
 	"nats: server shutdown", "nats: no responders",
 	// The process before, killed, still holds the slot or the output for a moment.
