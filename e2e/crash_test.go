@@ -128,9 +128,10 @@ func TestCrashPoints(t *testing.T) {
 		}
 	})
 	out := filepath.Join(t.TempDir(), "out.jsonl")
-	// The backfill's points first: each run ends within a few chunks of the 40, so the backfill
-	// cannot end before them (a point never reached fails the run, see runSyncTo); emits and
-	// checkpoints come from the stream too.
+	// The backfill's points first: each of those runs ends within its first three chunks (at
+	// most 500 + 1,000 + 2,000 rows, chunks growing from --chunk-size on quiet windows), so the
+	// 20,000 rows cannot all be read before them (a point never reached fails the run, see
+	// runSyncTo); emits and checkpoints come from the stream too.
 	points := []string{"before-low:3", "after-low:3", "after-select:3", "after-high:3", "after-high:1", "after-emit:40", "after-checkpoint:4", "after-emit:7"}
 	for _, p := range points {
 		start := time.Now()

@@ -65,7 +65,9 @@ var natsStarting sync.Mutex
 func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*NATSCluster, error) {
 	// A port found free can still be taken by another process before its node binds it (the
 	// lock below holds within this process only): a node that does not start is tried again,
-	// the whole cluster on new ports and empty files.
+	// the whole cluster on new ports and empty files. A node that lost its port is known only
+	// when its 30 s wait for connections ends (nats-server does not report the failed listen to
+	// an embedding process), so an attempt costs that much.
 	var c *NATSCluster
 	var err error
 	for attempt := 1; ; attempt++ {
@@ -75,8 +77,10 @@ func StartNATSCluster(dir string, n int, configure ...func(*server.Options)) (*N
 		if attempt == natsStartAttempts {
 			return nil, fmt.Errorf("%w (%d attempts, each on new ports)", err, attempt)
 		}
-		if rerr := os.RemoveAll(dir); rerr != nil {
-			return nil, fmt.Errorf("%w; and clearing its files for another attempt: %v", err, rerr)
+		for i := range n { // the nodes' own directories, not the caller's
+			if rerr := os.RemoveAll(fmt.Sprintf("%s/n%d", dir, i+1)); rerr != nil {
+				return nil, fmt.Errorf("%w; and clearing its files for another attempt: %v", err, rerr)
+			}
 		}
 	}
 	// Ready when JetStream answers (the cluster elected its meta leader).
