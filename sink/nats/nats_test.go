@@ -403,6 +403,7 @@ func TestRereadNotSkipped(t *testing.T) {
 // table starts over with a refresh (row 2, which that run wrote and the move deleted, goes);
 // also when the slot was made again by hand.
 func TestSkipEndsAtDelete(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	setup := func(t *testing.T) (*e2e.TestDB, tmnats.Address, func(string) func()) {
 		db := e2e.NewTestDB(t, server)
 		addr, _ := e2e.NATS(t)
@@ -494,6 +495,7 @@ func TestFormatTakenWhileEmpty(t *testing.T) {
 // subjects, a stream the output wrote that was deleted, and another slot's checkpoint are
 // refused before anything is written.
 func TestStreamRefused(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	db := e2e.NewTestDB(t, server)
 	ctx := context.Background()
 	db.Exec(`CREATE TABLE a (id int PRIMARY KEY, ver int)`)
@@ -568,6 +570,7 @@ func TestStreamRefused(t *testing.T) {
 // replicas; a node is killed while the sync runs, and started again. Runs that fail on it resume
 // from their checkpoint; the stream holds every event once.
 func TestNodeKilled(t *testing.T) {
+	t.Parallel() // a long test: beside the others, after the serial ones (docs/testing.md)
 	addr, c := e2e.NATS(t)
 	if c == nil {
 		t.Skip("a real cluster ($" + e2e.EnvNATS + ") is not disturbed")
