@@ -356,6 +356,9 @@ var transientMarks = []string{
 	// The engine's own mark of a failure of the connection class (the run starts again): the
 	// sinks wrap it, the NATS sink's when a message the run counted on was lost with a node.
 	pgerr.ErrTimeout.Error(),
+	// The broker fault's dropped connections met at a client's first read (franz-go's
+	// ErrFirstReadEOF, an EOF the engine reconnects after; its text guesses at TLS or SASL).
+	"broker closed the connection immediately",
 	// A JetStream node killed (the node fault) while it served a request.
 	"nats: server shutdown", "nats: no responders",
 	// The process before, killed, still holds the slot or the output for a moment.

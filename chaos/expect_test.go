@@ -405,6 +405,14 @@ func TestNodeLossIsTransient(t *testing.T) {
 	require.True(t, transient(`tidemark sync: stream tidemark_chaos_416762_0295b2 did not end at sequence 34898 when message tidemark_chaos_416762_0295b2.tidemark_chaos_416762_0295b2.accounts.1 came (nats: API error: code=400 err_code=10071 description=wrong last sequence: 34897): an earlier message failed, or another writer wrote to the stream; resuming after the stream's last message (connection timed out)`))
 }
 
+// TestBrokerDropIsTransient: a capture started while the broker fault drops every connection
+// (one CI run: 14 starts in its 3 s) fails with franz-go's first-read EOF, which the engine
+// counts as a failure to reconnect after (pgerr.Reconnectable: an EOF); its text names no EOF.
+func TestBrokerDropIsTransient(t *testing.T) {
+	require.True(t, transient(`tidemark sync: reach kafka://127.0.0.1:45021,127.0.0.1:45681,127.0.0.1:43001/tidemark_chaos_21828_49435d: broker closed the connection immediately during api versions negotiation, which often happens when the broker requires TLS but the client is using plaintext: is TLS missing? (the broker closed the connection: its listener may want TLS (tls=true) or SASL (sasl=...))`))
+	require.True(t, transient(`tidemark sync: list topics: broker closed the connection immediately during api versions negotiation, which often happens when the broker requires TLS but the client is using plaintext: is TLS missing?`))
+}
+
 // TestPacerSpacesTransactions: the pacer (Config.Rate) gives out start times one interval apart,
 // to all connections together, so n waits take at least n-1 intervals; without a rate it never
 // waits.
