@@ -301,3 +301,26 @@ func TestTransactionTimeout(t *testing.T) {
 	require.ErrorContains(t, err, "longer than the transaction timeout")
 	require.NotContains(t, err.Error(), "took over")
 }
+
+// TestEncodeFails: an event whose line cannot be encoded (its column types not readable: the
+// source connection lost, say) fails the batch with the encoder's error, a truncate or a refresh
+// (sent to every partition) as a row's change. The NATS output's broadcast path panicked so in a
+// chaos run (sink/nats TestBroadcastEncodeFails).
+func TestEncodeFails(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	addr := e2e.Kafka(t)
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
+	ctx := context.Background()
+	conn := db.Connect()
+	s, _, err := kafka.Open(ctx, kafka.Options{Address: addr, Tables: []string{"public.a"}, Slot: db.Slot,
+		Types: pgjson.NewRegistry(conn), Log: zerolog.Nop()}, func() error { return nil })
+	require.NoError(t, err)
+	defer s.Close(ctx)
+	require.NoError(t, conn.Close(ctx)) // the types can no longer be read
+	cols := &merge.Columns{Schema: "public", Table: "a", Names: []string{"id"}, Types: []uint32{23}, TypeMods: []int32{-1}, Key: []int{0}}
+	for _, op := range []merge.Op{merge.Truncate, merge.Refresh} {
+		var err error
+		require.NotPanics(t, func() { err = s.Emit(ctx, []merge.Event{{Op: op, Columns: cols, LSN: 0x1000000}}) }, "%s", op)
+		require.ErrorContains(t, err, "conn closed", "%s: the encoder's error", op)
+	}
+}

@@ -665,3 +665,30 @@ func TestParseURL(t *testing.T) {
 	}
 	require.Equal(t, "nats://app:xxxxx@n1:4222/shop", tmnats.Redact("nats://app:s3cret@n1:4222/shop"))
 }
+
+// TestBroadcastEncodeFails: a truncate (or a refresh) whose line cannot be encoded (its column
+// types not readable: the source connection lost, say) fails the batch with the encoder's
+// error. It panicked ("slice bounds out of range [:-1]") in a 10-minute chaos run: the line was
+// cut before the error was looked at.
+func TestBroadcastEncodeFails(t *testing.T) {
+	db := e2e.NewTestDB(t, server)
+	ctx := context.Background()
+	db.Exec(`CREATE TABLE a (id int PRIMARY KEY)`)
+	c, err := e2e.StartNATSCluster(t.TempDir(), 1)
+	require.NoError(t, err)
+	t.Cleanup(c.Shutdown)
+	addr := tmnats.Address{Servers: c.Addrs(), Stream: "encode_fails"}
+	conn := db.Connect()
+	s, _, err := tmnats.Open(ctx, tmnats.Options{Address: addr, Tables: []string{"public.a"}, Slot: db.Slot,
+		Types: pgjson.NewRegistry(conn), Log: zerolog.Nop()}, func() error { return nil })
+	require.NoError(t, err)
+	defer s.Close(ctx)
+	require.NoError(t, conn.Close(ctx)) // the types can no longer be read
+	cols := &merge.Columns{Schema: "public", Table: "a", Names: []string{"id"}, Types: []uint32{23}, TypeMods: []int32{-1}, Key: []int{0}}
+	for _, op := range []merge.Op{merge.Truncate, merge.Refresh} {
+		var err error
+		require.NotPanics(t, func() { err = s.Emit(ctx, []merge.Event{{Op: op, Columns: cols, LSN: 0x1000000}}) }, "%s", op)
+		require.Error(t, err, "%s", op)
+		require.ErrorContains(t, err, "conn closed", "%s: the encoder's error", op)
+	}
+}

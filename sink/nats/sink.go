@@ -708,8 +708,11 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 		if s.o.Debezium != nil {
 			value, err = s.o.Debezium.AppendValue(ctx, nil, &ev)
 		} else {
-			s.buf, err = s.enc.Append(ctx, s.buf[:0], &ev)
-			value = slices.Clone(s.buf[:len(s.buf)-1])
+			// The line without its newline, once it was written whole (an error leaves it
+			// cut anywhere, empty even).
+			if s.buf, err = s.enc.Append(ctx, s.buf[:0], &ev); err == nil {
+				value = slices.Clone(s.buf[:len(s.buf)-1])
+			}
 		}
 		if err != nil {
 			return err
