@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark/tidemark/chunker"
-	"github.com/tidemark/tidemark/internal/pgerr"
 	"github.com/tidemark/tidemark/merge"
 	"github.com/tidemark/tidemark/replicator"
 )
@@ -353,9 +352,11 @@ var transientMarks = []string{
 	"terminating connection", "the database system is", "server closed the connection", "conn closed",
 	"connection closed", "use of closed network connection", "i/o timeout", "timeout", "deadline exceeded",
 	"sqlstate 57p", "sqlstate 08", replicator.ErrSlotInUse.Error(), replicator.ErrTimeout.Error(),
-	// The engine's own mark of a failure of the connection class (the run starts again): the
-	// sinks wrap it, the NATS sink's when a message the run counted on was lost with a node.
-	pgerr.ErrTimeout.Error(),
+	// The NATS output's expected sequence failed: a message the run counted on was lost with a
+	// killed node (the node fault), or a second writer wrote (the fence fault). Not the engine's
+	// general mark of a reconnectable failure ("connection timed out"), which it also puts on
+	// errors no fault here explains (a Kafka producer's epoch changed, JetStream not enabled).
+	"an earlier message failed, or another writer wrote to the stream",
 	// The broker fault's dropped connections met at a client's first read (franz-go's
 	// ErrFirstReadEOF, an EOF the engine reconnects after; its text guesses at TLS or SASL).
 	"broker closed the connection immediately",
