@@ -9,6 +9,11 @@
 // override that is NOT NULL, unique, and carried by the replica identity. Tables without such a
 // key, or keyed by a nondeterministic collation, are refused with what to do.
 //
+// Discover looks the table's name up once, to its OID, and reads everything else (its
+// membership of the publication, columns, key) by that OID: a rename between two of its
+// statements then finds the table as it was looked up, or not at all (ErrNoTable), never "not in
+// the publication", which would name the wrong cause and the wrong fix.
+//
 // Table.AppendKey encodes a key as a FoundationDB tuple (package tuple) from the text values of
 // its columns. Both paths read values in text form under the same pinned session settings
 // (internal/pgconf), so the same stored key has the same text in a chunk row and in a pgoutput

@@ -197,7 +197,12 @@ func (t *Table) readPublication(ctx context.Context, conn *pgx.Conn, publication
 	if err != nil {
 		return false, err
 	}
-	pubQuery := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3 AND $4::oid IS NOT NULL`
+	// The view names tables; the row is the OID's that lookUp found, joined in the same
+	// statement (one snapshot): a rename between the two statements must not read as the
+	// table having left the publication (TestDiscoverWhileRenamed).
+	byOID := ` JOIN pg_namespace n ON n.nspname = pt.schemaname JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+		WHERE pt.pubname = $1 AND c.oid = $2::oid`
+	pubQuery := `SELECT true, NULL::text[], NULL::text FROM pg_publication_tables pt` + byOID
 	if version >= 150000 {
 		// pg_publication_tables.attnames lists every column when the publication has no column
 		// list: taken as one, it would hide a column added after discovery from every later
@@ -207,12 +212,12 @@ func (t *Table) readPublication(ctx context.Context, conn *pgx.Conn, publication
 		pubQuery = `SELECT true,
 				CASE WHEN EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
 					WHERE p.pubname = $1 AND pr.prattrs IS NOT NULL
-					  AND (pr.prrelid = $4::oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors($4::oid::regclass))))
-				THEN attnames END,
-				rowfilter
-			FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+					  AND (pr.prrelid = $2::oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors($2::oid::regclass))))
+				THEN pt.attnames END,
+				pt.rowfilter
+			FROM pg_publication_tables pt` + byOID
 	}
-	err = conn.QueryRow(ctx, pubQuery, publication, t.Schema, t.Name, t.OID).Scan(&published, &pubCols, &rowFilter)
+	err = conn.QueryRow(ctx, pubQuery, publication, t.OID).Scan(&published, &pubCols, &rowFilter)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return false, fmt.Errorf("check publication %q for %s: %w", publication, t, err)
 	}

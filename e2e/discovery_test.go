@@ -2,11 +2,13 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -103,6 +105,56 @@ func TestDiscoverKeys(t *testing.T) {
 
 	_, err = discover("missing")
 	require.ErrorIs(t, err, chunker.ErrNoTable)
+}
+
+// TestDiscoverWhileRenamed: a table renamed while it is discovered is either found under its name
+// (the OID looked up, whose membership of the publication is read) or not found at all
+// (chunker.ErrNoTable), never "not in the publication": that stop would name the wrong cause and
+// the wrong fix (ALTER PUBLICATION ... ADD TABLE), and a resuming capture would call the table one
+// that left the publication. Found by TestChaosDDL (seed 85346191, airbyte): the publication was
+// read by the name after the OID was looked up by it, and a rename came between the two.
+func TestDiscoverWhileRenamed(t *testing.T) {
+	t.Parallel()
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE moving (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE moving`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	other, err := pgx.Connect(ctx, db.DSN)
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	renames := make(chan error, 1)
+	go func() {
+		defer close(renames)
+		for ctx.Err() == nil {
+			for _, sql := range []string{`ALTER TABLE moving RENAME TO moved`, `ALTER TABLE moved RENAME TO moving`} {
+				if _, err := other.Exec(ctx, sql); err != nil {
+					if ctx.Err() == nil {
+						renames <- err
+					}
+					return
+				}
+			}
+		}
+	}()
+	found, gone := 0, 0
+	for i := 0; i < 400 && (found < 20 || gone < 20 || i < 100); i++ {
+		tb, err := chunker.Discover(ctx, db.Conn, "public", "moving", nil, db.Publication)
+		switch {
+		case err == nil:
+			require.Equal(t, []string{"id"}, tb.KeyNames())
+			found++
+		case errors.Is(err, chunker.ErrNoTable):
+			gone++
+		default:
+			require.NoError(t, err, "after %d found and %d not found under the name", found, gone)
+		}
+	}
+	cancel()
+	require.NoError(t, <-renames)
+	t.Logf("found %d times, not found %d times", found, gone)
+	require.Positive(t, found)
+	require.Positive(t, gone)
 }
 
 // TestKeyIdentityAcrossPaths (I9): for every row of a table keyed by many types, the key the
