@@ -12,7 +12,10 @@
 // Discover looks the table's name up once, to its OID, and reads everything else (its
 // membership of the publication, columns, key) by that OID: a rename between two of its
 // statements then finds the table as it was looked up, or not at all (ErrNoTable), never "not in
-// the publication", which would name the wrong cause and the wrong fix.
+// the publication", which would name the wrong cause and the wrong fix; a table dropped (or
+// dropped and created again) meanwhile is ErrNoTable, not a table without a key. DiscoverOID
+// reads a captured table by its OID alone, under whatever name it has (the engine's rediscovery
+// after a rename).
 //
 // Table.AppendKey encodes a key as a FoundationDB tuple (package tuple) from the text values of
 // its columns. Both paths read values in text form under the same pinned session settings

@@ -96,6 +96,41 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	if err != nil {
 		return nil, err
 	}
+	nt, err := t.discover(ctx, conn, kind, override, publication)
+	if err != nil && !errors.Is(err, ErrNoTable) {
+		// Every read after lookUp is by the OID: a table dropped (or dropped and created
+		// again) meanwhile reads as one without columns or a key. Named as what it is.
+		if _, _, gerr := NameOf(ctx, conn, t.OID); errors.Is(gerr, ErrGone) {
+			return nil, fmt.Errorf("%w: %s was dropped (or dropped and created again) while its definition was read; check the schema and table name, then start again", ErrNoTable, t)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return nt, nil
+}
+
+// DiscoverOID is Discover of the table with OID oid, under whatever name it has now: a captured
+// table followed after a rename, with no second look-up by a name a rename may have moved
+// meanwhile. A table with that OID no longer there is ErrGone.
+func DiscoverOID(ctx context.Context, conn *pgx.Conn, oid uint32, override []string, publication string) (*Table, error) {
+	t := &Table{OID: oid}
+	kind, err := t.lookUp(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	nt, err := t.discover(ctx, conn, kind, override, publication)
+	if err != nil {
+		if _, _, gerr := NameOf(ctx, conn, oid); errors.Is(gerr, ErrGone) {
+			return nil, gerr
+		}
+		return nil, err
+	}
+	return nt, nil
+}
+
+// discover reads the rest of the definition of the table lookUp found, by its OID.
+func (t *Table) discover(ctx context.Context, conn *pgx.Conn, kind byte, override []string, publication string) (*Table, error) {
 	t.Kind = kind
 	published, err := t.readPublication(ctx, conn, publication)
 	if err != nil {
@@ -165,14 +200,24 @@ func DiscoverKeyed(ctx context.Context, conn *pgx.Conn, schema, name string, key
 	return t, nil
 }
 
-// lookUp finds the table's OID and replica identity, and returns its relkind: a table ('r') or
-// a partitioned table ('p'); anything else is refused.
+// lookUp finds the table's OID (by its name; by the OID when t has one, and its name then) and
+// replica identity, and returns its relkind: a table ('r') or a partitioned table
+// ('p'); anything else is refused.
 func (t *Table) lookUp(ctx context.Context, conn *pgx.Conn) (byte, error) {
 	var kind, persistence byte
-	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident, c.relkind, c.relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name).Scan(&t.OID, &t.ReplicaIdentity, &kind, &persistence)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("%w: %s does not exist (check the schema and table name and this role's privileges)", ErrNoTable, t)
+	var err error
+	if t.OID != 0 {
+		err = conn.QueryRow(ctx, `SELECT n.nspname, c.relname, c.relreplident, c.relkind, c.relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.oid = $1`, t.OID).Scan(&t.Schema, &t.Name, &t.ReplicaIdentity, &kind, &persistence)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, fmt.Errorf("%w: the table with OID %d", ErrGone, t.OID)
+		}
+	} else {
+		err = conn.QueryRow(ctx, `SELECT c.oid, c.relreplident, c.relkind, c.relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name).Scan(&t.OID, &t.ReplicaIdentity, &kind, &persistence)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, fmt.Errorf("%w: %s does not exist (check the schema and table name and this role's privileges)", ErrNoTable, t)
+		}
 	}
 	if err != nil {
 		return 0, fmt.Errorf("look up table %s: %w", t, err)

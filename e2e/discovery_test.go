@@ -120,6 +120,8 @@ func TestDiscoverWhileRenamed(t *testing.T) {
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE moving`)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var oid uint32
+	require.NoError(t, db.Conn.QueryRow(ctx, `SELECT 'moving'::regclass::oid`).Scan(&oid))
 	other, err := pgx.Connect(ctx, db.DSN)
 	require.NoError(t, err)
 	defer other.Close(context.Background())
@@ -149,9 +151,59 @@ func TestDiscoverWhileRenamed(t *testing.T) {
 		default:
 			require.NoError(t, err, "after %d found and %d not found under the name", found, gone)
 		}
+		// A captured table is followed by its OID, whatever its name meanwhile.
+		tb, err = chunker.DiscoverOID(ctx, db.Conn, oid, nil, db.Publication)
+		require.NoError(t, err, "by OID, after %d found and %d not found under the name", found, gone)
+		require.Contains(t, []string{"moving", "moved"}, tb.Name)
+		require.Equal(t, []string{"id"}, tb.KeyNames())
 	}
 	cancel()
 	require.NoError(t, <-renames)
+	t.Logf("found %d times, not found %d times", found, gone)
+	require.Positive(t, found)
+	require.Positive(t, gone)
+}
+
+// TestDiscoverWhileDropped: a table dropped and created again while it is discovered is found
+// (the one there when it was looked up, or the new one), or named as not there; never refused
+// for a problem of its own (no key, no columns) that the drop made up.
+func TestDiscoverWhileDropped(t *testing.T) {
+	t.Parallel()
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE again (id int PRIMARY KEY, v text)`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	other, err := pgx.Connect(ctx, db.DSN)
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	drops := make(chan error, 1)
+	go func() {
+		defer close(drops)
+		for ctx.Err() == nil {
+			if _, err := other.Exec(ctx, `DROP TABLE again; CREATE TABLE again (id int PRIMARY KEY, v text)`); err != nil {
+				if ctx.Err() == nil {
+					drops <- err
+				}
+				return
+			}
+		}
+	}()
+	found, gone := 0, 0
+	for i := 0; i < 400 && (found < 20 || gone < 20 || i < 100); i++ {
+		tb, err := chunker.Discover(ctx, db.Conn, "public", "again", nil, db.Publication)
+		switch {
+		case err == nil:
+			require.Equal(t, []string{"id"}, tb.KeyNames())
+			found++
+		case errors.Is(err, chunker.ErrNoTable):
+			gone++
+		default:
+			require.NoError(t, err, "after %d found and %d not found", found, gone)
+		}
+	}
+	cancel()
+	require.NoError(t, <-drops)
 	t.Logf("found %d times, not found %d times", found, gone)
 	require.Positive(t, found)
 	require.Positive(t, gone)

@@ -25,3 +25,9 @@ func failMarks(_ *testing.T, cfg *merge.Config, fail func(watermark.Mark) bool) 
 func betweenLooks(_ *testing.T, cfg *merge.Config, fn func(table string)) {
 	cfg.Faults.BetweenLooks = fn
 }
+
+// afterDiscover runs fn at a run's start between the discovery of its tables and the read of
+// their membership of the publication (a test build's hook, merge.Faults.AfterDiscover).
+func afterDiscover(_ *testing.T, cfg *merge.Config, fn func()) {
+	cfg.Faults.AfterDiscover = fn
+}

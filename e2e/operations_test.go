@@ -936,6 +936,47 @@ func TestSetUnloggedBetweenLooks(t *testing.T) {
 	require.ErrorContains(t, err, "UNLOGGED")
 }
 
+// TestChangedBetweenDiscoveryAndMembership: a run's start reads its tables' definitions, then
+// their membership of the publication, in separate statements. A table taken out of the
+// publication in between must stop the start, not be captured with no membership recorded (the
+// watch then compares nothing with nothing, and its changes are silently in no slot); a table
+// dropped in between is named as dropped, not as one that left the publication and came back.
+func TestChangedBetweenDiscoveryAndMembership(t *testing.T) {
+	t.Parallel()
+	db := e2e.NewTestDB(t, server)
+	db.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	db.Exec(`INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 30) g`)
+	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
+	other := db.Connect()
+	cfg := engineConfig(db, "public.t")
+	hooked := func(sql string) merge.Config {
+		c := cfg
+		var once sync.Once
+		afterDiscover(t, &c, func() {
+			once.Do(func() {
+				_, err := other.Exec(context.Background(), sql)
+				require.NoError(t, err)
+			})
+		})
+		return c
+	}
+	sink := newMemSink()
+	err := runEngine(t, hooked(`ALTER PUBLICATION `+db.Publication+` DROP TABLE t`), sink, nil)
+	require.ErrorIs(t, err, chunker.ErrNotPublished, "a new table that left the publication as the run started")
+	require.ErrorContains(t, err, "ADD TABLE ONLY")
+
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE t`)
+	require.NoError(t, runEngine(t, cfg, sink, nil))
+	verify(t, db, sink, "public.t", "id")
+	cfg.Source.CreateSlot = false
+	err = runEngine(t, hooked(`ALTER PUBLICATION `+db.Publication+` DROP TABLE t`), sink, sink.last())
+	require.ErrorIs(t, err, merge.ErrPublicationChanged, "a captured table that left the publication as the run started")
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE t`)
+	err = runEngine(t, hooked(`DROP TABLE t`), sink, sink.last())
+	require.ErrorIs(t, err, chunker.ErrGone, "a captured table dropped as the run started")
+	require.NotErrorIs(t, err, merge.ErrPublicationChanged)
+}
+
 // TestStorageReplacedBetweenRuns: a table's storage files changed between two runs with no
 // column change. ALTER TABLE ... SET UNLOGGED then SET LOGGED leaves that sign, and the writes in
 // between are in no WAL record; VACUUM FULL leaves the same sign and changes nothing; PostgreSQL

@@ -117,5 +117,8 @@
 // to the publication, then the table dropped from the list). The new membership is then
 // recorded (memberNow), and the next look compares with it. A partition's membership may come
 // through an ancestor's row or schema, which DETACH PARTITION takes away without changing a row:
-// any change of it stops, as does any change where a row filter is involved.
+// any change of it stops, as does any change where a row filter is involved. The first look is
+// at a run's start, a statement after discovery found the table published: a table found no
+// member then (it left the publication, or was dropped, in between) stops the start, since an
+// empty membership on record would compare equal to every later empty one.
 package merge

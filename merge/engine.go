@@ -578,21 +578,25 @@ func (e *Engine) checkTables(ctx context.Context, conn *pgx.Conn, from *Position
 		if p := progressOf(from, tc.Schema+"."+tc.Name); p != nil && !p.Refresh && !tc.Rebackfill {
 			continue
 		}
-		_, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)
+		t, err := chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, e.cfg.Source.Publication)
 		if errors.Is(err, chunker.ErrNotPublished) && (e.cfg.AddToPublication || e.cfg.Source.CreatePublication) {
-			err = nil // added to the publication (or created with it) later
+			t, err = chunker.Discover(ctx, conn, tc.Schema, tc.Name, tc.Key, "") // added to the publication (or created with it) later
 		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		id := pgx.Identifier{tc.Schema, tc.Name}
-		var readable bool
+		var readable *bool // NULL: no table with that OID any more
 		var role string
-		if err := conn.QueryRow(ctx, `SELECT has_table_privilege(to_regclass($1), 'SELECT'), current_user::text`, id.Sanitize()).Scan(&readable, &role); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT has_table_privilege($1::oid, 'SELECT'), current_user::text`, t.OID).Scan(&readable, &role); err != nil {
 			return fmt.Errorf("check the privileges on %s.%s: %w", tc.Schema, tc.Name, err)
 		}
-		if !readable {
+		if readable == nil {
+			errs = append(errs, fmt.Errorf("%w: %s.%s was dropped as the run started", chunker.ErrNoTable, tc.Schema, tc.Name))
+			continue
+		}
+		if !*readable {
 			errs = append(errs, fmt.Errorf("%w: role %s may not read %s.%s; grant it: %s",
 				ErrNoPrivilege, sqlfix.Ident(role), tc.Schema, tc.Name, sqlfix.GrantSelect(id, role)))
 		}

@@ -14,8 +14,9 @@ package merge
 //   - NoVisibilityGuard emits chunks the visibility guard would reject;
 //   - NoEviction never drops chunk rows changed inside their window.
 //
-// And two hooks for the tests, which break nothing by themselves: FailMark fails the writing of
-// the watermarks it picks, and BetweenLooks runs between the watch's look at a table's shape and
-// its read of the table's membership (a DDL committed in that gap).
+// And three hooks for the tests, which break nothing by themselves: FailMark fails the writing
+// of the watermarks it picks, BetweenLooks runs between the watch's look at a table's shape and
+// its read of the table's membership (a DDL committed in that gap), and AfterDiscover runs at a
+// run's start between the discovery of its tables and the read of their membership (the same).
 //
 // FaultsBuilt reports whether this build has them.

@@ -17,3 +17,5 @@ func (Faults) noEviction() bool { return false }
 func (Faults) failMark(watermark.Mark) bool { return false }
 
 func (Faults) betweenLooks(string) {}
+
+func (Faults) afterDiscover() {}

@@ -19,6 +19,9 @@ type Faults struct {
 	// BetweenLooks, when set, runs in the watch after it looked at a table's shape and before it
 	// reads the table's membership of the publication (the tests' way into that gap).
 	BetweenLooks func(table string)
+	// AfterDiscover, when set, runs at the start of a run after its tables were discovered and
+	// before their membership of the publication is read (the tests' way into that gap).
+	AfterDiscover func()
 }
 
 func (f Faults) ackAhead() bool   { return f.AckAhead }
@@ -26,6 +29,12 @@ func (f Faults) noGuard() bool    { return f.NoVisibilityGuard }
 func (f Faults) noEviction() bool { return f.NoEviction }
 
 func (f Faults) failMark(m watermark.Mark) bool { return f.FailMark != nil && f.FailMark(m) }
+
+func (f Faults) afterDiscover() {
+	if f.AfterDiscover != nil {
+		f.AfterDiscover()
+	}
+}
 
 func (f Faults) betweenLooks(table string) {
 	if f.BetweenLooks != nil {

@@ -72,6 +72,7 @@ func (e *Engine) prepare(ctx context.Context, conn *pgx.Conn, stream *replicator
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	e.cfg.Faults.afterDiscover()
 	sys, slot := stream.System(), stream.Slot()
 	var pos *Position
 	if from == nil {
@@ -234,6 +235,15 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		if resync || tc.Rebackfill {
 			p = &TableProgress{Refresh: true}
 		}
+		if member == "" && e.cfg.Source.Publication != "" {
+			// Discovery found it published, a statement before: it left the publication, or was
+			// dropped, since. Captured with no membership, the watch would compare nothing with
+			// nothing while its changes are in no slot (TestChangedBetweenDiscoveryAndMembership).
+			if err := notMemberAtStart(ctx, conn, e.cfg.Source.Publication, name, t, p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
 		var kept bool
 		if p != nil && p.Publication != "" {
 			if kept, err = membershipKept(ctx, conn, t.OID, p.Publication, member); err != nil {
@@ -334,6 +344,27 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		}
 	}
 	return checks, nil
+}
+
+// notMemberAtStart names what became of table t (name), found in publication pub by discovery
+// and no member a statement later: dropped, or out of the publication (a table not captured yet
+// is added back; a captured one was out meanwhile, and is re-backfilled). It returns nil only for
+// a captured table with a membership on record, which the membership check that follows names.
+func notMemberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *chunker.Table, p *TableProgress) error {
+	if _, _, err := chunker.NameOf(ctx, conn, t.OID); errors.Is(err, chunker.ErrGone) {
+		return fmt.Errorf("%w: %s (OID %d) was dropped as the run started; take it out of the capture (or, if it was created again, re-backfill it)", chunker.ErrGone, name, t.OID)
+	} else if err != nil {
+		return err
+	}
+	switch {
+	case p == nil || p.Refresh:
+		return fmt.Errorf("%w: %s left publication %q as the run started, so its changes would not be streamed; add it back with: ALTER PUBLICATION %s ADD TABLE ONLY %s;",
+			chunker.ErrNotPublished, name, pub, pgx.Identifier{pub}.Sanitize(), t.Ident())
+	case p.Publication == "":
+		return fmt.Errorf("%w: %s is no longer in publication %q, so its changes since it left are not in the slot; add it back (ALTER PUBLICATION %s ADD TABLE ONLY %s), then re-backfill it",
+			ErrPublicationChanged, name, pub, pgx.Identifier{pub}.Sanitize(), t.Ident())
+	}
+	return nil
 }
 
 // membershipKept reports whether the table with OID oid, a member of the publication as before

@@ -815,16 +815,14 @@ func (w *worker) retry(ctx context.Context, t *workTable, cause error) error {
 // rediscover reads t's definition again after it changed, under its current name (a renamed
 // table is followed by OID).
 func (w *worker) rediscover(ctx context.Context, t *workTable) error {
-	schema, name, err := chunker.NameOf(ctx, w.conn, t.table.OID)
+	// By the OID throughout: a name looked up and then discovered in another statement could be
+	// renamed back, or taken by another table, in between.
+	nt, err := chunker.DiscoverOID(ctx, w.conn, t.table.OID, t.override, w.cfg.Source.Publication)
+	if errors.Is(err, chunker.ErrGone) {
+		return fmt.Errorf("%w: %s (OID %d) was dropped; take it out of the capture (or, if it was created again, re-backfill it)", chunker.ErrGone, t.name, t.table.OID)
+	}
 	if err != nil {
 		return fmt.Errorf("discover %s again after its definition changed: %w", t.name, err)
-	}
-	nt, err := chunker.Discover(ctx, w.conn, schema, name, t.override, w.cfg.Source.Publication)
-	if err != nil {
-		return fmt.Errorf("discover %s (now %s.%s) again after its definition changed: %w", t.name, schema, name, err)
-	}
-	if nt.OID != t.table.OID {
-		return fmt.Errorf("%w: %s (OID %d) is now %s.%s, and that name belongs to table OID %d", ErrTableReplaced, t.name, t.table.OID, schema, name, nt.OID)
 	}
 	if !slices.Equal(nt.KeyNames(), t.table.KeyNames()) {
 		return fmt.Errorf("%w: the key of %s changed from %v to %v during its capture; re-backfill it", ErrKeyChanged, t.name, t.table.KeyNames(), nt.KeyNames())
