@@ -975,6 +975,22 @@ func TestChangedBetweenDiscoveryAndMembership(t *testing.T) {
 	err = runEngine(t, hooked(`DROP TABLE t`), sink, sink.last())
 	require.ErrorIs(t, err, chunker.ErrGone, "a captured table dropped as the run started")
 	require.NotErrorIs(t, err, merge.ErrPublicationChanged)
+
+	// Under FOR ALL TABLES, a table made UNLOGGED leaves the publication for that reason.
+	all := e2e.NewTestDB(t, server)
+	all.Exec(`CREATE TABLE u (id int PRIMARY KEY)`)
+	all.Exec(`CREATE PUBLICATION ` + all.Publication + ` FOR ALL TABLES`)
+	ucfg := engineConfig(all, "public.u")
+	allOther := all.Connect()
+	var once sync.Once
+	afterDiscover(t, &ucfg, func() {
+		once.Do(func() {
+			_, err := allOther.Exec(context.Background(), `ALTER TABLE u SET UNLOGGED`)
+			require.NoError(t, err)
+		})
+	})
+	err = runEngine(t, ucfg, newMemSink(), nil)
+	require.ErrorIs(t, err, merge.ErrUnlogged, "a new table made UNLOGGED as the run started")
 }
 
 // TestStorageReplacedBetweenRuns: a table's storage files changed between two runs with no

@@ -347,13 +347,19 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 }
 
 // notMemberAtStart names what became of table t (name), found in publication pub by discovery
-// and no member a statement later: dropped, or out of the publication (a table not captured yet
-// is added back; a captured one was out meanwhile, and is re-backfilled). It returns nil only for
-// a captured table with a membership on record, which the membership check that follows names.
+// and no member a statement later: dropped, UNLOGGED, or out of the publication (a table not
+// captured yet is added back; a captured one was out meanwhile, and is re-backfilled). It returns
+// nil only for a captured table with a membership on record, which the membership check that
+// follows names.
 func notMemberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *chunker.Table, p *TableProgress) error {
 	if _, _, err := chunker.NameOf(ctx, conn, t.OID); errors.Is(err, chunker.ErrGone) {
 		return fmt.Errorf("%w: %s (OID %d) was dropped as the run started; take it out of the capture (or, if it was created again, re-backfill it)", chunker.ErrGone, name, t.OID)
 	} else if err != nil {
+		return err
+	}
+	// Made UNLOGGED meanwhile: it left a FOR ALL TABLES or schema publication for that reason,
+	// which the shape names (as the watch does).
+	if _, err := checkShape(ctx, conn, name, t.Ident(), t.OID, Shape{}); errors.Is(err, ErrUnlogged) {
 		return err
 	}
 	switch {
