@@ -940,7 +940,8 @@ func TestSetUnloggedBetweenLooks(t *testing.T) {
 // their membership of the publication, in separate statements. A table taken out of the
 // publication in between must stop the start, not be captured with no membership recorded (the
 // watch then compares nothing with nothing, and its changes are silently in no slot); a table
-// dropped in between is named as dropped, not as one that left the publication and came back.
+// dropped in between is named as dropped, not as one that left the publication and came back; a
+// row filter taken in between is refused as discovery refuses it.
 func TestChangedBetweenDiscoveryAndMembership(t *testing.T) {
 	t.Parallel()
 	db := e2e.NewTestDB(t, server)
@@ -966,12 +967,18 @@ func TestChangedBetweenDiscoveryAndMembership(t *testing.T) {
 	require.ErrorContains(t, err, "ADD TABLE ONLY")
 
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE t`)
+	err = runEngine(t, hooked(`ALTER PUBLICATION `+db.Publication+` SET TABLE t WHERE (id > 10)`), sink, nil)
+	require.ErrorIs(t, err, chunker.ErrRowFilter, "a new table that took a row filter as the run started")
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET TABLE t`)
 	require.NoError(t, runEngine(t, cfg, sink, nil))
 	verify(t, db, sink, "public.t", "id")
 	cfg.Source.CreateSlot = false
 	err = runEngine(t, hooked(`ALTER PUBLICATION `+db.Publication+` DROP TABLE t`), sink, sink.last())
 	require.ErrorIs(t, err, merge.ErrPublicationChanged, "a captured table that left the publication as the run started")
 	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` ADD TABLE t`)
+	err = runEngine(t, hooked(`ALTER PUBLICATION `+db.Publication+` SET TABLE t WHERE (id > 10)`), sink, refreshed(sink.last(), "public.t"))
+	require.ErrorIs(t, err, chunker.ErrRowFilter, "a table to re-backfill that took a row filter as the run started")
+	db.Exec(`ALTER PUBLICATION ` + db.Publication + ` SET TABLE t`)
 	err = runEngine(t, hooked(`DROP TABLE t`), sink, sink.last())
 	require.ErrorIs(t, err, chunker.ErrGone, "a captured table dropped as the run started")
 	require.NotErrorIs(t, err, merge.ErrPublicationChanged)

@@ -118,7 +118,8 @@
 // recorded (memberNow), and the next look compares with it. A partition's membership may come
 // through an ancestor's row or schema, which DETACH PARTITION takes away without changing a row:
 // any change of it stops, as does any change where a row filter is involved. The first look is
-// at a run's start, a statement after discovery found the table published: a table found no
-// member then (it left the publication, or was dropped, in between) stops the start, since an
-// empty membership on record would compare equal to every later empty one.
+// at a run's start, a statement after discovery found the table published without a row filter:
+// a table found no member then, or with a row filter (it left the publication, was dropped, made
+// UNLOGGED or filtered in between), stops the start with the cause a discovery by its OID names,
+// since a membership on record that was never right would compare equal to every later look.
 package merge

@@ -235,11 +235,12 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 		if resync || tc.Rebackfill {
 			p = &TableProgress{Refresh: true}
 		}
-		if member == "" && e.cfg.Source.Publication != "" {
-			// Discovery found it published, a statement before: it left the publication, or was
-			// dropped, since. Captured with no membership, the watch would compare nothing with
-			// nothing while its changes are in no slot (TestChangedBetweenDiscoveryAndMembership).
-			if err := notMemberAtStart(ctx, conn, e.cfg.Source.Publication, name, t, p); err != nil {
+		if (member == "" || strings.Contains(member, ":filter:")) && e.cfg.Source.Publication != "" {
+			// Discovery found it published without a row filter, a statement before: it left
+			// the publication, was dropped, or took a row filter since. Recorded so, the watch
+			// would compare that with itself while changes go to no slot
+			// (TestChangedBetweenDiscoveryAndMembership).
+			if err := memberAtStart(ctx, conn, e.cfg.Source.Publication, name, t, tc.Key, p, member); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -346,15 +347,19 @@ func (e *Engine) reconcile(ctx context.Context, conn *pgx.Conn, pos *Position, t
 	return checks, nil
 }
 
-// notMemberAtStart names what became of table t (name), found in publication pub by discovery
-// and no member a statement later: dropped, UNLOGGED, or out of the publication (a table not
+// memberAtStart names what became of table t (name), found in publication pub without a row
+// filter by discovery, and found no member (or with a row filter) a statement later: dropped,
+// UNLOGGED, published through its partitions, filtered, or out of the publication (a table not
 // captured yet is added back; a captured one was out meanwhile, and is re-backfilled). It returns
 // nil only for a captured table with a membership on record, which the membership check that
 // follows names.
-func notMemberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *chunker.Table, p *TableProgress) error {
-	if _, _, err := chunker.NameOf(ctx, conn, t.OID); errors.Is(err, chunker.ErrGone) {
+func memberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *chunker.Table, key []string, p *TableProgress, member string) error {
+	// Discovered again by the OID: it names the cause, when there is one now.
+	_, err := chunker.DiscoverOID(ctx, conn, t.OID, key, pub)
+	switch {
+	case errors.Is(err, chunker.ErrGone):
 		return fmt.Errorf("%w: %s (OID %d) was dropped as the run started; take it out of the capture (or, if it was created again, re-backfill it)", chunker.ErrGone, name, t.OID)
-	} else if err != nil {
+	case err != nil && !errors.Is(err, chunker.ErrNotPublished):
 		return err
 	}
 	// Made UNLOGGED meanwhile: it left a FOR ALL TABLES or schema publication for that reason,
@@ -362,8 +367,13 @@ func notMemberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *
 	if _, err := checkShape(ctx, conn, name, t.Ident(), t.OID, Shape{}); errors.Is(err, ErrUnlogged) {
 		return err
 	}
+	captured := p != nil && !p.Refresh
 	switch {
-	case p == nil || p.Refresh:
+	case member != "" && !captured:
+		return fmt.Errorf("%w: %s in publication %q took a row filter, or lost one, as the run started (%q); start again", ErrPublicationChanged, name, pub, member)
+	case member != "":
+		return nil // captured: the membership check names it
+	case !captured:
 		return fmt.Errorf("%w: %s left publication %q as the run started, so its changes would not be streamed; add it back with: ALTER PUBLICATION %s ADD TABLE ONLY %s;",
 			chunker.ErrNotPublished, name, pub, pgx.Identifier{pub}.Sanitize(), t.Ident())
 	case p.Publication == "":

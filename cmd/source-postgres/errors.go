@@ -41,7 +41,7 @@ func classify(err error) string {
 		replicator.ErrSlotMissing, replicator.ErrSlotLost, replicator.ErrSlotMismatch,
 		replicator.ErrPublicationMissing, replicator.ErrPublication, replicator.ErrWalLevel,
 		replicator.ErrServerVersion, merge.ErrSystemChanged, merge.ErrPositionBehindSlot,
-		merge.ErrNoTables, chunker.ErrNoKey, chunker.ErrNoTable, chunker.ErrNotPublished,
+		merge.ErrNoTables, chunker.ErrNoKey, chunker.ErrNoTable, chunker.ErrGone, chunker.ErrNotPublished,
 		chunker.ErrRowFilter, chunker.ErrNotViaRoot, merge.ErrNoPrivilege, replicator.ErrLeftBehind, watermark.ErrSetup,
 	} {
 		if errors.Is(err, target) {

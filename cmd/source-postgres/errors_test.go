@@ -33,6 +33,7 @@ func TestFailureTypeClassification(t *testing.T) {
 		{wrap(merge.ErrSystemChanged), configFailure},
 		{wrap(chunker.ErrNoKey), configFailure},
 		{wrap(chunker.ErrNotPublished), configFailure},
+		{wrap(chunker.ErrGone), configFailure}, // dropped while captured, or as a read started
 		{wrap(chunker.ErrRowFilter), configFailure},
 		{wrap(&merge.UnplaceableError{Table: "public.t", Reason: "its key column arrived NULL"}), configFailure},
 		{wrap(merge.ErrKeyChanged), configFailure},
