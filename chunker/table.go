@@ -101,7 +101,7 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 		// Every read after lookUp is by the OID: a table dropped (or dropped and created
 		// again) meanwhile reads as one without columns or a key. Named as what it is.
 		if _, _, gerr := NameOf(ctx, conn, t.OID); errors.Is(gerr, ErrGone) {
-			return nil, fmt.Errorf("%w: %s was dropped (or dropped and created again) while its definition was read; check the schema and table name, then start again", ErrNoTable, t)
+			return nil, fmt.Errorf("%w: %s was dropped (or dropped and created again) while its definition was read; start again (a table captured before: take it out of the capture, or, if it was created again, re-backfill it)", ErrNoTable, t)
 		}
 	}
 	if err != nil {
