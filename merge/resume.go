@@ -371,8 +371,10 @@ func memberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *chu
 	switch {
 	case member != "" && !captured:
 		return fmt.Errorf("%w: %s in publication %q took a row filter, or lost one, as the run started (%q); start again", ErrPublicationChanged, name, pub, member)
-	case member != "":
+	case member != "" && p.Publication != "":
 		return nil // captured: the membership check names it
+	case member != "":
+		return fmt.Errorf("%w: %s in publication %q took a row filter, or lost one, as the run started (%q), so changes may not be in the slot; start again, then re-backfill it", ErrPublicationChanged, name, pub, member)
 	case !captured:
 		return fmt.Errorf("%w: %s left publication %q as the run started, so its changes would not be streamed; add it back with: ALTER PUBLICATION %s ADD TABLE ONLY %s;",
 			chunker.ErrNotPublished, name, pub, pgx.Identifier{pub}.Sanitize(), t.Ident())
