@@ -220,6 +220,9 @@ func (t *Table) lookUp(ctx context.Context, conn *pgx.Conn) (byte, error) {
 		}
 	}
 	if err != nil {
+		if t.Name == "" {
+			return 0, fmt.Errorf("look up table OID %d: %w", t.OID, err)
+		}
 		return 0, fmt.Errorf("look up table %s: %w", t, err)
 	}
 	if kind != 'r' && kind != 'p' {
