@@ -223,9 +223,9 @@ func StartFromEnv(ctx context.Context, log zerolog.Logger) (*Server, error) {
 // checkpoint during a test run, neither by WAL volume nor by time. A checkpoint that ended just
 // after a test created its slot once removed the WAL segment the slot had reserved, and the
 // test's second run from an earlier position failed with "requested WAL segment ... has already
-// been removed" (PostgreSQL 15.18; a server-side race between a slot's WAL reservation and a
-// checkpoint, the kind PostgreSQL fixed late in 2025: docs/testing.md). Tests of checkpoints and
-// WAL removal start servers of their own with the settings they need.
+// been removed" (PostgreSQL 15.18; a server-side race in the slots' minimum LSN, with many slots
+// made side by side: docs/testing.md). Tests of checkpoints and WAL removal start servers of
+// their own with the settings they need.
 func sharedSettings() map[string]string {
 	return map[string]string{"max_wal_size": "16GB", "checkpoint_timeout": "1d"}
 }
