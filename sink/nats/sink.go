@@ -118,6 +118,9 @@ const (
 	HeaderIdx   = "tidemark.idx"   // which of the event's messages (the partition, for a truncate or a refresh)
 	HeaderTable = "tidemark.table" // schema.table
 	HeaderKey   = "tidemark.key"   // the row's key as JSON ({} for a truncate or a refresh)
+	// HeaderKeyID is the row's canonical key (the engine's, hex): equal for keys equal under
+	// their types' = (numeric 8 and 8.0), whose JSON may differ; none for a truncate or a refresh.
+	HeaderKeyID = "tidemark.keyid"
 	// HeaderHistory is the source's history the event was read in: SYSTEMID/TIMELINE.
 	HeaderHistory = "tidemark.history"
 )
@@ -171,7 +174,7 @@ type Sink struct {
 	leftover bool
 	// replaying is set while the run has not gone past horizon (merge.Replayer).
 	replaying atomic.Bool
-	skip      map[string]map[string]bool // table: keys backfilled after the last checkpoint by a run before
+	skip      map[string]map[string]bool // table: keys (skipKeys) backfilled after the last checkpoint by a run before
 	tailFrom  uint64                     // where the stream was read from at open (Checkpoint.TailFrom)
 	// replay are the stream's messages past the position the run resumes from, up to last, in
 	// order (backfilled rows apart: skip): the events the run reads again must be these, one for
@@ -542,7 +545,7 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 			if s.skip[t] == nil {
 				s.skip[t] = map[string]bool{}
 			}
-			s.skip[t][h.Get(HeaderKey)] = true
+			s.skip[t][storedSkipKey(h)] = true
 			return nil
 		case merge.Truncate.String(), merge.Refresh.String():
 			delete(s.skip, t)
@@ -550,7 +553,7 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 			// The row backfilled before it is gone: a row under its key after it may have been
 			// inserted without its unchanged TOASTed values (moved onto the key), which the engine
 			// reads again and the stream lacks.
-			delete(s.skip[t], h.Get(HeaderKey))
+			delete(s.skip[t], storedSkipKey(h))
 		}
 		if mk.LSN < from {
 			return nil // covered by the checkpoint: the run does not read it again
@@ -692,17 +695,20 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 			s.skipped++
 			continue
 		}
-		if ev.Op == merge.Snapshot && s.skip[name][string(key)] {
+		ids := skipKeys(&ev, key)
+		if ev.Op == merge.Snapshot && (s.skip[name][ids[0]] || s.skip[name][ids[1]]) {
 			// Written by a run before, after its checkpoint, with every change since: the
 			// chunk read again here brings nothing new.
-			delete(s.skip[name], string(key))
+			delete(s.skip[name], ids[0])
+			delete(s.skip[name], ids[1])
 			s.skipped++
 			continue
 		}
 		if ev.Op == merge.Delete {
 			// As in the stream's messages read at open: a row under this key after the delete is
 			// not the one the stream has.
-			delete(s.skip[name], string(key))
+			delete(s.skip[name], ids[0])
+			delete(s.skip[name], ids[1])
 		}
 		var value []byte
 		if s.o.Debezium != nil {
@@ -797,6 +803,21 @@ func (s *Sink) dropRefreshing() {
 	}
 }
 
+// skipKeys are the forms a key of ev may have in the skip set: by its canonical key (messages
+// with HeaderKeyID), and by its JSON (messages of an earlier version, without it). A key must
+// not be told apart from itself by its text: numeric 8 and 8.0 are one key, with two JSON forms.
+func skipKeys(ev *merge.Event, jsonKey []byte) [2]string {
+	return [2]string{"id:" + hex.EncodeToString(ev.Key), "json:" + string(jsonKey)}
+}
+
+// storedSkipKey is the skip set's form of the key of a message in the stream (skipKeys).
+func storedSkipKey(h natsgo.Header) string {
+	if id := h.Get(HeaderKeyID); id != "" {
+		return "id:" + id
+	}
+	return "json:" + h.Get(HeaderKey)
+}
+
 // publish sends message idx of ev.
 func (s *Sink) publish(ev *merge.Event, table, base string, p, idx int, key, value []byte) error {
 	mk := Mark{LSN: ev.LSN, Seq: ev.Seq, Idx: idx, History: s.history}
@@ -814,6 +835,9 @@ func (s *Sink) publish(ev *merge.Event, table, base string, p, idx int, key, val
 	m.Header.Set(HeaderIdx, strconv.Itoa(idx))
 	m.Header.Set(HeaderTable, table)
 	m.Header.Set(HeaderKey, string(key))
+	if ev.Key != nil {
+		m.Header.Set(HeaderKeyID, hex.EncodeToString(ev.Key))
+	}
 	m.Header.Set(HeaderHistory, s.timeline)
 	f, err := s.js.PublishMsgAsync(m, jetstream.WithExpectLastSequence(s.seq), jetstream.WithMsgID(MsgID(s.o.Slot, s.timeline, mk)))
 	if err != nil {
