@@ -565,8 +565,8 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/nats/no-snapshot-skip", Pkg: "sink/nats", File: "sink/nats/sink.go",
-		From: "\t\tif ev.Op == merge.Snapshot && s.skip[name][string(key)] {\n",
-		To:   "\t\tif false && ev.Op == merge.Snapshot && s.skip[name][string(key)] {\n",
+		From: "\t\tif ev.Op == merge.Snapshot && (s.skip[name][ids[0]] || s.skip[name][ids[1]]) {\n",
+		To:   "\t\tif false && ev.Op == merge.Snapshot && (s.skip[name][ids[0]] || s.skip[name][ids[1]]) {\n",
 		Desc: "a chunk read again after a restart publishes again the rows the stream has past the checkpoint",
 	},
 	{
@@ -577,13 +577,13 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/nats/skip-past-delete-in-stream", Pkg: "sink/nats", File: "sink/nats/sink.go",
-		From: "\t\t\tdelete(s.skip[t], h.Get(HeaderKey))\n",
+		From: "\t\t\tdelete(s.skip[t], storedSkipKey(h))\n\t\t\tdelete(s.skip[t], \"json:\"+h.Get(HeaderKey))\n",
 		To:   "\n",
 		Desc: "a backfilled row the stream has past the checkpoint stays passed over after the stream deleted its key: the row moved onto the key without its TOASTed value is never written whole",
 	},
 	{
 		ID: "sink/nats/skip-past-delete-in-run", Pkg: "sink/nats", File: "sink/nats/sink.go",
-		From: "\t\tif ev.Op == merge.Delete {\n\t\t\t// As in the stream's messages read at open: a row under this key after the delete is\n\t\t\t// not the one the stream has.\n\t\t\tdelete(s.skip[name], string(key))\n\t\t}\n",
+		From: "\t\tif ev.Op == merge.Delete {\n\t\t\t// As in the stream's messages read at open: a row under this key after the delete is\n\t\t\t// not the one the stream has.\n\t\t\tdelete(s.skip[name], ids[0])\n\t\t\tdelete(s.skip[name], ids[1])\n\t\t}\n",
 		To:   "",
 		Desc: "a backfilled row the stream has past the checkpoint stays passed over after the run deleted its key: the row moved onto the key without its TOASTed value is never written whole",
 	},

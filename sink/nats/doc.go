@@ -47,10 +47,13 @@
 //     later point, as a refresh of the row.) A delete of the key, in those messages or in the
 //     run, ends that: a row under the key after it is another row, which may have come without
 //     its unchanged TOASTed values (moved onto the key) and is the one the engine reads again.
-//     Keys are compared by their canonical form (HeaderKeyID), not by their JSON: a numeric key
+//     Keys are compared by the engine's key (HeaderKeyID), not by their JSON: a numeric key
 //     updated from 8 to 8.0 and then deleted is deleted as 8.0, and must end the pass-over of
-//     the row backfilled as 8 (TestSkipEndsAtDelete). Messages of an earlier version, without
-//     HeaderKeyID, are compared by their JSON.
+//     the row backfilled as 8 (TestSkipEndsAtDelete). The engine's key is one for such
+//     spellings for the types it reads as values (integers, numeric, floats, bool, uuid, bytea);
+//     others (numeric[], interval, jsonb, citext...) it keys by their text, where the gap
+//     stays. Messages of an earlier version, without HeaderKeyID, are compared by their JSON
+//     (a delete ends both forms).
 //   - A run that ended before its first checkpoint dropped the slot it had created; what it
 //     published stays. On a slot created again (it starts past those messages), nothing is read
 //     again and the changes between are in no slot: merge.Leftover has the engine start every

@@ -118,8 +118,8 @@ const (
 	HeaderIdx   = "tidemark.idx"   // which of the event's messages (the partition, for a truncate or a refresh)
 	HeaderTable = "tidemark.table" // schema.table
 	HeaderKey   = "tidemark.key"   // the row's key as JSON ({} for a truncate or a refresh)
-	// HeaderKeyID is the row's canonical key (the engine's, hex): equal for keys equal under
-	// their types' = (numeric 8 and 8.0), whose JSON may differ; none for a truncate or a refresh.
+	// HeaderKeyID is the row's key as the engine keys it (hex): one for numeric 8 and 8.0, whose
+	// JSON differs (doc.go says for which types); none for a truncate or a refresh.
 	HeaderKeyID = "tidemark.keyid"
 	// HeaderHistory is the source's history the event was read in: SYSTEMID/TIMELINE.
 	HeaderHistory = "tidemark.history"
@@ -552,8 +552,10 @@ func (s *Sink) openStream(ctx context.Context, ck *Checkpoint) error {
 		case merge.Delete.String():
 			// The row backfilled before it is gone: a row under its key after it may have been
 			// inserted without its unchanged TOASTed values (moved onto the key), which the engine
-			// reads again and the stream lacks.
+			// reads again and the stream lacks. Both forms: the row may have been backfilled by an
+			// earlier version (no HeaderKeyID) and deleted by this one.
 			delete(s.skip[t], storedSkipKey(h))
+			delete(s.skip[t], "json:"+h.Get(HeaderKey))
 		}
 		if mk.LSN < from {
 			return nil // covered by the checkpoint: the run does not read it again
@@ -803,7 +805,7 @@ func (s *Sink) dropRefreshing() {
 	}
 }
 
-// skipKeys are the forms a key of ev may have in the skip set: by its canonical key (messages
+// skipKeys are the forms a key of ev may have in the skip set: by the engine's key (messages
 // with HeaderKeyID), and by its JSON (messages of an earlier version, without it). A key must
 // not be told apart from itself by its text: numeric 8 and 8.0 are one key, with two JSON forms.
 func skipKeys(ev *merge.Event, jsonKey []byte) [2]string {
