@@ -21,7 +21,12 @@
 // its columns. Both paths read values in text form under the same pinned session settings
 // (internal/pgconf), so the same stored key has the same text in a chunk row and in a pgoutput
 // tuple; typed elements then make keys that are equal under the key type's = operator encode
-// equally (numeric scale, float -0). Keys are compared for equality only: ordering is
+// equally (numeric scale, float -0) for the types read as values: integers, oid, floats,
+// numeric, bool, uuid, bytea. Other types are elements of their text, so two spellings of one
+// value (interval '1 day' and '24 hours', jsonb, numeric[], citext) are two keys: the stream
+// carries a key's old spelling when an update changes it (the identity's columns changed, to
+// the server), so the output follows, but nothing downstream may take the encoding as the
+// value's identity for those types. Keys are compared for equality only: ordering is
 // PostgreSQL's (ORDER BY and row comparison, with the columns' collations), never Go's.
 //
 // # Chunks
