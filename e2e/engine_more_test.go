@@ -85,14 +85,19 @@ func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejec
 
 	app := db.Connect()
 	t1Done := make(chan error, 1)
+	var releaseOnce sync.Once
 	release := func() {
-		setSync("")
-		select {
-		case err := <-t1Done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("the application transaction never finished")
-		}
+		releaseOnce.Do(func() {
+			setSync("")
+			select {
+			case err := <-t1Done:
+				if err != nil {
+					t.Errorf("the application transaction: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("the application transaction never finished")
+			}
+		})
 	}
 	cfg := engineConfig(db, "public.t")
 	cfg.ChunkSize = 100
@@ -124,17 +129,18 @@ func runE14(t *testing.T, noGuard bool) (diff string, violations []string, rejec
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-		case 2:
-			rejected = true
-			release()
-		}
-	}
-	if noGuard {
-		cfg.Hooks.AfterHigh = func(context.Context, int64) {
-			if chunks.Load() == 1 {
+		default:
+			if !noGuard {
+				rejected = true
 				release()
 			}
 		}
+	}
+	if noGuard {
+		// At the first chunk that reaches its high watermark: on a loaded machine the first one
+		// may time out on its watermark (WatermarkTimeout) and be read again, still without the
+		// update (one CI run released at the second chunk's start instead, and met no anomaly).
+		cfg.Hooks.AfterHigh = func(context.Context, int64) { release() }
 	}
 	sink := newMemSink()
 	require.NoError(t, runEngine(t, cfg, sink, nil))
