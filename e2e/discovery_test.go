@@ -118,50 +118,16 @@ func TestDiscoverWhileRenamed(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE moving (id int PRIMARY KEY, v text)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE moving`)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	var oid uint32
 	require.NoError(t, db.Conn.QueryRow(ctx, `SELECT 'moving'::regclass::oid`).Scan(&oid))
-	other, err := pgx.Connect(ctx, db.DSN)
-	require.NoError(t, err)
-	defer other.Close(context.Background())
-	renames := make(chan error, 1)
-	go func() {
-		defer close(renames)
-		for ctx.Err() == nil {
-			for _, sql := range []string{`ALTER TABLE moving RENAME TO moved`, `ALTER TABLE moved RENAME TO moving`} {
-				if _, err := other.Exec(ctx, sql); err != nil {
-					if ctx.Err() == nil {
-						renames <- err
-					}
-					return
-				}
-			}
-		}
-	}()
-	found, gone := 0, 0
-	for i := 0; i < 400 && (found < 20 || gone < 20 || i < 100); i++ {
-		tb, err := chunker.Discover(ctx, db.Conn, "public", "moving", nil, db.Publication)
-		switch {
-		case err == nil:
-			require.Equal(t, []string{"id"}, tb.KeyNames())
-			found++
-		case errors.Is(err, chunker.ErrNoTable):
-			gone++
-		default:
-			require.NoError(t, err, "after %d found and %d not found under the name", found, gone)
-		}
+	discoverWhile(t, db, "moving", []string{`ALTER TABLE moving RENAME TO moved`, `ALTER TABLE moved RENAME TO moving`}, func() {
 		// A captured table is followed by its OID, whatever its name meanwhile.
-		tb, err = chunker.DiscoverOID(ctx, db.Conn, oid, nil, db.Publication)
-		require.NoError(t, err, "by OID, after %d found and %d not found under the name", found, gone)
+		tb, err := chunker.DiscoverOID(ctx, db.Conn, oid, nil, db.Publication)
+		require.NoError(t, err, "by OID")
 		require.Contains(t, []string{"moving", "moved"}, tb.Name)
 		require.Equal(t, []string{"id"}, tb.KeyNames())
-	}
-	cancel()
-	require.NoError(t, <-renames)
-	t.Logf("found %d times, not found %d times", found, gone)
-	require.Positive(t, found)
-	require.Positive(t, gone)
+	})
 }
 
 // TestDiscoverWhileDropped: a table dropped and created again while it is discovered is found
@@ -172,26 +138,37 @@ func TestDiscoverWhileDropped(t *testing.T) {
 	db := e2e.NewTestDB(t, server)
 	db.Exec(`CREATE TABLE again (id int PRIMARY KEY, v text)`)
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR ALL TABLES`)
+	discoverWhile(t, db, "again", []string{`DROP TABLE again; CREATE TABLE again (id int PRIMARY KEY, v text)`}, nil)
+}
+
+// discoverWhile discovers public.name (keyed by id) over and over while another connection runs
+// ddl in a loop, until both outcomes were met often enough (at most 400 times): found, or not
+// found (chunker.ErrNoTable); any other error fails t. each, when set, runs after every
+// discovery.
+func discoverWhile(t *testing.T, db *e2e.TestDB, name string, ddl []string, each func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	other, err := pgx.Connect(ctx, db.DSN)
 	require.NoError(t, err)
 	defer other.Close(context.Background())
-	drops := make(chan error, 1)
+	failed := make(chan error, 1)
 	go func() {
-		defer close(drops)
+		defer close(failed)
 		for ctx.Err() == nil {
-			if _, err := other.Exec(ctx, `DROP TABLE again; CREATE TABLE again (id int PRIMARY KEY, v text)`); err != nil {
-				if ctx.Err() == nil {
-					drops <- err
+			for _, sql := range ddl {
+				if _, err := other.Exec(ctx, sql); err != nil {
+					if ctx.Err() == nil {
+						failed <- err
+					}
+					return
 				}
-				return
 			}
 		}
 	}()
 	found, gone := 0, 0
 	for i := 0; i < 400 && (found < 20 || gone < 20 || i < 100); i++ {
-		tb, err := chunker.Discover(ctx, db.Conn, "public", "again", nil, db.Publication)
+		tb, err := chunker.Discover(ctx, db.Conn, "public", name, nil, db.Publication)
 		switch {
 		case err == nil:
 			require.Equal(t, []string{"id"}, tb.KeyNames())
@@ -199,11 +176,14 @@ func TestDiscoverWhileDropped(t *testing.T) {
 		case errors.Is(err, chunker.ErrNoTable):
 			gone++
 		default:
-			require.NoError(t, err, "after %d found and %d not found", found, gone)
+			require.NoError(t, err, "after %d found and %d not found under the name", found, gone)
+		}
+		if each != nil {
+			each()
 		}
 	}
 	cancel()
-	require.NoError(t, <-drops)
+	require.NoError(t, <-failed)
 	t.Logf("found %d times, not found %d times", found, gone)
 	require.Positive(t, found)
 	require.Positive(t, gone)

@@ -950,17 +950,7 @@ func TestChangedBetweenDiscoveryAndMembership(t *testing.T) {
 	db.Exec(`CREATE PUBLICATION ` + db.Publication + ` FOR TABLE t`)
 	other := db.Connect()
 	cfg := engineConfig(db, "public.t")
-	hooked := func(sql string) merge.Config {
-		c := cfg
-		var once sync.Once
-		afterDiscover(t, &c, func() {
-			once.Do(func() {
-				_, err := other.Exec(context.Background(), sql)
-				require.NoError(t, err)
-			})
-		})
-		return c
-	}
+	hooked := func(sql string) merge.Config { return atDiscovery(t, cfg, other, sql) }
 	sink := newMemSink()
 	err := runEngine(t, hooked(`ALTER PUBLICATION `+db.Publication+` DROP TABLE t`), sink, nil)
 	require.ErrorIs(t, err, chunker.ErrNotPublished, "a new table that left the publication as the run started")
@@ -987,17 +977,23 @@ func TestChangedBetweenDiscoveryAndMembership(t *testing.T) {
 	all := e2e.NewTestDB(t, server)
 	all.Exec(`CREATE TABLE u (id int PRIMARY KEY)`)
 	all.Exec(`CREATE PUBLICATION ` + all.Publication + ` FOR ALL TABLES`)
-	ucfg := engineConfig(all, "public.u")
-	allOther := all.Connect()
+	err = runEngine(t, atDiscovery(t, engineConfig(all, "public.u"), all.Connect(), `ALTER TABLE u SET UNLOGGED`), newMemSink(), nil)
+	require.ErrorIs(t, err, merge.ErrUnlogged, "a new table made UNLOGGED as the run started")
+}
+
+// atDiscovery returns cfg with sql run once, over conn, at its run's start between the discovery
+// of its tables and the read of their membership of the publication.
+func atDiscovery(t *testing.T, cfg merge.Config, conn *pgx.Conn, sql string) merge.Config {
 	var once sync.Once
-	afterDiscover(t, &ucfg, func() {
+	afterDiscover(t, &cfg, func() {
 		once.Do(func() {
-			_, err := allOther.Exec(context.Background(), `ALTER TABLE u SET UNLOGGED`)
-			require.NoError(t, err)
+			// On the engine's goroutine: no t.FailNow here.
+			if _, err := conn.Exec(context.Background(), sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
 		})
 	})
-	err = runEngine(t, ucfg, newMemSink(), nil)
-	require.ErrorIs(t, err, merge.ErrUnlogged, "a new table made UNLOGGED as the run started")
+	return cfg
 }
 
 // TestStorageReplacedBetweenRuns: a table's storage files changed between two runs with no
