@@ -96,18 +96,9 @@ func Discover(ctx context.Context, conn *pgx.Conn, schema, name string, override
 	if err != nil {
 		return nil, err
 	}
-	nt, err := t.discover(ctx, conn, kind, override, publication)
-	if err != nil && !errors.Is(err, ErrNoTable) {
-		// Every read after lookUp is by the OID: a table dropped (or dropped and created
-		// again) meanwhile reads as one without columns or a key. Named as what it is.
-		if _, _, gerr := NameOf(ctx, conn, t.OID); errors.Is(gerr, ErrGone) {
-			return nil, fmt.Errorf("%w: %s was dropped (or dropped and created again) while its definition was read; start again (a table captured before: take it out of the capture, or, if it was created again, re-backfill it)", ErrNoTable, t)
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	return nt, nil
+	return t.discover(ctx, conn, kind, override, publication, func(error) error {
+		return fmt.Errorf("%w: %s was dropped (or dropped and created again) while its definition was read; start again (a table captured before: take it out of the capture, or, if it was created again, re-backfill it)", ErrNoTable, t)
+	})
 }
 
 // DiscoverOID is Discover of the table with OID oid, under whatever name it has now: a captured
@@ -119,18 +110,25 @@ func DiscoverOID(ctx context.Context, conn *pgx.Conn, oid uint32, override []str
 	if err != nil {
 		return nil, err
 	}
-	nt, err := t.discover(ctx, conn, kind, override, publication)
-	if err != nil {
-		if _, _, gerr := NameOf(ctx, conn, oid); errors.Is(gerr, ErrGone) {
-			return nil, gerr
-		}
-		return nil, err
-	}
-	return nt, nil
+	return t.discover(ctx, conn, kind, override, publication, func(gone error) error { return gone })
 }
 
-// discover reads the rest of the definition of the table lookUp found, by its OID.
-func (t *Table) discover(ctx context.Context, conn *pgx.Conn, kind byte, override []string, publication string) (*Table, error) {
+// discover reads the rest of the definition of the table lookUp found, by its OID. Every read is
+// by the OID: a table dropped (or dropped and created again) meanwhile reads as one without
+// columns or a key, so a failure is checked against the OID, and a table no longer there is
+// named by dropped (given NameOf's ErrGone).
+func (t *Table) discover(ctx context.Context, conn *pgx.Conn, kind byte, override []string, publication string, dropped func(gone error) error) (*Table, error) {
+	nt, err := t.define(ctx, conn, kind, override, publication)
+	if err != nil && !errors.Is(err, ErrNoTable) {
+		if _, _, gerr := NameOf(ctx, conn, t.OID); errors.Is(gerr, ErrGone) {
+			return nil, dropped(gerr)
+		}
+	}
+	return nt, err
+}
+
+// define reads the definition of the table lookUp found, by its OID, and chooses its key.
+func (t *Table) define(ctx context.Context, conn *pgx.Conn, kind byte, override []string, publication string) (*Table, error) {
 	t.Kind = kind
 	published, err := t.readPublication(ctx, conn, publication)
 	if err != nil {

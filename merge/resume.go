@@ -362,27 +362,29 @@ func memberAtStart(ctx context.Context, conn *pgx.Conn, pub, name string, t *chu
 	case err != nil && !errors.Is(err, chunker.ErrNotPublished):
 		return err
 	}
-	// Made UNLOGGED meanwhile: it left a FOR ALL TABLES or schema publication for that reason,
-	// which the shape names (as the watch does).
+	// A partition made UNLOGGED meanwhile (the table itself, discovery names): the table left a
+	// FOR ALL TABLES or schema publication for that reason, which the shape names (as the watch
+	// does).
 	if _, err := checkShape(ctx, conn, name, t.Ident(), t.OID, Shape{}); errors.Is(err, ErrUnlogged) {
 		return err
 	}
 	captured := p != nil && !p.Refresh
 	switch {
-	case member != "" && !captured:
-		return fmt.Errorf("%w: %s in publication %q took a row filter, or lost one, as the run started (%q); start again", ErrPublicationChanged, name, pub, member)
-	case member != "" && p.Publication != "":
-		return nil // captured: the membership check names it
+	case captured && p.Publication != "":
+		return nil // the membership check that follows names it
 	case member != "":
-		return fmt.Errorf("%w: %s in publication %q took a row filter, or lost one, as the run started (%q), so changes may not be in the slot; start again, then re-backfill it", ErrPublicationChanged, name, pub, member)
+		then := ""
+		if captured {
+			then = ", then re-backfill it (changes may not be in the slot)"
+		}
+		return fmt.Errorf("%w: %s in publication %q took a row filter, or lost one, as the run started (%q); start again%s", ErrPublicationChanged, name, pub, member, then)
 	case !captured:
 		return fmt.Errorf("%w: %s left publication %q as the run started, so its changes would not be streamed; add it back with: ALTER PUBLICATION %s ADD TABLE ONLY %s;",
 			chunker.ErrNotPublished, name, pub, pgx.Identifier{pub}.Sanitize(), t.Ident())
-	case p.Publication == "":
+	default:
 		return fmt.Errorf("%w: %s is no longer in publication %q, so its changes since it left are not in the slot; add it back (ALTER PUBLICATION %s ADD TABLE ONLY %s), then re-backfill it",
 			ErrPublicationChanged, name, pub, pgx.Identifier{pub}.Sanitize(), t.Ident())
 	}
-	return nil
 }
 
 // membershipKept reports whether the table with OID oid, a member of the publication as before
