@@ -565,8 +565,8 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/nats/no-snapshot-skip", Pkg: "sink/nats", File: "sink/nats/sink.go",
-		From: "\t\tif ev.Op == merge.Snapshot && (s.skip[name][ids[0]] || s.skip[name][ids[1]]) {\n",
-		To:   "\t\tif false && ev.Op == merge.Snapshot && (s.skip[name][ids[0]] || s.skip[name][ids[1]]) {\n",
+		From: "\t\t\tpassed := ev.Op == merge.Snapshot && (skip[ids[0]] || skip[ids[1]])\n",
+		To:   "\t\t\tpassed := false && ev.Op == merge.Snapshot && (skip[ids[0]] || skip[ids[1]])\n",
 		Desc: "a chunk read again after a restart publishes again the rows the stream has past the checkpoint",
 	},
 	{
@@ -583,8 +583,8 @@ var catalog = []Mutant{
 	},
 	{
 		ID: "sink/nats/skip-past-delete-in-run", Pkg: "sink/nats", File: "sink/nats/sink.go",
-		From: "\t\tif ev.Op == merge.Delete {\n\t\t\t// As in the stream's messages read at open: a row under this key after the delete is\n\t\t\t// not the one the stream has.\n\t\t\tdelete(s.skip[name], ids[0])\n\t\t\tdelete(s.skip[name], ids[1])\n\t\t}\n",
-		To:   "",
+		From: "\t\t\tdelete(skip, ids[0])\n\t\t\tdelete(skip, ids[1])\n",
+		To:   "\t\t\tif passed {\n\t\t\t\tdelete(skip, ids[0])\n\t\t\t\tdelete(skip, ids[1])\n\t\t\t}\n",
 		Desc: "a backfilled row the stream has past the checkpoint stays passed over after the run deleted its key: the row moved onto the key without its TOASTed value is never written whole",
 	},
 	{

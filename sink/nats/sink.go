@@ -697,20 +697,18 @@ func (s *Sink) Emit(ctx context.Context, events []merge.Event) error {
 			s.skipped++
 			continue
 		}
-		ids := skipKeys(&ev, key)
-		if ev.Op == merge.Snapshot && (s.skip[name][ids[0]] || s.skip[name][ids[1]]) {
-			// Written by a run before, after its checkpoint, with every change since: the
-			// chunk read again here brings nothing new.
-			delete(s.skip[name], ids[0])
-			delete(s.skip[name], ids[1])
-			s.skipped++
-			continue
-		}
-		if ev.Op == merge.Delete {
-			// As in the stream's messages read at open: a row under this key after the delete is
-			// not the one the stream has.
-			delete(s.skip[name], ids[0])
-			delete(s.skip[name], ids[1])
+		if skip := s.skip[name]; len(skip) > 0 && (ev.Op == merge.Snapshot || ev.Op == merge.Delete) {
+			ids := skipKeys(&ev, key)
+			passed := ev.Op == merge.Snapshot && (skip[ids[0]] || skip[ids[1]])
+			// A row written by a run before, after its checkpoint, with every change since: the
+			// chunk read again here brings nothing new. A delete, as in the stream's messages
+			// read at open: a row under this key after it is not the one the stream has.
+			delete(skip, ids[0])
+			delete(skip, ids[1])
+			if passed {
+				s.skipped++
+				continue
+			}
 		}
 		var value []byte
 		if s.o.Debezium != nil {
